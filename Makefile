@@ -1,0 +1,124 @@
+# Makefile — C builds and the test entry points of cudapool.
+# Every output lands under build/. `make test` is the project's test command.
+
+CC ?= gcc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+PYTHON ?= python3
+
+CFLAGS_BASE := -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Wshadow \
+               -Wstrict-prototypes -Wmissing-prototypes -pedantic -pthread -Icsrc
+CFLAGS ?=
+LDFLAGS ?=
+LDLIBS ?=
+
+ASAN_CFLAGS    := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+                  -fno-omit-frame-pointer -DCP_CHECK_EVERY_OP
+TSAN_CFLAGS    := -O1 -g -fsanitize=thread
+RELEASE_CFLAGS := -O2
+BENCH_CFLAGS   := -O2 -DNDEBUG
+
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TSAN_ENV := TSAN_OPTIONS=halt_on_error=1
+TSAN_ARGS ?= --threads 8
+
+# Sources. The CUDA backend is not part of the C test builds.
+CORE_SRC := $(sort $(wildcard csrc/core/*.c))
+SIM_SRC  := csrc/backend/sim.c
+LIB_SRC  := $(CORE_SRC) $(SIM_SRC)
+
+# Any header change rebuilds everything that could include it.
+HEADERS := $(sort $(wildcard csrc/*.h csrc/*/*.h csrc/*/*/*.h tests/c/*.h benchmarks/*.h))
+
+TEST_SRC   := $(sort $(wildcard tests/c/test_*.c))
+TEST_NAMES := $(patsubst tests/c/%.c,%,$(TEST_SRC))
+
+ASAN_TESTS    := $(addprefix build/asan/,$(TEST_NAMES))
+RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
+
+# Object files per flavour: build/<flavour>/obj/<path>.o
+lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
+
+.PHONY: all test test-c test-tsan test-release test-py bench-micro clean
+
+all: $(ASAN_TESTS)
+
+# In this order, also under -j: each step runs only after the previous one passed.
+test:
+	$(MAKE) test-c
+	$(MAKE) test-tsan
+	$(MAKE) test-release
+	$(MAKE) test-py
+
+# ---- AddressSanitizer + UndefinedBehaviorSanitizer, invariant check after every op -------
+build/asan/obj/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(ASAN_TESTS): build/asan/%: build/asan/obj/tests/c/%.o $(call lib_objs,asan)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test-c: $(ASAN_TESTS)
+	@test -n "$(TEST_NAMES)" || { echo "test-c: no tests/c/test_*.c found" >&2; exit 1; }
+	@for t in $(ASAN_TESTS); do \
+	  echo "== $$t"; \
+	  $(ASAN_ENV) ./$$t || { echo "test-c: $$t FAILED" >&2; exit 1; }; \
+	done
+
+# ---- ThreadSanitizer: the threaded stress test ----------------------------------------------
+build/tsan/obj/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) -c $< -o $@
+
+build/tsan/test_stress: build/tsan/obj/tests/c/test_stress.o $(call lib_objs,tsan)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+tests/c/test_stress.c benchmarks/bench_micro.c:
+	@echo "$@ is missing" >&2; exit 1
+
+test-tsan: build/tsan/test_stress
+	@echo "== build/tsan/test_stress $(TSAN_ARGS)"
+	$(TSAN_ENV) ./build/tsan/test_stress $(TSAN_ARGS)
+
+# ---- Release: optimised, no sanitizer, no per-op check --------------------------------------
+build/release/obj/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(RELEASE_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(RELEASE_TESTS): build/release/%: build/release/obj/tests/c/%.o $(call lib_objs,release)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(RELEASE_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test-release: $(RELEASE_TESTS)
+	@test -n "$(TEST_NAMES)" || { echo "test-release: no tests/c/test_*.c found" >&2; exit 1; }
+	@for t in $(RELEASE_TESTS); do \
+	  echo "== $$t"; \
+	  ./$$t || { echo "test-release: $$t FAILED" >&2; exit 1; }; \
+	done
+
+# ---- Micro-benchmark -------------------------------------------------------------------------
+build/bench/obj/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(BENCH_CFLAGS) $(CFLAGS) -c $< -o $@
+
+build/bench_micro: build/bench/obj/benchmarks/bench_micro.o $(call lib_objs,bench)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(BENCH_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bench-micro:
+	$(MAKE) build/bench_micro && $(PYTHON) benchmarks/run_bench_micro.py
+
+# ---- Python package ---------------------------------------------------------------------------
+test-py:
+	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pytest -q tests
+
+clean:
+	rm -rf build python/cudapool/*.so python/cudapool/__pycache__ python/*.egg-info .pytest_cache .hypothesis
+
+# Keep intermediate objects (pattern-rule chains would otherwise delete them).
+.SECONDARY:

@@ -1,0 +1,70 @@
+/* sim.h — the simulated device: host memory with a capacity, deterministic streams and
+ * events, fault injection and a counter per call. The whole pool runs on it without a GPU. */
+#ifndef CP_SIM_H
+#define CP_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef struct cp_sim_s cp_sim_t;
+
+/* Backend calls, counted and individually fault-injectable. */
+#define CP_SIM_CALLS(X)  \
+  X(RESERVE, "reserve")  \
+  X(RELEASE, "release")  \
+  X(EVENT_CREATE, "event_create")   \
+  X(EVENT_DESTROY, "event_destroy") \
+  X(EVENT_RECORD, "event_record")   \
+  X(EVENT_QUERY, "event_query")     \
+  X(EVENT_SYNCHRONIZE, "event_synchronize") \
+  X(STREAM_WAIT_EVENT, "stream_wait_event") \
+  X(MEM_INFO, "mem_info")
+
+typedef enum cp_sim_call_e {
+#define CP_X(id, name) CP_SIM_##id,
+  CP_SIM_CALLS(CP_X)
+#undef CP_X
+  CP_SIM_CALL_COUNT
+} cp_sim_call_t;
+
+enum {
+  /* Events complete as soon as they are recorded (a device that is always idle). */
+  CP_SIM_AUTO_COMPLETE = 1u << 0,
+  /* Do not back reservations with host memory: hand out distinct, 512-aligned addresses that
+   * must never be dereferenced. For replaying traces far larger than this machine. */
+  CP_SIM_NO_TOUCH = 1u << 1
+};
+
+/* A simulated device of `capacity` bytes. */
+int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim);
+
+/* Frees everything still reserved and every event; returns nothing. */
+void cp_sim_destroy(cp_sim_t *sim);
+
+/* Fill `out` with the operation table of this device (device ordinal 0). */
+void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out);
+
+/* All work submitted to `stream` so far finishes: every event recorded on it completes. */
+void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream);
+void cp_sim_complete_all(cp_sim_t *sim);
+void cp_sim_set_auto_complete(cp_sim_t *sim, int on);
+
+/* Make the n-th next call of `kind` fail with `status` (CP_ERR_OOM or CP_ERR_BACKEND):
+ * n = 1 fails the very next one. n = 0 disarms. One armed failure per kind. */
+void cp_sim_fail_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, int status);
+
+/* Calls of `kind` made so far (failed ones included), and the failures injected. */
+uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind);
+uint64_t cp_sim_faults_injected(const cp_sim_t *sim);
+void cp_sim_reset_counters(cp_sim_t *sim);
+const char *cp_sim_call_name(cp_sim_call_t kind);
+
+/* What is live on the device now. */
+size_t cp_sim_reserved_bytes(const cp_sim_t *sim);
+size_t cp_sim_live_reservations(const cp_sim_t *sim);
+size_t cp_sim_live_events(const cp_sim_t *sim);
+size_t cp_sim_capacity(const cp_sim_t *sim);
+
+#endif /* CP_SIM_H */

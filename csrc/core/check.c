@@ -1,0 +1,174 @@
+/* check.c — the invariant checker: walks the whole pool and counts what is wrong.
+ * Owns: the equations of cp_internal.h, recomputed from the blocks themselves. */
+#include <stdlib.h>
+
+#include "cp_internal.h"
+
+#define CP_VIOLATION(...)                      \
+  do {                                         \
+    v++;                                       \
+    if (out != NULL) {                         \
+      fprintf(out, __VA_ARGS__);               \
+      fputc('\n', out);                        \
+    }                                          \
+  } while (0)
+
+/* Figures recomputed from the blocks, per kind (index CP_KIND_SMALL / CP_KIND_LARGE). */
+typedef struct cp_tally_s {
+  int64_t segments, reserved;
+  int64_t live, live_bytes;
+  int64_t active, active_bytes, requested;
+  int64_t inactive_split, inactive_split_bytes;
+  int64_t free_blocks;
+} cp_tally_t;
+
+static size_t cp_check_stat(FILE *out, const char *name, int kind, const cp_stat_t *s, int64_t expect) {
+  size_t v = 0;
+  if (s->current != expect) {
+    CP_VIOLATION("stats: %s.%s.current is %lld but the blocks say %lld", name, cp_pool_kind_names[kind],
+                 (long long)s->current, (long long)expect);
+  }
+  if (s->peak < s->current) {
+    CP_VIOLATION("stats: %s.%s.peak %lld is below current %lld", name, cp_pool_kind_names[kind],
+                 (long long)s->peak, (long long)s->current);
+  }
+  return v;
+}
+
+size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
+  size_t v = 0;
+  const cp_config_t *cfg = &pool->cfg;
+  cp_tally_t t[CP_KIND_COUNT] = {{0}};
+  size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
+  size_t nseg = 0;
+
+  /* Segments are tiled exactly by their blocks. */
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+    nseg++;
+    int k = seg->kind;
+    if (k != CP_KIND_SMALL && k != CP_KIND_LARGE) {
+      CP_VIOLATION("segment %#lx: bad kind %d", (unsigned long)seg->addr, k);
+      continue;
+    }
+    if (seg->next != NULL && seg->next->prev != seg) CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
+    t[k].segments++;
+    t[k].reserved += (int64_t)seg->size;
+    if (seg->size >= cfg->max_split_size) oversize_segs++;
+    if (seg->head == NULL || seg->head->addr != seg->addr || seg->head->prev != NULL) {
+      CP_VIOLATION("segment %#lx: head block does not start it", (unsigned long)seg->addr);
+      continue;
+    }
+    uintptr_t expect_addr = seg->addr;
+    size_t blocks = 0;
+    for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+      if (++blocks > seg->size / cfg->granule + 1) {
+        CP_VIOLATION("segment %#lx: block list does not end", (unsigned long)seg->addr);
+        break;
+      }
+      if (b->segment != seg) CP_VIOLATION("block %#lx: wrong segment", (unsigned long)b->addr);
+      if (b->addr != expect_addr) CP_VIOLATION("block %#lx: expected at %#lx (gap or overlap)", (unsigned long)b->addr, (unsigned long)expect_addr);
+      if (b->size == 0 || b->size % cfg->granule != 0) CP_VIOLATION("block %#lx: size %zu is not a positive multiple of the granule", (unsigned long)b->addr, b->size);
+      if (b->addr % 512 != 0) CP_VIOLATION("block %#lx: not 512-aligned", (unsigned long)b->addr);
+      if (b->next != NULL && b->next->prev != b) CP_VIOLATION("block %#lx: broken back link", (unsigned long)b->addr);
+      expect_addr = b->addr + b->size;
+      switch (b->state) {
+        case CP_BLOCK_FREE:
+          t[k].free_blocks++;
+          if (b->next != NULL && b->next->state == CP_BLOCK_FREE) CP_VIOLATION("block %#lx: two free neighbours not merged", (unsigned long)b->addr);
+          if (!cp_index_contains(&seg->stream->index[k], b)) CP_VIOLATION("block %#lx: free but not in its stream's index", (unsigned long)b->addr);
+          if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("block %#lx: free but in the live map", (unsigned long)b->addr);
+          if (cp_block_is_split(b)) {
+            t[k].inactive_split++;
+            t[k].inactive_split_bytes += (int64_t)b->size;
+          }
+          break;
+        case CP_BLOCK_LIVE:
+          t[k].live++;
+          t[k].live_bytes += (int64_t)b->size;
+          t[k].active++;
+          t[k].active_bytes += (int64_t)b->size;
+          t[k].requested += (int64_t)b->requested;
+          if (b->size >= cfg->max_split_size) oversize_live++;
+          if (b->requested == 0 || b->requested > b->size) CP_VIOLATION("block %#lx: requested %zu does not fit size %zu", (unsigned long)b->addr, b->requested, b->size);
+          if (cp_ptrmap_get(&pool->live, b->addr) != b) CP_VIOLATION("block %#lx: live but not in the live map", (unsigned long)b->addr);
+          break;
+        case CP_BLOCK_PENDING:
+          pending_blocks++;
+          pending_bytes += b->size;
+          pending_events += b->pending_events;
+          t[k].active++;
+          t[k].active_bytes += (int64_t)b->size;
+          t[k].requested += (int64_t)b->requested;
+          if (b->pending_events == 0) CP_VIOLATION("block %#lx: pending with no event", (unsigned long)b->addr);
+          if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
+          break;
+        default:
+          CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
+      }
+    }
+    if (expect_addr != seg->addr + seg->size) CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr, (size_t)(expect_addr - seg->addr), seg->size);
+  }
+  if (nseg != pool->segment_count) CP_VIOLATION("segments: %zu in the list, count says %zu", nseg, pool->segment_count);
+
+  /* Index <=> free blocks: each free block is in its index (above), and the indexes hold no
+   * more nodes than there are free blocks. */
+  size_t index_nodes[CP_KIND_COUNT] = {0};
+  for (size_t i = 0; i < pool->stream_count; i++) {
+    cp_stream_state_t *st = pool->stream_list[i];
+    for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
+      v += cp_index_check(&st->index[k], out);
+      index_nodes[k] += st->index[k].count;
+    }
+  }
+  for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
+    if ((int64_t)index_nodes[k] != t[k].free_blocks) CP_VIOLATION("index: %zu %s nodes for %lld free blocks", index_nodes[k], cp_pool_kind_names[k], (long long)t[k].free_blocks);
+  }
+
+  /* Live map <=> live blocks. */
+  size_t live_total = (size_t)(t[CP_KIND_SMALL].live + t[CP_KIND_LARGE].live);
+  if (pool->live.count != live_total) CP_VIOLATION("live map: %zu entries for %zu live blocks", pool->live.count, live_total);
+
+  /* Stream ordering: queued events <=> pending blocks. */
+  size_t queued = 0;
+  for (size_t i = 0; i < pool->stream_count; i++) queued += pool->stream_list[i]->queue_len;
+  if (queued != pool->pending_entries) CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->pending_entries);
+  if (queued + pool->detached_entries != pending_events) CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu", queued + pool->detached_entries, pending_events);
+  if (pending_blocks != pool->pending_blocks || pending_bytes != pool->pending_bytes) CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes, pool->pending_blocks, pool->pending_bytes);
+
+  /* Stats <=> blocks. */
+  for (int k = CP_KIND_ALL; k <= CP_KIND_LARGE; k++) {
+    cp_tally_t e = t[k];
+    if (k == CP_KIND_ALL) {
+      cp_tally_t *s = &t[CP_KIND_SMALL], *l = &t[CP_KIND_LARGE];
+      e = (cp_tally_t){s->segments + l->segments, s->reserved + l->reserved, s->live + l->live,
+                       s->live_bytes + l->live_bytes, s->active + l->active, s->active_bytes + l->active_bytes,
+                       s->requested + l->requested, s->inactive_split + l->inactive_split,
+                       s->inactive_split_bytes + l->inactive_split_bytes, s->free_blocks + l->free_blocks};
+    }
+    const cp_stat_t *f[CP_STAT_FAMILY_COUNT];
+    for (int i = 0; i < CP_STAT_FAMILY_COUNT; i++) f[i] = &pool->stats.family[i][k];
+    v += cp_check_stat(out, "segment", k, f[CP_STAT_SEGMENT], e.segments);
+    v += cp_check_stat(out, "reserved_bytes", k, f[CP_STAT_RESERVED_BYTES], e.reserved);
+    v += cp_check_stat(out, "allocation", k, f[CP_STAT_ALLOCATION], e.live);
+    v += cp_check_stat(out, "allocated_bytes", k, f[CP_STAT_ALLOCATED_BYTES], e.live_bytes);
+    v += cp_check_stat(out, "active", k, f[CP_STAT_ACTIVE], e.active);
+    v += cp_check_stat(out, "active_bytes", k, f[CP_STAT_ACTIVE_BYTES], e.active_bytes);
+    v += cp_check_stat(out, "requested_bytes", k, f[CP_STAT_REQUESTED_BYTES], e.requested);
+    v += cp_check_stat(out, "inactive_split", k, f[CP_STAT_INACTIVE_SPLIT], e.inactive_split);
+    v += cp_check_stat(out, "inactive_split_bytes", k, f[CP_STAT_INACTIVE_SPLIT_BYTES], e.inactive_split_bytes);
+  }
+  if (pool->stats.oversize_allocations.current != (int64_t)oversize_live) CP_VIOLATION("stats: oversize_allocations.current %lld, blocks say %zu", (long long)pool->stats.oversize_allocations.current, oversize_live);
+  if (pool->stats.oversize_segments.current != (int64_t)oversize_segs) CP_VIOLATION("stats: oversize_segments.current %lld, segments say %zu", (long long)pool->stats.oversize_segments.current, oversize_segs);
+  return v;
+}
+
+#ifdef CP_CHECK_EVERY_OP
+void cp_check_or_abort_locked(cp_pool_t *pool, const char *where) {
+  size_t v = cp_check_locked(pool, NULL);
+  if (v != 0) {
+    fprintf(stderr, "cudapool: %zu invariant violations after %s:\n", v, where);
+    cp_check_locked(pool, stderr);
+    abort();
+  }
+}
+#endif

@@ -1,0 +1,183 @@
+/* cp.h — the public C API of the cudapool core.
+ * Owns: configuration, statistics and pool entry points used by the bindings, tests and
+ * benchmarks. Pure C11: no cuda.h, no Python.h. */
+#ifndef CP_H
+#define CP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../backend/backend.h"
+#include "cp_status.h"
+
+#define CP_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------------------------
+ * Configuration
+ * ---------------------------------------------------------------------------------------- */
+
+/* Power-of-two intervals for roundup_power2_divisions: index i covers sizes up to 2^i MiB
+ * (index 0: everything up to 1 MiB); the last interval takes everything larger. */
+#define CP_ROUNDUP_INTERVALS 16
+
+typedef struct cp_config_s {
+  /* Size classes and segments (defaults equal the built-in allocator's). */
+  size_t granule;                /* 512 B: every block size is a multiple of this */
+  size_t small_size;             /* 1 MiB: requests <= this use the small pool */
+  size_t small_segment;          /* 2 MiB: segment size of the small pool */
+  size_t large_segment;          /* 20 MiB: segment for large requests < min_large_alloc */
+  size_t min_large_alloc;        /* 10 MiB: from here on, one segment per request */
+  size_t round_large;            /* 2 MiB: such segments are rounded up to this */
+  /* Splitting. */
+  size_t max_split_size;         /* SIZE_MAX = unlimited; blocks >= this are never split */
+  size_t max_non_split_rounding; /* 20 MiB: an oversize request may take a block this much larger */
+  unsigned roundup_power2_divisions[CP_ROUNDUP_INTERVALS]; /* 0 or 1 = plain granule rounding */
+  /* Growth. */
+  double garbage_collection_threshold; /* 0 = off, else in (0, 1): fraction of the cap */
+  size_t memory_cap;                   /* bytes, 0 = none */
+  double memory_fraction;              /* 0 = unset, else (0, 1]: cap = fraction * device total */
+} cp_config_t;
+
+/* Fill `cfg` with the defaults. */
+void cp_config_default(cp_config_t *cfg);
+
+/* Apply a "key:value,key:value" string (the PYTORCH_CUDA_ALLOC_CONF syntax) on top of
+ * `cfg`. On any error nothing in `cfg` changes; the last error names the key and the value.
+ * Keys (sizes in MiB, fractional values allowed when the result is a whole number of bytes):
+ *   max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions (N or
+ *   [SIZE_MB:N,...,>:N]), garbage_collection_threshold, expandable_segments (False only),
+ *   granule_bytes, small_size_mb, small_segment_mb, large_segment_mb, min_large_alloc_mb,
+ *   round_large_mb, memory_cap_mb, memory_fraction.
+ * NULL or "" is a no-op. */
+int cp_config_parse(cp_config_t *cfg, const char *text);
+
+/* Check a whole configuration for consistency (used by parse and by pool creation). */
+int cp_config_validate(const cp_config_t *cfg);
+
+/* Write the configuration as a parseable string. Returns the length that would have been
+ * written (snprintf rules). */
+int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size);
+
+/* Round a request the way the pool will (0 stays 0). */
+size_t cp_round_size(const cp_config_t *cfg, size_t size);
+
+/* ------------------------------------------------------------------------------------------
+ * Statistics — named as the built-in allocator names them.
+ * ---------------------------------------------------------------------------------------- */
+
+#define CP_STAT_FAMILIES(X)                      \
+  X(ALLOCATION, "allocation")                    \
+  X(SEGMENT, "segment")                          \
+  X(ACTIVE, "active")                            \
+  X(INACTIVE_SPLIT, "inactive_split")            \
+  X(ALLOCATED_BYTES, "allocated_bytes")          \
+  X(RESERVED_BYTES, "reserved_bytes")            \
+  X(ACTIVE_BYTES, "active_bytes")                \
+  X(INACTIVE_SPLIT_BYTES, "inactive_split_bytes") \
+  X(REQUESTED_BYTES, "requested_bytes")
+
+#define CP_STAT_COUNTERS(X)                      \
+  X(num_alloc_retries)                           \
+  X(num_ooms)                                    \
+  X(num_sync_all_streams)                        \
+  X(num_device_alloc)                            \
+  X(num_device_free)
+
+typedef enum cp_stat_family_e {
+#define CP_X(id, name) CP_STAT_##id,
+  CP_STAT_FAMILIES(CP_X)
+#undef CP_X
+  CP_STAT_FAMILY_COUNT
+} cp_stat_family_t;
+
+/* Which pool a stat row counts: all, small_pool, large_pool. */
+typedef enum cp_pool_kind_e { CP_KIND_ALL = 0, CP_KIND_SMALL = 1, CP_KIND_LARGE = 2, CP_KIND_COUNT = 3 } cp_pool_kind_t;
+
+typedef struct cp_stat_s {
+  int64_t current;
+  int64_t peak;
+  int64_t allocated; /* accumulated increases */
+  int64_t freed;     /* accumulated decreases */
+} cp_stat_t;
+
+typedef struct cp_stats_s {
+  cp_stat_t family[CP_STAT_FAMILY_COUNT][CP_KIND_COUNT];
+  cp_stat_t oversize_allocations;
+  cp_stat_t oversize_segments;
+#define CP_X(name) int64_t name;
+  CP_STAT_COUNTERS(CP_X)
+#undef CP_X
+  int64_t max_split_size; /* the configured value, -1 when unlimited (torch's convention) */
+} cp_stats_t;
+
+extern const char *const cp_stat_family_names[CP_STAT_FAMILY_COUNT];
+extern const char *const cp_pool_kind_names[CP_KIND_COUNT]; /* "all", "small_pool", "large_pool" */
+
+/* ------------------------------------------------------------------------------------------
+ * The pool
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_pool_s cp_pool_t;
+
+/* Create a pool over `backend` (copied; its ctx must outlive the pool). */
+int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_t **out_pool);
+
+/* Return every segment to the backend, live blocks included, and free the pool. */
+void cp_pool_destroy(cp_pool_t *pool);
+
+/* Allocate `size` bytes for use on `stream`. size 0 gives *out_ptr = NULL and CP_OK.
+ * CP_ERR_OOM when the device (or the cap) cannot hold it; the last error then carries the
+ * OOM report (see cp_pool_oom_report). */
+int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr);
+
+/* Free a pointer returned by cp_alloc. NULL is a no-op. An unknown pointer (or a double
+ * free) is CP_ERR_INVALID and changes nothing. */
+int cp_free(cp_pool_t *pool, void *ptr);
+
+/* Mark `ptr` as used on `stream` too: at free, an event is recorded there and the block
+ * is reused only once it completes. Recording the allocation stream is a no-op. */
+int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream);
+
+/* Return every wholly free segment to the backend (after reclaiming completed frees). */
+int cp_empty_cache(cp_pool_t *pool);
+
+/* Set the memory cap in bytes (0 = none), or as a fraction of the device's total memory
+ * (0 = unset). Existing memory is not released. */
+int cp_pool_set_memory_cap(cp_pool_t *pool, size_t bytes);
+int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction);
+
+/* The configuration the pool runs with. */
+void cp_pool_config(cp_pool_t *pool, cp_config_t *out_cfg);
+
+/* Snapshot of the statistics (consistent: taken under the lock). */
+void cp_pool_stats(cp_pool_t *pool, cp_stats_t *out_stats);
+void cp_pool_reset_peak_stats(cp_pool_t *pool);        /* peak := current */
+void cp_pool_reset_accumulated_stats(cp_pool_t *pool); /* allocated, freed, counters := 0 */
+
+/* Facts beyond the stats, for reports. */
+typedef struct cp_pool_info_s {
+  size_t reserved;            /* bytes held from the backend */
+  size_t allocated;           /* bytes in live blocks */
+  size_t cached_free;         /* bytes in free blocks (reusable) */
+  size_t pending_free;        /* bytes freed but waiting for stream events */
+  size_t largest_free_block;  /* largest free block, any stream */
+  size_t segments;
+  size_t free_blocks;
+  size_t live_blocks;
+  size_t pending_blocks;
+  size_t streams;             /* streams the pool has seen */
+  size_t memory_cap;          /* effective cap in bytes, 0 = none */
+  size_t device_free;         /* from the backend, 0 when it cannot tell */
+  size_t device_total;
+} cp_pool_info_t;
+void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
+
+/* Write the out-of-memory report for a request of `size` bytes into buf (snprintf rules). */
+int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size);
+
+/* Walk the whole pool and count invariant violations (0 = healthy). When `out` is not
+ * NULL, each violation is described there, one per line. */
+size_t cp_pool_check(cp_pool_t *pool, FILE *out);
+
+#endif /* CP_H */

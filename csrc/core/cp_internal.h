@@ -1,0 +1,255 @@
+/* cp_internal.h — the core's internal types and cross-file functions, grouped by owning file.
+ * Nothing here is API: bindings and tests use cp.h (tests of one module may include this). */
+#ifndef CP_INTERNAL_H
+#define CP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "cp.h"
+
+typedef struct cp_block_s cp_block_t;
+typedef struct cp_segment_s cp_segment_t;
+typedef struct cp_stream_state_s cp_stream_state_t;
+
+/* ------------------------------------------------------------------------------------------
+ * Blocks and segments (pool.c)
+ *
+ * A segment is one backend reservation. Its blocks tile it exactly, in address order:
+ *   seg->head->addr == seg->addr,  b->next->addr == b->addr + b->size,
+ *   sum(b->size for b in seg) == seg->size,  no two neighbouring blocks are both FREE.
+ * A block is in exactly one state:
+ *   FREE     in the index of (seg->stream, seg->kind), not in the live map;
+ *   LIVE     handed to a user, in the live map, not in the index;
+ *   PENDING  freed by the user, waiting for `pending_events` stream events; in neither.
+ * Blocks of different segments never merge, even when their addresses touch.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum cp_block_state_e { CP_BLOCK_FREE = 0, CP_BLOCK_LIVE = 1, CP_BLOCK_PENDING = 2 } cp_block_state_t;
+
+struct cp_block_s {
+  uintptr_t addr;
+  size_t size;          /* bytes, a multiple of the granule */
+  size_t requested;     /* bytes the user asked for; 0 when FREE */
+  cp_segment_t *segment;
+  cp_block_t *prev;     /* lower neighbour in the segment, NULL for the head */
+  cp_block_t *next;     /* higher neighbour, NULL for the tail */
+  cp_block_t *left;     /* index (treap) children, FREE only; `left` doubles as the */
+  cp_block_t *right;    /*   spare-list link when the node is unused */
+  uint32_t priority;    /* treap heap key, derived from the address */
+  uint8_t state;        /* cp_block_state_t */
+  uint32_t pending_events; /* PENDING: events still to complete */
+  uint32_t use_count;   /* streams other than the allocation stream (record_stream) */
+  uint32_t use_cap;
+  cp_stream_t *uses;    /* heap array of those streams, NULL when none ever recorded */
+};
+
+struct cp_segment_s {
+  uintptr_t addr;
+  size_t size;          /* bytes reserved from the backend */
+  cp_stream_state_t *stream; /* allocation stream: its blocks serve only this stream */
+  uint8_t kind;         /* CP_KIND_SMALL or CP_KIND_LARGE */
+  cp_block_t *head;     /* lowest-address block */
+  cp_segment_t *prev;   /* pool's segment list */
+  cp_segment_t *next;
+};
+
+static inline bool cp_block_is_split(const cp_block_t *b) { return b->prev != NULL || b->next != NULL; }
+static inline bool cp_segment_is_free(const cp_segment_t *s) {
+  return s->head->state == CP_BLOCK_FREE && s->head->next == NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Free-block index (index.c): a treap of FREE blocks ordered by (size, addr), one per
+ * (stream, kind). Priorities come from the address, so shapes are deterministic.
+ * Expected O(log n) insert, remove and lower-bound.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_index_s {
+  cp_block_t *root;
+  size_t count;   /* nodes in the tree */
+  size_t bytes;   /* sum of their sizes */
+} cp_index_t;
+
+void cp_index_insert(cp_index_t *ix, cp_block_t *b);
+void cp_index_remove(cp_index_t *ix, cp_block_t *b);
+/* The smallest block with size >= `size` (lowest address among equals), or NULL. When
+ * `out_link` is not NULL it receives the link that points at the block, for
+ * cp_index_remove_at (valid until the tree next changes). */
+cp_block_t *cp_index_lower_bound(const cp_index_t *ix, size_t size);
+cp_block_t *cp_index_lower_bound_link(cp_index_t *ix, size_t size, cp_block_t ***out_link);
+void cp_index_remove_at(cp_index_t *ix, cp_block_t **link);
+cp_block_t *cp_index_largest(const cp_index_t *ix);
+bool cp_index_contains(const cp_index_t *ix, const cp_block_t *b);
+/* Count tree-shape violations (order, heap, count, bytes); describe them on `out`. */
+size_t cp_index_check(const cp_index_t *ix, FILE *out);
+/* Call fn on every node, in order. */
+void cp_index_each(const cp_index_t *ix, void (*fn)(cp_block_t *b, void *arg), void *arg);
+
+/* ------------------------------------------------------------------------------------------
+ * Pointer map (ptrmap.c): open-addressing hash map uintptr_t -> non-NULL void*, linear
+ * probing with backward-shift deletion, load <= 1/2. Used for live blocks (address -> block)
+ * and streams (handle -> state). Any key value is allowed; an empty slot has value NULL.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_ptrmap_slot_s {
+  uintptr_t key;
+  void *value;
+} cp_ptrmap_slot_t;
+
+typedef struct cp_ptrmap_s {
+  cp_ptrmap_slot_t *slots;
+  size_t mask;    /* capacity - 1; capacity is a power of two (>= 16 once initialised) */
+  size_t count;
+} cp_ptrmap_t;
+
+int cp_ptrmap_init(cp_ptrmap_t *m, size_t initial_capacity); /* CP_ERR_HOST_OOM on failure */
+void cp_ptrmap_destroy(cp_ptrmap_t *m);
+void *cp_ptrmap_get(const cp_ptrmap_t *m, uintptr_t key);
+/* Insert a key that is not present. Grows as needed: CP_ERR_HOST_OOM leaves m unchanged. */
+int cp_ptrmap_insert(cp_ptrmap_t *m, uintptr_t key, void *value);
+/* Remove and return the value, NULL when absent. */
+void *cp_ptrmap_remove(cp_ptrmap_t *m, uintptr_t key);
+/* Make room for `extra` more keys now, so that the next inserts cannot fail. */
+int cp_ptrmap_reserve(cp_ptrmap_t *m, size_t extra);
+
+/* ------------------------------------------------------------------------------------------
+ * Streams and stream ordering (stream.c)
+ *
+ * Each stream the pool has seen has a state: its free-block indexes, and a FIFO of events
+ * recorded on it for blocks that were used there (record_stream) and then freed. Events on
+ * one stream complete in order, so polling stops at the first incomplete one.
+ *   sum over streams of |queue| == pool->pending_entries
+ *   == sum over PENDING blocks of pending_events
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_pending_s {
+  cp_event_t event;
+  cp_block_t *block;
+} cp_pending_t;
+
+struct cp_stream_state_s {
+  cp_stream_t handle;
+  cp_index_t index[CP_KIND_COUNT]; /* [CP_KIND_SMALL], [CP_KIND_LARGE]; [CP_KIND_ALL] unused */
+  cp_pending_t *queue;             /* ring buffer */
+  size_t queue_head;               /* index of the oldest entry */
+  size_t queue_len;
+  size_t queue_cap;                /* power of two, or 0 */
+};
+
+/* The state of `stream`, created on first use. NULL only when host memory ran out. */
+cp_stream_state_t *cp_stream_get_locked(cp_pool_t *pool, cp_stream_t stream);
+void cp_streams_destroy_locked(cp_pool_t *pool);
+/* Take an event from the pool's spares, creating one when there is none. */
+int cp_event_acquire_locked(cp_pool_t *pool, cp_event_t *out_event);
+void cp_event_release_locked(cp_pool_t *pool, cp_event_t event);
+int cp_stream_queue_push_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_event_t event, cp_block_t *block);
+/* Drop the newest entry of st's queue (undo of a push), returning its event. */
+cp_event_t cp_stream_queue_pop_newest_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* Return every block whose events have all completed to the free index (non-blocking). */
+int cp_streams_poll_locked(cp_pool_t *pool);
+/* Detach every queued entry into an array owned by the caller (for synchronizing without
+ * the lock); *out_len entries. The blocks stay PENDING. */
+int cp_streams_take_all_locked(cp_pool_t *pool, cp_pending_t **out_entries, size_t *out_len);
+/* One event of a PENDING block completed: return the event, maybe free the block. */
+void cp_pending_done_locked(cp_pool_t *pool, cp_pending_t *entry);
+
+/* ------------------------------------------------------------------------------------------
+ * Statistics (stats.c). Inline updates: every alloc and free touch several families.
+ * ---------------------------------------------------------------------------------------- */
+
+static inline void cp_stat_inc(cp_stat_t *s, int64_t amount) {
+  s->current += amount;
+  s->allocated += amount;
+  if (s->current > s->peak) s->peak = s->current;
+}
+
+static inline void cp_stat_dec(cp_stat_t *s, int64_t amount) {
+  s->current -= amount;
+  s->freed += amount;
+}
+
+static inline void cp_stat_add(cp_stat_t *s, int64_t delta) {
+  if (delta >= 0) cp_stat_inc(s, delta);
+  else cp_stat_dec(s, -delta);
+}
+
+/* Update the family's `all` row and the row of `kind`. */
+static inline void cp_stats_inc(cp_stats_t *st, cp_stat_family_t fam, int kind, size_t amount) {
+  cp_stat_inc(&st->family[fam][CP_KIND_ALL], (int64_t)amount);
+  cp_stat_inc(&st->family[fam][kind], (int64_t)amount);
+}
+
+static inline void cp_stats_dec(cp_stats_t *st, cp_stat_family_t fam, int kind, size_t amount) {
+  cp_stat_dec(&st->family[fam][CP_KIND_ALL], (int64_t)amount);
+  cp_stat_dec(&st->family[fam][kind], (int64_t)amount);
+}
+
+static inline void cp_stats_update(cp_stats_t *st, cp_stat_family_t fam, int kind, int64_t delta) {
+  cp_stat_add(&st->family[fam][CP_KIND_ALL], delta);
+  cp_stat_add(&st->family[fam][kind], delta);
+}
+
+void cp_stats_reset_peak(cp_stats_t *st);
+void cp_stats_reset_accumulated(cp_stats_t *st);
+
+/* ------------------------------------------------------------------------------------------
+ * The pool (pool.c)
+ * ---------------------------------------------------------------------------------------- */
+
+#define CP_BLOCK_SLAB 256
+
+typedef struct cp_block_slab_s {
+  struct cp_block_slab_s *next;
+  cp_block_t blocks[CP_BLOCK_SLAB];
+} cp_block_slab_t;
+
+struct cp_pool_s {
+  pthread_mutex_t lock;    /* guards everything below; never held across a blocking call */
+  cp_config_t cfg;
+  cp_backend_t backend;
+  cp_stats_t stats;
+
+  cp_ptrmap_t live;        /* addr -> LIVE block */
+  cp_ptrmap_t streams;     /* stream handle -> cp_stream_state_t */
+  cp_stream_state_t **stream_list; /* every state, in creation order */
+  size_t stream_count;
+  size_t stream_list_cap;
+  cp_stream_state_t *last_stream;  /* one-entry cache in front of `streams` */
+
+  cp_segment_t *segments;  /* every segment held, most recent first */
+  size_t segment_count;
+
+  cp_block_t *spare_blocks; /* unused block nodes, linked through `left` */
+  cp_block_slab_t *slabs;
+
+  cp_event_t *spare_events; /* created events not in use */
+  size_t spare_event_count;
+  size_t spare_event_cap;
+  size_t events_created;    /* live backend events owned by the pool */
+
+  size_t pending_entries;   /* queued (event, block) pairs over all streams */
+  size_t pending_bytes;     /* bytes of PENDING blocks */
+  size_t pending_blocks;
+  size_t detached_entries;  /* pending entries taken out for synchronizing */
+
+  size_t inflight_bytes;    /* reserves under way without the lock (counted against the cap) */
+  size_t cap_bytes;         /* effective cap, 0 = none */
+  size_t device_total;      /* from the backend at creation, 0 when unknown */
+};
+
+/* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
+ * active/inactive stats. */
+void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b);
+
+/* The checker (check.c). */
+size_t cp_check_locked(cp_pool_t *pool, FILE *out);
+
+#ifdef CP_CHECK_EVERY_OP
+void cp_check_or_abort_locked(cp_pool_t *pool, const char *where);
+#define CP_DEBUG_CHECK(pool, where) cp_check_or_abort_locked((pool), (where))
+#else
+#define CP_DEBUG_CHECK(pool, where) ((void)0)
+#endif
+
+#endif /* CP_INTERNAL_H */

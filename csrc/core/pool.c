@@ -1,0 +1,717 @@
+/* pool.c — the pool's policy: size classes, best fit, split and merge, growth, the OOM
+ * ladder and empty_cache. Owns: segments, blocks and the pool lock. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp_internal.h"
+
+/* Note [Lock rules]
+ * One mutex per pool guards all of its state. Public functions take it once and never call
+ * another public function while holding it; `_locked` functions expect it held. The lock is
+ * dropped around every backend call that may block or take long (reserve, release,
+ * event_synchronize, mem_info); while it is dropped, the bytes being reserved are counted
+ * in `inflight_bytes` so that concurrent growth respects the cap, and segments being
+ * released are already out of the pool. Event record and query are asynchronous and are
+ * made under the lock. */
+
+/* ------------------------------------------------------------------------------------------
+ * Size policy
+ * ---------------------------------------------------------------------------------------- */
+
+static inline int cp_kind_for(const cp_config_t *cfg, size_t size) {
+  return size <= cfg->small_size ? CP_KIND_SMALL : CP_KIND_LARGE;
+}
+
+/* Bytes to reserve for a new segment serving a (rounded) request; 0 when it overflows. */
+static size_t cp_segment_size_for(const cp_config_t *cfg, size_t size) {
+  if (size <= cfg->small_size) return cfg->small_segment;
+  if (size < cfg->min_large_alloc) return cfg->large_segment;
+  size_t r = cfg->round_large;
+  if (size > SIZE_MAX - (r - 1)) return 0;
+  return (size + r - 1) / r * r;
+}
+
+/* Split rule: the small pool keeps any remainder of at least one granule; the large pool
+ * keeps a remainder only above small_size, and never splits for requests of max_split_size
+ * or more (those blocks stay whole so that big holes are not nibbled away). */
+static inline bool cp_should_split(const cp_config_t *cfg, int kind, size_t size, size_t remaining) {
+  if (kind == CP_KIND_SMALL) return remaining >= cfg->granule;
+  return size < cfg->max_split_size && remaining > cfg->small_size;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Block nodes
+ * ---------------------------------------------------------------------------------------- */
+
+/* Make sure `n` spare block nodes and room for one more live block exist, so that the rest
+ * of an operation cannot fail half-way. */
+static int cp_reserve_metadata_locked(cp_pool_t *pool, int n) {
+  if (n == 1 && pool->spare_blocks != NULL && (pool->live.count + 1) * 2 <= pool->live.mask + 1) {
+    return CP_OK; /* the common case, without walking or calling out */
+  }
+  int have = 0;
+  for (cp_block_t *b = pool->spare_blocks; b != NULL && have < n; b = b->left) have++;
+  if (have < n) {
+    cp_block_slab_t *slab = calloc(1, sizeof *slab);
+    if (slab == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for block metadata");
+    slab->next = pool->slabs;
+    pool->slabs = slab;
+    for (int i = CP_BLOCK_SLAB - 1; i >= 0; i--) {
+      slab->blocks[i].left = pool->spare_blocks;
+      pool->spare_blocks = &slab->blocks[i];
+    }
+  }
+  return cp_ptrmap_reserve(&pool->live, 1);
+}
+
+static cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
+  cp_block_t *b = pool->spare_blocks; /* guaranteed by cp_reserve_metadata_locked */
+  pool->spare_blocks = b->left;
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) {
+  if (b->uses != NULL) {
+    free(b->uses);
+    b->uses = NULL;
+  }
+  b->left = pool->spare_blocks;
+  pool->spare_blocks = b;
+}
+
+/* Index insert/remove that keep the inactive_split stats: a FREE block counts there when it
+ * is only part of its segment. A block's split-ness changes only while it is out of the
+ * index, so counting at these two points is exact. */
+static void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b) {
+  cp_segment_t *seg = b->segment;
+  cp_index_insert(&seg->stream->index[seg->kind], b);
+  if (cp_block_is_split(b)) {
+    cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT, seg->kind, 1);
+    cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, seg->kind, b->size);
+  }
+}
+
+static void cp_free_removed_locked(cp_pool_t *pool, cp_block_t *b) {
+  if (cp_block_is_split(b)) {
+    cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT, b->segment->kind, 1);
+    cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, b->segment->kind, b->size);
+  }
+}
+
+static void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b) {
+  cp_segment_t *seg = b->segment;
+  cp_index_remove(&seg->stream->index[seg->kind], b);
+  cp_free_removed_locked(pool, b);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Taking and returning blocks
+ * ---------------------------------------------------------------------------------------- */
+
+/* Best fit on (stream, kind), with the built-in allocator's two oversize rules: a request
+ * below max_split_size never takes an oversize block, and an oversize request takes a block
+ * at most max_non_split_rounding larger than itself. The block found leaves the index. */
+static cp_block_t *cp_take_free_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
+  cp_block_t **link;
+  cp_block_t *b = cp_index_lower_bound_link(&st->index[kind], size, &link);
+  if (b == NULL) return NULL;
+  const cp_config_t *cfg = &pool->cfg;
+  if (size < cfg->max_split_size && b->size >= cfg->max_split_size) return NULL;
+  if (size >= cfg->max_split_size && b->size - size >= cfg->max_non_split_rounding) return NULL;
+  cp_index_remove_at(&st->index[kind], link);
+  cp_free_removed_locked(pool, b);
+  return b;
+}
+
+/* Hand the FREE block `b` (not in the index) to the user for a request of `size` rounded
+ * bytes (`requested` asked). Needs one spare node and live-map room (reserved earlier). */
+static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t requested) {
+  const cp_config_t *cfg = &pool->cfg;
+  int kind = b->segment->kind;
+  size_t remaining = b->size - size;
+  if (remaining > 0 && cp_should_split(cfg, kind, size, remaining)) {
+    cp_block_t *r = cp_block_new_locked(pool);
+    r->addr = b->addr + size;
+    r->size = remaining;
+    r->segment = b->segment;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL) b->next->prev = r;
+    b->next = r;
+    b->size = size;
+    r->state = CP_BLOCK_FREE;
+    cp_free_insert_locked(pool, r);
+  }
+  b->state = CP_BLOCK_LIVE;
+  b->requested = requested;
+  cp_ptrmap_insert(&pool->live, b->addr, b); /* room reserved: cannot fail */
+  cp_stats_t *st = &pool->stats;
+  cp_stats_inc(st, CP_STAT_ALLOCATION, kind, 1);
+  cp_stats_inc(st, CP_STAT_ALLOCATED_BYTES, kind, b->size);
+  cp_stats_inc(st, CP_STAT_ACTIVE, kind, 1);
+  cp_stats_inc(st, CP_STAT_ACTIVE_BYTES, kind, b->size);
+  cp_stats_inc(st, CP_STAT_REQUESTED_BYTES, kind, requested);
+  if (b->size >= cfg->max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
+  return (void *)b->addr;
+}
+
+void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
+  int kind = b->segment->kind;
+  cp_stats_dec(&pool->stats, CP_STAT_ACTIVE, kind, 1);
+  cp_stats_dec(&pool->stats, CP_STAT_ACTIVE_BYTES, kind, b->size);
+  cp_stats_dec(&pool->stats, CP_STAT_REQUESTED_BYTES, kind, b->requested);
+  b->requested = 0;
+  b->use_count = 0;
+  b->state = CP_BLOCK_FREE;
+  cp_block_t *p = b->prev;
+  if (p != NULL && p->state == CP_BLOCK_FREE) { /* absorb b into its lower neighbour */
+    cp_free_remove_locked(pool, p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != NULL) b->next->prev = p;
+    cp_block_delete_locked(pool, b);
+    b = p;
+  }
+  cp_block_t *n = b->next;
+  if (n != NULL && n->state == CP_BLOCK_FREE) { /* absorb the upper neighbour */
+    cp_free_remove_locked(pool, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != NULL) n->next->prev = b;
+    cp_block_delete_locked(pool, n);
+  }
+  cp_free_insert_locked(pool, b);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Segments
+ * ---------------------------------------------------------------------------------------- */
+
+static size_t cp_reserved_locked(const cp_pool_t *pool) {
+  return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
+}
+
+static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, int sign) {
+  cp_stats_update(&pool->stats, CP_STAT_SEGMENT, seg->kind, sign);
+  cp_stats_update(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, sign * (int64_t)seg->size);
+  if (seg->size >= pool->cfg.max_split_size) cp_stat_add(&pool->stats.oversize_segments, sign);
+}
+
+static void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  seg->prev = NULL;
+  seg->next = pool->segments;
+  if (pool->segments != NULL) pool->segments->prev = seg;
+  pool->segments = seg;
+  pool->segment_count++;
+  cp_segment_stats_locked(pool, seg, +1);
+}
+
+static void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  if (seg->prev != NULL) seg->prev->next = seg->next;
+  else pool->segments = seg->next;
+  if (seg->next != NULL) seg->next->prev = seg->prev;
+  pool->segment_count--;
+  cp_segment_stats_locked(pool, seg, -1);
+}
+
+/* Take wholly free segments out of the pool (oldest first) until `want_bytes` are gathered
+ * (0 = all). They are chained through `next` into *out_list; stats already exclude them. */
+static size_t cp_detach_free_segments_locked(cp_pool_t *pool, size_t want_bytes, cp_segment_t **out_list) {
+  size_t bytes = 0;
+  cp_segment_t *oldest = pool->segments;
+  while (oldest != NULL && oldest->next != NULL) oldest = oldest->next;
+  for (cp_segment_t *seg = oldest, *prev; seg != NULL; seg = prev) {
+    prev = seg->prev;
+    if (!cp_segment_is_free(seg)) continue;
+    cp_free_remove_locked(pool, seg->head);
+    cp_segment_unlink_locked(pool, seg);
+    seg->next = *out_list;
+    *out_list = seg;
+    bytes += seg->size;
+    if (want_bytes != 0 && bytes >= want_bytes) break;
+  }
+  return bytes;
+}
+
+/* Give detached segments back to the backend. Called and returns with the lock held; drops
+ * it around the release calls. A segment the backend refuses goes back into the pool. */
+static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
+  if (list == NULL) return CP_OK;
+  pthread_mutex_unlock(&pool->lock);
+  cp_segment_t *failed = NULL;
+  int first_rc = CP_OK;
+  cp_segment_t *done = NULL;
+  while (list != NULL) {
+    cp_segment_t *seg = list;
+    list = seg->next;
+    int rc = pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
+    if (rc != CP_OK) {
+      if (first_rc == CP_OK) first_rc = rc;
+      seg->next = failed;
+      failed = seg;
+    } else {
+      seg->next = done;
+      done = seg;
+    }
+  }
+  pthread_mutex_lock(&pool->lock);
+  while (done != NULL) {
+    cp_segment_t *seg = done;
+    done = seg->next;
+    pool->stats.num_device_free++;
+    cp_block_delete_locked(pool, seg->head);
+    free(seg);
+  }
+  while (failed != NULL) {
+    cp_segment_t *seg = failed;
+    failed = seg->next;
+    cp_segment_link_locked(pool, seg);
+    cp_free_insert_locked(pool, seg->head);
+  }
+  return first_rc;
+}
+
+/* Wait (without the lock) for every pending free, then return those blocks to the index. */
+static int cp_synchronize_pending_locked(cp_pool_t *pool) {
+  cp_pending_t *entries;
+  size_t n;
+  int rc = cp_streams_take_all_locked(pool, &entries, &n);
+  if (rc != CP_OK || n == 0) return rc;
+  pool->stats.num_sync_all_streams++;
+  pthread_mutex_unlock(&pool->lock);
+  int first_rc = CP_OK;
+  for (size_t i = 0; i < n; i++) {
+    int r = pool->backend.event_synchronize(pool->backend.ctx, entries[i].event);
+    if (r != CP_OK && first_rc == CP_OK) first_rc = r;
+  }
+  pthread_mutex_lock(&pool->lock);
+  pool->detached_entries -= n;
+  for (size_t i = 0; i < n; i++) cp_pending_done_locked(pool, &entries[i]);
+  free(entries);
+  return first_rc;
+}
+
+/* The effective cap: the smaller of memory_cap and memory_fraction * device total. */
+static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
+  size_t cap = cfg->memory_cap;
+  if (cfg->memory_fraction > 0 && device_total > 0) {
+    size_t f = (size_t)(cfg->memory_fraction * (double)device_total);
+    if (cap == 0 || f < cap) cap = f;
+  }
+  return cap;
+}
+
+/* Reserve one new segment for (st, kind) and take a block from it. Called and returns with
+ * the lock held; the backend call runs without it. */
+static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size, size_t requested,
+                          size_t seg_size, void **out_ptr) {
+  size_t reserved = cp_reserved_locked(pool) + pool->inflight_bytes;
+  if (pool->cap_bytes != 0 && (seg_size > pool->cap_bytes || reserved > pool->cap_bytes - seg_size)) {
+    return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
+  }
+  pool->inflight_bytes += seg_size;
+  pthread_mutex_unlock(&pool->lock);
+  uintptr_t addr = 0;
+  int rc = CP_OK;
+  cp_segment_t *seg = calloc(1, sizeof *seg);
+  if (seg == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a segment");
+  if (rc == CP_OK) rc = pool->backend.reserve(pool->backend.ctx, seg_size, &addr);
+  pthread_mutex_lock(&pool->lock);
+  pool->inflight_bytes -= seg_size;
+  if (rc == CP_OK) rc = cp_reserve_metadata_locked(pool, 2);
+  if (rc != CP_OK) {
+    if (addr != 0) {
+      pthread_mutex_unlock(&pool->lock);
+      pool->backend.release(pool->backend.ctx, addr, seg_size);
+      pthread_mutex_lock(&pool->lock);
+    }
+    free(seg);
+    return rc;
+  }
+  pool->stats.num_device_alloc++;
+  seg->addr = addr;
+  seg->size = seg_size;
+  seg->stream = st;
+  seg->kind = (uint8_t)kind;
+  cp_block_t *head = cp_block_new_locked(pool);
+  head->addr = addr;
+  head->size = seg_size;
+  head->segment = seg;
+  head->state = CP_BLOCK_FREE;
+  seg->head = head;
+  cp_segment_link_locked(pool, seg);
+  *out_ptr = cp_take_locked(pool, head, size, requested);
+  return CP_OK;
+}
+
+/* Before growing past garbage_collection_threshold of the limit, give back free segments. */
+static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
+  double threshold = pool->cfg.garbage_collection_threshold;
+  size_t limit = pool->cap_bytes != 0 ? pool->cap_bytes : pool->device_total;
+  if (threshold <= 0 || limit == 0) return;
+  size_t target = (size_t)(threshold * (double)limit);
+  size_t after = cp_reserved_locked(pool) + pool->inflight_bytes + seg_size;
+  if (after <= target) return;
+  cp_segment_t *list = NULL;
+  cp_detach_free_segments_locked(pool, after - target, &list);
+  cp_release_segments_locked(pool, list);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Public entry points
+ * ---------------------------------------------------------------------------------------- */
+
+int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_t **out_pool) {
+  if (cfg == NULL || backend == NULL || out_pool == NULL) {
+    return cp_set_error(CP_ERR_INVALID, "cp_pool_create: NULL argument");
+  }
+  int rc = cp_config_validate(cfg);
+  if (rc != CP_OK) return rc;
+  cp_pool_t *pool = calloc(1, sizeof *pool);
+  if (pool == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cp_pool_create: no host memory");
+  pool->cfg = *cfg;
+  pool->backend = *backend;
+  if (cp_ptrmap_init(&pool->live, 1024) != CP_OK || cp_ptrmap_init(&pool->streams, 16) != CP_OK) {
+    cp_ptrmap_destroy(&pool->live);
+    free(pool);
+    return CP_ERR_HOST_OOM;
+  }
+  pthread_mutex_init(&pool->lock, NULL);
+  size_t dev_free = 0, dev_total = 0;
+  if (pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total) == CP_OK) pool->device_total = dev_total;
+  pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
+  pool->stats.max_split_size = cfg->max_split_size == SIZE_MAX ? -1 : (int64_t)cfg->max_split_size;
+  cp_clear_error();
+  *out_pool = pool;
+  return CP_OK;
+}
+
+void cp_pool_destroy(cp_pool_t *pool) {
+  if (pool == NULL) return;
+  pthread_mutex_lock(&pool->lock);
+  for (cp_segment_t *seg = pool->segments, *next; seg != NULL; seg = next) {
+    next = seg->next;
+    for (cp_block_t *b = seg->head; b != NULL; b = b->next) free(b->uses);
+    pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
+    free(seg);
+  }
+  pool->segments = NULL;
+  cp_streams_destroy_locked(pool);
+  for (cp_block_slab_t *s = pool->slabs, *next; s != NULL; s = next) {
+    next = s->next;
+    free(s);
+  }
+  cp_ptrmap_destroy(&pool->live);
+  cp_ptrmap_destroy(&pool->streams);
+  pthread_mutex_unlock(&pool->lock);
+  pthread_mutex_destroy(&pool->lock);
+  free(pool);
+}
+
+/* Note [The OOM ladder]
+ * 1. best fit in the (stream, kind) index, after reclaiming frees whose events completed;
+ * 2. garbage collection (when configured): give back free segments above the threshold;
+ * 3. grow: reserve a new segment from the backend (within the cap);
+ * 4. retry (counted in num_alloc_retries): wait for every pending free, give back every
+ *    wholly free segment, then best fit and grow once more;
+ * 5. fail (counted in num_ooms) with a report of where the memory is. */
+int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
+  if (pool == NULL || out_ptr == NULL) return cp_set_error(CP_ERR_INVALID, "cp_alloc: NULL argument");
+  if (size == 0) {
+    *out_ptr = NULL;
+    return CP_OK;
+  }
+  const cp_config_t *cfg = &pool->cfg; /* only the cap fields change after creation */
+  size_t rounded = cp_round_size(cfg, size);
+  int kind = cp_kind_for(cfg, rounded);
+  size_t seg_size = rounded != 0 ? cp_segment_size_for(cfg, rounded) : 0;
+
+  pthread_mutex_lock(&pool->lock);
+  int rc = CP_OK;
+  cp_stream_state_t *st = NULL;
+  if (seg_size == 0) {
+    rc = CP_ERR_OOM; /* larger than any address space */
+  } else if ((rc = cp_reserve_metadata_locked(pool, 1)) == CP_OK) {
+    st = pool->last_stream;
+    if (st == NULL || st->handle != stream) st = cp_stream_get_locked(pool, stream);
+    if (st == NULL) rc = CP_ERR_HOST_OOM;
+  }
+  if (rc == CP_OK) {
+    /* 1. A failed event query leaves those blocks pending: not fatal. */
+    if (pool->pending_entries != 0) cp_streams_poll_locked(pool);
+    cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
+    if (b != NULL) {
+      *out_ptr = cp_take_locked(pool, b, rounded, size);
+      CP_DEBUG_CHECK(pool, "cp_alloc");
+      pthread_mutex_unlock(&pool->lock);
+      return CP_OK;
+    }
+    /* 2, 3. */
+    cp_collect_garbage_locked(pool, seg_size);
+    rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
+    if (rc == CP_ERR_OOM) {
+      /* 4. */
+      pool->stats.num_alloc_retries++;
+      cp_synchronize_pending_locked(pool);
+      cp_segment_t *list = NULL;
+      cp_detach_free_segments_locked(pool, 0, &list);
+      cp_release_segments_locked(pool, list);
+      rc = cp_reserve_metadata_locked(pool, 1);
+      if (rc == CP_OK) {
+        b = cp_take_free_locked(pool, st, kind, rounded);
+        if (b != NULL) {
+          *out_ptr = cp_take_locked(pool, b, rounded, size);
+        } else {
+          rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
+        }
+      }
+    }
+  }
+  if (rc == CP_ERR_OOM) pool->stats.num_ooms++; /* 5. */
+  CP_DEBUG_CHECK(pool, "cp_alloc");
+  pthread_mutex_unlock(&pool->lock);
+  if (rc == CP_ERR_OOM) {
+    char report[2048];
+    cp_pool_oom_report(pool, size, report, sizeof report);
+    cp_set_error(CP_ERR_OOM, "%s", report);
+  }
+  return rc;
+}
+
+/* Record one event on each extra stream of `b`; all or nothing. */
+static int cp_free_with_events_locked(cp_pool_t *pool, cp_block_t *b) {
+  uint32_t i;
+  int rc = CP_OK;
+  cp_stream_state_t *pushed[64];
+  for (i = 0; i < b->use_count; i++) {
+    cp_stream_state_t *st = cp_stream_get_locked(pool, b->uses[i]);
+    cp_event_t ev = 0;
+    if (st == NULL) {
+      rc = CP_ERR_HOST_OOM;
+      break;
+    }
+    rc = cp_event_acquire_locked(pool, &ev);
+    if (rc != CP_OK) break;
+    rc = pool->backend.event_record(pool->backend.ctx, ev, b->uses[i]);
+    if (rc == CP_OK) rc = cp_stream_queue_push_locked(pool, st, ev, b);
+    if (rc != CP_OK) {
+      cp_event_release_locked(pool, ev);
+      break;
+    }
+    if (i < 64) pushed[i] = st;
+  }
+  if (rc != CP_OK) { /* undo: the newest entry of each touched stream is ours */
+    while (i-- > 0) {
+      cp_stream_state_t *st = i < 64 ? pushed[i] : cp_stream_get_locked(pool, b->uses[i]);
+      cp_event_release_locked(pool, cp_stream_queue_pop_newest_locked(pool, st));
+    }
+    return rc;
+  }
+  b->state = CP_BLOCK_PENDING;
+  b->pending_events = b->use_count;
+  pool->pending_blocks++;
+  pool->pending_bytes += b->size;
+  return CP_OK;
+}
+
+int cp_free(cp_pool_t *pool, void *ptr) {
+  if (ptr == NULL) return CP_OK;
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_free: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  cp_block_t *b = cp_ptrmap_get(&pool->live, (uintptr_t)ptr);
+  int rc = CP_OK;
+  if (b == NULL) {
+    rc = cp_set_error(CP_ERR_INVALID, "cp_free: %p was not allocated by this pool, or was already freed", ptr);
+  } else if (b->use_count > 0) {
+    rc = cp_free_with_events_locked(pool, b);
+  }
+  if (b != NULL && rc == CP_OK) {
+    cp_ptrmap_remove(&pool->live, b->addr);
+    int kind = b->segment->kind;
+    cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
+    cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
+    if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
+    if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
+  }
+  CP_DEBUG_CHECK(pool, "cp_free");
+  pthread_mutex_unlock(&pool->lock);
+  return rc;
+}
+
+int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_record_stream: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  int rc = CP_OK;
+  cp_block_t *b = ptr != NULL ? cp_ptrmap_get(&pool->live, (uintptr_t)ptr) : NULL;
+  if (b == NULL) {
+    rc = cp_set_error(CP_ERR_INVALID, "cp_record_stream: %p is not a live allocation of this pool", ptr);
+  } else if (stream != b->segment->stream->handle) {
+    bool known = false;
+    for (uint32_t i = 0; i < b->use_count; i++) known = known || b->uses[i] == stream;
+    if (!known) {
+      if (b->use_count == b->use_cap) {
+        uint32_t cap = b->use_cap ? b->use_cap * 2 : 4;
+        cp_stream_t *uses = realloc(b->uses, cap * sizeof *uses);
+        if (uses == NULL) {
+          rc = cp_set_error(CP_ERR_HOST_OOM, "cp_record_stream: no host memory");
+        } else {
+          b->uses = uses;
+          b->use_cap = cap;
+        }
+      }
+      if (rc == CP_OK) b->uses[b->use_count++] = stream;
+    }
+  }
+  CP_DEBUG_CHECK(pool, "cp_record_stream");
+  pthread_mutex_unlock(&pool->lock);
+  return rc;
+}
+
+int cp_empty_cache(cp_pool_t *pool) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_empty_cache: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  int rc = cp_synchronize_pending_locked(pool);
+  cp_segment_t *list = NULL;
+  cp_detach_free_segments_locked(pool, 0, &list);
+  int rc2 = cp_release_segments_locked(pool, list);
+  if (rc == CP_OK) rc = rc2;
+  CP_DEBUG_CHECK(pool, "cp_empty_cache");
+  pthread_mutex_unlock(&pool->lock);
+  return rc;
+}
+
+int cp_pool_set_memory_cap(cp_pool_t *pool, size_t bytes) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_set_memory_cap: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  pool->cfg.memory_cap = bytes;
+  pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
+  pthread_mutex_unlock(&pool->lock);
+  return CP_OK;
+}
+
+int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_set_memory_fraction: NULL pool");
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return cp_set_error(CP_ERR_INVALID, "memory fraction %g is outside [0, 1]", fraction);
+  }
+  size_t dev_free = 0, dev_total = 0;
+  int rc = pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total);
+  pthread_mutex_lock(&pool->lock);
+  if (rc == CP_OK) pool->device_total = dev_total;
+  if (fraction > 0 && pool->device_total == 0) {
+    rc = cp_set_error(CP_ERR_BACKEND, "memory fraction: the device's total memory is unknown (%s)", cp_last_error());
+  } else {
+    rc = CP_OK;
+    pool->cfg.memory_fraction = fraction;
+    pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return rc;
+}
+
+void cp_pool_config(cp_pool_t *pool, cp_config_t *out_cfg) {
+  pthread_mutex_lock(&pool->lock);
+  *out_cfg = pool->cfg;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_stats(cp_pool_t *pool, cp_stats_t *out_stats) {
+  pthread_mutex_lock(&pool->lock);
+  *out_stats = pool->stats;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_reset_peak_stats(cp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  cp_stats_reset_peak(&pool->stats);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_reset_accumulated_stats(cp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  cp_stats_reset_accumulated(&pool->stats);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
+  memset(info, 0, sizeof *info);
+  info->reserved = cp_reserved_locked(pool);
+  info->allocated = (size_t)pool->stats.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current;
+  info->pending_free = pool->pending_bytes;
+  info->pending_blocks = pool->pending_blocks;
+  info->segments = pool->segment_count;
+  info->live_blocks = pool->live.count;
+  info->streams = pool->stream_count;
+  info->memory_cap = pool->cap_bytes;
+  for (size_t i = 0; i < pool->stream_count; i++) {
+    for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
+      const cp_index_t *ix = &pool->stream_list[i]->index[k];
+      info->cached_free += ix->bytes;
+      info->free_blocks += ix->count;
+      cp_block_t *big = cp_index_largest(ix);
+      if (big != NULL && big->size > info->largest_free_block) info->largest_free_block = big->size;
+    }
+  }
+}
+
+void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info) {
+  size_t dev_free = 0, dev_total = 0;
+  int rc = pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total);
+  pthread_mutex_lock(&pool->lock);
+  cp_pool_info_locked(pool, out_info);
+  pthread_mutex_unlock(&pool->lock);
+  if (rc == CP_OK) {
+    out_info->device_free = dev_free;
+    out_info->device_total = dev_total;
+  }
+}
+
+/* "1.50 GiB"-style text for a byte count. */
+static const char *cp_fmt_bytes(char *buf, size_t n, size_t bytes) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) snprintf(buf, n, "%zu bytes", bytes);
+  else snprintf(buf, n, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size) {
+  cp_pool_info_t in;
+  cp_pool_info(pool, &in);
+  char req[32], tot[32], dfree[32], res[32], alloc[32], cached[32], largest[32], pend[32], cap[32];
+  double frag = in.cached_free ? 1.0 - (double)in.largest_free_block / (double)in.cached_free : 0.0;
+  int n = snprintf(
+      buf, buf_size,
+      "Tried to allocate %s (%zu bytes). Device %d (%s) has a total capacity of %s of which %s is free. "
+      "cudapool holds %s reserved in %zu segments: %s allocated to %zu live blocks, %s cached but free "
+      "in %zu blocks (largest free block %s, fragmentation %.1f%%), %s waiting for stream events "
+      "in %zu blocks. Memory cap: %s.",
+      cp_fmt_bytes(req, sizeof req, size), size, pool->backend.device, pool->backend.name,
+      in.device_total ? cp_fmt_bytes(tot, sizeof tot, in.device_total) : "unknown",
+      in.device_total ? cp_fmt_bytes(dfree, sizeof dfree, in.device_free) : "unknown",
+      cp_fmt_bytes(res, sizeof res, in.reserved), in.segments, cp_fmt_bytes(alloc, sizeof alloc, in.allocated),
+      in.live_blocks, cp_fmt_bytes(cached, sizeof cached, in.cached_free), in.free_blocks,
+      cp_fmt_bytes(largest, sizeof largest, in.largest_free_block), 100.0 * frag,
+      cp_fmt_bytes(pend, sizeof pend, in.pending_free), in.pending_blocks,
+      in.memory_cap ? cp_fmt_bytes(cap, sizeof cap, in.memory_cap) : "none");
+  if (n >= 0 && (size_t)n < buf_size && in.cached_free >= size && in.largest_free_block < size) {
+    n += snprintf(buf + n, buf_size - (size_t)n,
+                  " The free memory is fragmented: enough bytes are cached, but no free block is large "
+                  "enough; setting max_split_size_mb can keep large blocks whole.");
+  }
+  return n;
+}
+
+size_t cp_pool_check(cp_pool_t *pool, FILE *out) {
+  pthread_mutex_lock(&pool->lock);
+  size_t v = cp_check_locked(pool, out);
+  pthread_mutex_unlock(&pool->lock);
+  return v;
+}

@@ -1,0 +1,102 @@
+"""Build of the one extension module, cudapool._C.
+
+Sources: csrc/core/*.c, csrc/backend/*.c and csrc/python/*.c / *.cpp. C and C++ sources get
+different flags: setuptools hands every source of an Extension the same extra_compile_args,
+so C++ sources are compiled here first with their own flags and linked in as objects.
+"""
+
+import copy
+import os
+import re
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+C_SUFFIXES = {".c"}
+CXX_SUFFIXES = {".cpp", ".cc", ".cxx"}
+
+# Set CUDAPOOL_NO_WERROR=1 to build with a compiler that warns where ours does not.
+_WERROR = [] if os.environ.get("CUDAPOOL_NO_WERROR") else ["-Werror"]
+
+C_FLAGS = ["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", *_WERROR, "-O2", "-pthread"]
+CXX_FLAGS = ["-std=c++17", "-Wall", "-Wextra", *_WERROR, "-O2", "-pthread"]
+LINK_FLAGS = ["-pthread", "-ldl"]
+
+
+def read_version() -> str:
+    """The version from python/cudapool/_version.py, read without importing the package."""
+    text = (ROOT / "python" / "cudapool" / "_version.py").read_text(encoding="utf-8")
+    match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    if not match:
+        raise RuntimeError("python/cudapool/_version.py defines no __version__")
+    version = match.group(1)
+    header = (ROOT / "csrc" / "core" / "cp.h").read_text(encoding="utf-8")
+    c_match = re.search(r'^#define\s+CP_VERSION\s+"([^"]+)"', header, re.MULTILINE)
+    if c_match and c_match.group(1) != version:
+        raise RuntimeError(
+            f"version mismatch: python/cudapool/_version.py says {version}, "
+            f"csrc/core/cp.h says {c_match.group(1)}"
+        )
+    return version
+
+
+def rel_glob(*patterns: str) -> list:
+    """Files matching the patterns, relative to this directory, sorted."""
+    found = set()
+    for pattern in patterns:
+        found.update(p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
+class BuildExt(build_ext):
+    """Compile C and C++ sources of one extension with per-language flags."""
+
+    def build_extension(self, ext):
+        cxx_sources = [s for s in ext.sources if Path(s).suffix in CXX_SUFFIXES]
+        if not cxx_sources:
+            return super().build_extension(ext)
+
+        macros = list(ext.define_macros or [])
+        macros.extend((name,) for name in (ext.undef_macros or []))
+        cxx_objects = self.compiler.compile(
+            cxx_sources,
+            output_dir=self.build_temp,
+            macros=macros,
+            include_dirs=ext.include_dirs,
+            debug=self.debug,
+            extra_postargs=CXX_FLAGS,
+            depends=ext.depends,
+        )
+        c_ext = copy.copy(ext)
+        c_ext.sources = [s for s in ext.sources if Path(s).suffix not in CXX_SUFFIXES]
+        c_ext.extra_objects = list(ext.extra_objects or []) + cxx_objects
+        c_ext.language = "c++"  # link with the C++ driver so libstdc++ comes along
+        return super().build_extension(c_ext)
+
+
+SOURCES = rel_glob(
+    "csrc/core/*.c",
+    "csrc/backend/*.c",
+    "csrc/python/*.c",
+    *(f"csrc/python/*{suffix}" for suffix in sorted(CXX_SUFFIXES)),
+)
+HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
+
+setup(
+    version=read_version(),
+    ext_modules=[
+        Extension(
+            "cudapool._C",
+            sources=SOURCES,
+            include_dirs=["csrc"],
+            depends=HEADERS,
+            extra_compile_args=C_FLAGS,
+            extra_link_args=LINK_FLAGS,
+            language="c",
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,658 @@
+/* test_pool.c — conformance of the pool on the simulated device: sizes, splitting, reuse,
+ * the OOM ladder, the cap, empty_cache, stream ordering, statistics and bad input. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/sim.h"
+#include "check.h"
+#include "core/cp.h"
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+#define GiB ((size_t)1024 * 1024 * 1024)
+
+typedef struct fixture_s {
+  cp_sim_t *sim;
+  cp_backend_t backend;
+  cp_pool_t *pool;
+} fixture_t;
+
+static int fx_open(fixture_t *fx, size_t capacity, const char *conf) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  if (cp_config_parse(&cfg, conf) != CP_OK) return -1;
+  if (cp_sim_create(capacity, 0, &fx->sim) != CP_OK) return -1;
+  cp_sim_backend(fx->sim, &fx->backend);
+  if (cp_pool_create(&cfg, &fx->backend, &fx->pool) != CP_OK) return -1;
+  return 0;
+}
+
+/* Destroying the pool must give every byte and event back to the device. */
+static void fx_close(fixture_t *fx) {
+  CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
+  cp_pool_destroy(fx->pool);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
+  cp_sim_destroy(fx->sim);
+}
+
+static cp_stats_t stats_of(fixture_t *fx) {
+  cp_stats_t s;
+  cp_pool_stats(fx->pool, &s);
+  return s;
+}
+
+#define CUR(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
+#define PEAK(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].peak)
+
+static void *must_alloc(fixture_t *fx, size_t size, cp_stream_t stream) {
+  void *p = NULL;
+  int rc = cp_alloc(fx->pool, size, stream, &p);
+  if (rc != CP_OK) fprintf(stderr, "alloc(%zu) failed: %s\n", size, cp_last_error());
+  CHECK(rc == CP_OK);
+  CHECK(p != NULL);
+  return p;
+}
+
+TEST(size_zero) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *p = (void *)1;
+  CHECK(cp_alloc(fx.pool, 0, 0, &p) == CP_OK);
+  CHECK(p == NULL);
+  CHECK(cp_free(fx.pool, NULL) == CP_OK);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 0);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_RESERVE), 0);
+  fx_close(&fx);
+}
+
+TEST(small_request_stats) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 1000, 0);
+  CHECK((uintptr_t)p % 512 == 0);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 1);
+  CHECK_EQ_U(CUR(s, ALLOCATION, SMALL), 1);
+  CHECK_EQ_U(CUR(s, ALLOCATION, LARGE), 0);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), 1024);
+  CHECK_EQ_U(CUR(s, REQUESTED_BYTES, ALL), 1000);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, SMALL), 2 * MiB);
+  CHECK_EQ_U(CUR(s, SEGMENT, SMALL), 1);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 1); /* the rest of the segment */
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT_BYTES, SMALL), 2 * MiB - 1024);
+  CHECK_EQ_U(s.num_device_alloc, 1);
+  CHECK(s.max_split_size == -1);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 0);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), 0);
+  CHECK_EQ_U(CUR(s, ACTIVE, ALL), 0);
+  CHECK_EQ_U(CUR(s, REQUESTED_BYTES, ALL), 0);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, ALL), 0); /* merged back into one whole segment */
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 2 * MiB); /* cached, not returned */
+  CHECK_EQ_U(PEAK(s, ALLOCATED_BYTES, ALL), 1024);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].allocated, 1);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].freed, 1);
+  fx_close(&fx);
+}
+
+TEST(rounding) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  size_t sizes[] = {1, 511, 512, 513, 1 * MiB, 1 * MiB + 1};
+  size_t expect[] = {512, 512, 512, 1024, 1 * MiB, 1 * MiB + 512};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    void *p = must_alloc(&fx, sizes[i], 0);
+    cp_stats_t s = stats_of(&fx);
+    CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), expect[i]);
+    CHECK(cp_free(fx.pool, p) == CP_OK);
+  }
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, SEGMENT, SMALL), 1); /* 1 MiB is still small */
+  CHECK_EQ_U(CUR(s, SEGMENT, LARGE), 1); /* 1 MiB + 1 is large: one 20 MiB segment */
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, LARGE), 20 * MiB);
+  fx_close(&fx);
+}
+
+TEST(cached_block_reused_without_reserve) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  size_t sizes[] = {4096, 700 * KiB, 3 * MiB, 15 * MiB};
+  for (size_t i = 0; i < 4; i++) {
+    void *first = must_alloc(&fx, sizes[i], 0);
+    CHECK(cp_free(fx.pool, first) == CP_OK);
+    uint64_t reserves = cp_sim_calls(fx.sim, CP_SIM_RESERVE);
+    for (int k = 0; k < 100; k++) {
+      void *p = must_alloc(&fx, sizes[i], 0);
+      CHECK(p == first);
+      CHECK(cp_free(fx.pool, p) == CP_OK);
+    }
+    CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_RESERVE), reserves);
+  }
+  /* One small segment; one 20 MiB segment that serves both 3 MiB and, whole again, 15 MiB. */
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_RESERVE), 2);
+  fx_close(&fx);
+}
+
+TEST(first_address_back_after_coalescing) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  enum { N = 120 };
+  void *p[N];
+  srand(7);
+  /* At most 120 x 16 KiB: everything comes from one 2 MiB segment. */
+  for (int i = 0; i < N; i++) p[i] = must_alloc(&fx, 1 + (size_t)(rand() % (16 * 1024)), 0);
+  CHECK_EQ_U(CUR(stats_of(&fx), SEGMENT, ALL), 1);
+  /* Free in a scrambled order so that merging happens in every direction. */
+  for (int i = 0; i < N; i += 2) CHECK(cp_free(fx.pool, p[i]) == CP_OK);
+  for (int i = N - 1; i >= 0; i -= 2) CHECK(cp_free(fx.pool, p[i]) == CP_OK);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, ALL), 0);
+  CHECK_EQ_U(CUR(s, ACTIVE, ALL), 0);
+  /* The segment is whole again; the first address comes back. */
+  void *q = must_alloc(&fx, 1 + (size_t)0, 0);
+  CHECK(q == p[0]);
+  CHECK(cp_free(fx.pool, q) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(large_pool_split_rules) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, NULL) == 0);
+  /* 1.5 MiB: a 20 MiB segment, the 18.5 MiB rest stays free (> 1 MiB). */
+  void *a = must_alloc(&fx, 1536 * KiB, 0);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, LARGE), 20 * MiB);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, LARGE), 1536 * KiB);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT_BYTES, LARGE), 20 * MiB - 1536 * KiB);
+  /* 10 MiB: from here on one segment per request, rounded to 2 MiB. */
+  void *b = must_alloc(&fx, 10 * MiB, 0);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, SEGMENT, LARGE), 1); /* fits the 18.5 MiB rest of the first segment */
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  void *c = must_alloc(&fx, 19 * MiB, 0); /* 19 MiB does not fit in 18.5: new 20 MiB segment */
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, SEGMENT, LARGE), 2);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, LARGE), 40 * MiB);
+  /* 1 MiB left over is not > 1 MiB: no split, the block keeps the whole 20 MiB. */
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, LARGE), 1536 * KiB + 20 * MiB);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  /* 10.5 MiB: a 12 MiB segment and a 1.5 MiB free rest. */
+  void *d = must_alloc(&fx, 10 * MiB + 512 * KiB, 0);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, LARGE), 12 * MiB);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT_BYTES, LARGE), 1536 * KiB);
+  CHECK(cp_free(fx.pool, d) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  /* 11 MiB: a 12 MiB segment, and the 1 MiB rest is not split off. */
+  void *e = must_alloc(&fx, 11 * MiB, 0);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, LARGE), 12 * MiB);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, LARGE), 0);
+  CHECK(cp_free(fx.pool, e) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(small_pool_split_rules) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  /* The small pool keeps any remainder of at least 512 bytes. */
+  void *a = must_alloc(&fx, 1 * MiB, 0);          /* the largest small request */
+  void *a2 = must_alloc(&fx, 1 * MiB - 1024, 0);
+  CHECK((uintptr_t)a2 == (uintptr_t)a + 1 * MiB);
+  void *b = must_alloc(&fx, 512, 0);
+  CHECK((uintptr_t)b == (uintptr_t)a + 2 * MiB - 1024);
+  void *c = must_alloc(&fx, 512, 0);                /* takes the last 512 bytes */
+  CHECK((uintptr_t)c == (uintptr_t)b + 512);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, SEGMENT, SMALL), 1);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 0);
+  CHECK(cp_free(fx.pool, a2) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 1);
+  a2 = must_alloc(&fx, 1 * MiB - 1024, 0);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 1);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT_BYTES, SMALL), 512);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(cp_free(fx.pool, a2) == CP_OK); /* merges with a's and b's holes */
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 1);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT_BYTES, SMALL), 2 * MiB - 512);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, SMALL), 0);
+  fx_close(&fx);
+}
+
+TEST(max_split_size_rules) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, "max_split_size_mb:40") == 0);
+  void *big = must_alloc(&fx, 50 * MiB, 0);
+  cp_stats_t s = stats_of(&fx);
+  CHECK(s.max_split_size == (int64_t)(40 * MiB));
+  CHECK_EQ_U(s.oversize_allocations.current, 1);
+  CHECK_EQ_U(s.oversize_segments.current, 1);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.oversize_allocations.current, 0);
+  /* A request below max_split_size never takes an oversize block. */
+  void *mid = must_alloc(&fx, 30 * MiB, 0);
+  CHECK(mid != big);
+  CHECK_EQ_U(stats_of(&fx).num_device_alloc, 2);
+  /* An oversize request takes it when it is less than 20 MiB too large, unsplit. */
+  void *o = must_alloc(&fx, 45 * MiB, 0);
+  CHECK(o == big);
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_alloc, 2);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, LARGE), 30 * MiB + 50 * MiB);
+  CHECK(cp_free(fx.pool, o) == CP_OK);
+  /* ... but not when it is 20 MiB or more too large. */
+  void *o2 = must_alloc(&fx, 41 * MiB, 0);
+  CHECK(o2 == big); /* 50 - 42 = 8 MiB: fine */
+  CHECK(cp_free(fx.pool, o2) == CP_OK);
+  void *huge = must_alloc(&fx, 80 * MiB, 0);
+  CHECK(cp_free(fx.pool, huge) == CP_OK);
+  CHECK(cp_free(fx.pool, mid) == CP_OK);
+  uint64_t before = stats_of(&fx).num_device_alloc;
+  void *o3 = must_alloc(&fx, 42 * MiB, 0); /* takes the 50, not the 80 (best fit) */
+  CHECK(o3 == big);
+  void *o4 = must_alloc(&fx, 42 * MiB, 0); /* 80 >= 42 + 20: not taken, new segment */
+  CHECK_EQ_U(stats_of(&fx).num_device_alloc, before + 1);
+  CHECK(cp_free(fx.pool, o3) == CP_OK);
+  CHECK(cp_free(fx.pool, o4) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(up_to_capacity_and_oom) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 64 * MiB, 0); /* exactly the device */
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  void *q = NULL;
+  CHECK(cp_alloc(fx.pool, 64 * MiB + 1, 0, &q) == CP_ERR_OOM);
+  CHECK(q == NULL);
+  CHECK(strstr(cp_last_error(), "Tried to allocate") != NULL);
+  CHECK(strstr(cp_last_error(), "largest free block") != NULL);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_ooms, 1);
+  CHECK_EQ_U(s.num_alloc_retries, 1);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 0); /* the cached 64 MiB went back on the retry */
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  /* Still usable, and a fitting request works. */
+  void *r = must_alloc(&fx, 32 * MiB, 0);
+  CHECK(cp_free(fx.pool, r) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(sizes_near_size_max) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  size_t sizes[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 511, SIZE_MAX / 2 + 1, (size_t)1 << 62};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    void *p = (void *)1;
+    CHECK(cp_alloc(fx.pool, sizes[i], 0, &p) == CP_ERR_OOM);
+    CHECK(p == (void *)1); /* untouched on failure */
+  }
+  CHECK_EQ_U(stats_of(&fx).num_ooms, 5);
+  void *q = must_alloc(&fx, 100, 0);
+  CHECK(cp_free(fx.pool, q) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(retry_releases_cached_segments) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 40 * MiB, NULL) == 0);
+  void *a = must_alloc(&fx, 30 * MiB, 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  void *b = must_alloc(&fx, 32 * MiB, 0); /* 30 cached + 32 > 40: retry after releasing */
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_alloc_retries, 1);
+  CHECK_EQ_U(s.num_ooms, 0);
+  CHECK_EQ_U(s.num_device_free, 1);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 32 * MiB);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(memory_cap_and_fraction) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, "memory_cap_mb:16") == 0);
+  void *p = NULL;
+  CHECK(cp_alloc(fx.pool, 20 * MiB, 0, &p) == CP_ERR_OOM);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_RESERVE), 0); /* refused before the device */
+  CHECK(strstr(cp_last_error(), "Memory cap: 16.00 MiB") != NULL);
+  void *a = must_alloc(&fx, 14 * MiB, 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(cp_pool_set_memory_cap(fx.pool, 0) == CP_OK);
+  void *b = must_alloc(&fx, 20 * MiB, 0);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(cp_pool_set_memory_fraction(fx.pool, 0.25) == CP_OK); /* 64 MiB */
+  void *c = must_alloc(&fx, 64 * MiB, 0);
+  CHECK(cp_alloc(fx.pool, 2 * MiB, 0, &p) == CP_ERR_OOM);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  CHECK(cp_pool_set_memory_fraction(fx.pool, 1.5) == CP_ERR_INVALID);
+  CHECK(cp_pool_set_memory_fraction(fx.pool, -0.1) == CP_ERR_INVALID);
+  cp_pool_info_t info;
+  cp_pool_info(fx.pool, &info);
+  CHECK_EQ_U(info.memory_cap, 64 * MiB);
+  fx_close(&fx);
+}
+
+TEST(empty_cache_returns_free_segments_only) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  void *live = must_alloc(&fx, 4096, 0);
+  void *a = must_alloc(&fx, 3 * MiB, 0);
+  void *b = must_alloc(&fx, 18 * MiB, 0); /* does not fit the 17 MiB rest: own segment */
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 2 * MiB); /* the live block's segment stays */
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 2 * MiB);
+  CHECK_EQ_U(s.num_device_free, 2);
+  CHECK(cp_free(fx.pool, live) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(garbage_collection_threshold) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 100 * MiB, "garbage_collection_threshold:0.5") == 0);
+  void *a = must_alloc(&fx, 30 * MiB, 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  void *b = must_alloc(&fx, 32 * MiB, 0); /* 30 + 32 > 50: the cached 30 goes first */
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_free, 1);
+  CHECK_EQ_U(s.num_alloc_retries, 0);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(live_ranges_never_overlap) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 512 * MiB, NULL) == 0);
+  enum { SLOTS = 200 };
+  uintptr_t addr[SLOTS] = {0};
+  size_t len[SLOTS] = {0};
+  srand(11);
+  for (int op = 0; op < 4000; op++) {
+    int i = rand() % SLOTS;
+    if (addr[i] != 0) {
+      /* The block still holds its pattern: nobody else wrote into it. */
+      unsigned char *m = (unsigned char *)addr[i];
+      CHECK(m[0] == (unsigned char)i && m[len[i] - 1] == (unsigned char)(i ^ 0x5a));
+      CHECK(cp_free(fx.pool, (void *)addr[i]) == CP_OK);
+      addr[i] = 0;
+      continue;
+    }
+    size_t size = (rand() % 8 == 0) ? 1 + (size_t)(rand() % (24 * (int)MiB)) : 1 + (size_t)(rand() % 200000);
+    void *p = NULL;
+    if (cp_alloc(fx.pool, size, (cp_stream_t)(rand() % 3), &p) != CP_OK) continue;
+    uintptr_t a = (uintptr_t)p;
+    CHECK(a % 512 == 0);
+    for (int j = 0; j < SLOTS; j++) {
+      if (addr[j] != 0) CHECK(a + size <= addr[j] || addr[j] + len[j] <= a);
+    }
+    addr[i] = a;
+    len[i] = size;
+    ((unsigned char *)p)[0] = (unsigned char)i;
+    ((unsigned char *)p)[size - 1] = (unsigned char)(i ^ 0x5a);
+  }
+  for (int i = 0; i < SLOTS; i++) CHECK(cp_free(fx.pool, (void *)addr[i]) == CP_OK);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), 0);
+  CHECK_EQ_U(CUR(s, ACTIVE_BYTES, ALL), 0);
+  fx_close(&fx);
+}
+
+TEST(blocks_stay_on_their_stream) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 512 * MiB, NULL) == 0);
+  void *a = must_alloc(&fx, 8192, 1);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  void *b = must_alloc(&fx, 8192, 2); /* stream 2 never gets stream 1's block */
+  CHECK(b != a);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, SEGMENT, SMALL), 2);
+  void *c = must_alloc(&fx, 8192, 1);
+  CHECK(c == a);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  /* Many streams, each its own segments, none crossing over. */
+  void *per[16];
+  for (int i = 0; i < 16; i++) per[i] = must_alloc(&fx, 3 * MiB, (cp_stream_t)(100 + i));
+  for (int i = 0; i < 16; i++) CHECK(cp_free(fx.pool, per[i]) == CP_OK);
+  for (int i = 0; i < 16; i++) {
+    void *p = must_alloc(&fx, 3 * MiB, (cp_stream_t)(100 + i));
+    CHECK(p == per[i]);
+    CHECK(cp_free(fx.pool, p) == CP_OK);
+  }
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_RECORD), 0); /* plain frees record nothing */
+  fx_close(&fx);
+}
+
+TEST(record_stream_waits_for_event) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 1000, 1);
+  CHECK(cp_record_stream(fx.pool, p, 1) == CP_OK); /* its own stream: nothing to do */
+  CHECK(cp_record_stream(fx.pool, p, 2) == CP_OK);
+  CHECK(cp_record_stream(fx.pool, p, 2) == CP_OK); /* twice: one event */
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_RECORD), 1);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 0);
+  CHECK_EQ_U(CUR(s, ACTIVE, ALL), 1); /* still active until stream 2 is done */
+  CHECK_EQ_U(CUR(s, REQUESTED_BYTES, ALL), 1000);
+  for (int i = 0; i < 10; i++) { /* busy stream 2: p is not handed out */
+    void *q = must_alloc(&fx, 1000, 1);
+    CHECK(q != p);
+    CHECK(cp_free(fx.pool, q) == CP_OK);
+  }
+  cp_pool_info_t info;
+  cp_pool_info(fx.pool, &info);
+  CHECK_EQ_U(info.pending_blocks, 1);
+  CHECK_EQ_U(info.pending_free, 1024);
+  cp_sim_complete(fx.sim, 3); /* another stream finishing changes nothing */
+  void *q = must_alloc(&fx, 1000, 1);
+  CHECK(q != p);
+  CHECK(cp_free(fx.pool, q) == CP_OK);
+  cp_sim_complete(fx.sim, 2);
+  void *r = must_alloc(&fx, 1000, 1);
+  CHECK(r == p);
+  s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ACTIVE, ALL), 1);
+  CHECK(cp_free(fx.pool, r) == CP_OK);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_RECORD), 1); /* the plain free recorded none */
+  fx_close(&fx);
+}
+
+TEST(record_stream_many_streams_and_event_pooling) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  for (int round = 0; round < 50; round++) {
+    void *p = must_alloc(&fx, 64 * KiB, 0);
+    for (cp_stream_t s = 1; s <= 3; s++) CHECK(cp_record_stream(fx.pool, p, s) == CP_OK);
+    CHECK(cp_free(fx.pool, p) == CP_OK);
+    cp_sim_complete(fx.sim, 1);
+    cp_sim_complete(fx.sim, 2);
+    void *q = must_alloc(&fx, 64 * KiB, 0); /* stream 3 still busy */
+    CHECK(q != p);
+    CHECK(cp_free(fx.pool, q) == CP_OK);
+    cp_sim_complete(fx.sim, 3);
+    void *r = must_alloc(&fx, 64 * KiB, 0);
+    CHECK(r == p);
+    CHECK(cp_free(fx.pool, r) == CP_OK);
+  }
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_RECORD), 150);
+  CHECK(cp_sim_calls(fx.sim, CP_SIM_EVENT_CREATE) <= 3); /* events are reused */
+  fx_close(&fx);
+}
+
+TEST(empty_cache_waits_for_pending) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 5 * MiB, 0);
+  CHECK(cp_record_stream(fx.pool, p, 9) == CP_OK);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_SYNCHRONIZE), 1);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  CHECK_EQ_U(stats_of(&fx).num_sync_all_streams, 1);
+  fx_close(&fx);
+}
+
+TEST(oom_retry_waits_for_pending) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 40 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 30 * MiB, 0);
+  CHECK(cp_record_stream(fx.pool, p, 5) == CP_OK);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  void *q = must_alloc(&fx, 32 * MiB, 0); /* needs p's segment back: wait, release, grow */
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_alloc_retries, 1);
+  CHECK_EQ_U(s.num_ooms, 0);
+  CHECK(cp_free(fx.pool, q) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(bad_pointers) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *p = must_alloc(&fx, 4096, 0);
+  cp_stats_t before = stats_of(&fx);
+  int local;
+  CHECK(cp_free(fx.pool, &local) == CP_ERR_INVALID);
+  CHECK(strstr(cp_last_error(), "not allocated by this pool") != NULL);
+  CHECK(cp_free(fx.pool, (char *)p + 512) == CP_ERR_INVALID); /* interior pointer */
+  CHECK(cp_record_stream(fx.pool, &local, 3) == CP_ERR_INVALID);
+  CHECK(cp_record_stream(fx.pool, NULL, 3) == CP_ERR_INVALID);
+  cp_stats_t after = stats_of(&fx);
+  CHECK(memcmp(&before, &after, sizeof before) == 0);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  CHECK(cp_free(fx.pool, p) == CP_ERR_INVALID); /* double free */
+  CHECK(cp_record_stream(fx.pool, p, 3) == CP_ERR_INVALID); /* after free */
+  fx_close(&fx);
+}
+
+TEST(stats_resets) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *a = must_alloc(&fx, 100 * KiB, 0);
+  void *b = must_alloc(&fx, 100 * KiB, 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  cp_pool_reset_peak_stats(fx.pool);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(PEAK(s, ALLOCATED_BYTES, ALL), 100 * KiB);
+  CHECK_EQ_U(PEAK(s, ALLOCATION, SMALL), 1);
+  cp_pool_reset_accumulated_stats(fx.pool);
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].allocated, 0);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].freed, 0);
+  CHECK_EQ_U(s.num_device_alloc, 0);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 1); /* current is never reset */
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].freed, 1);
+  fx_close(&fx);
+}
+
+TEST(backend_failures_leave_pool_whole) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, NULL) == 0);
+  void *p = NULL;
+  cp_sim_fail_nth(fx.sim, CP_SIM_RESERVE, 1, CP_ERR_BACKEND);
+  CHECK(cp_alloc(fx.pool, 4096, 0, &p) == CP_ERR_BACKEND);
+  CHECK(strstr(cp_last_error(), "injected") != NULL);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  void *a = must_alloc(&fx, 4096, 0);
+  /* An event that cannot be recorded: the free fails and the block stays live. */
+  CHECK(cp_record_stream(fx.pool, a, 4) == CP_OK);
+  cp_sim_fail_nth(fx.sim, CP_SIM_EVENT_RECORD, 1, CP_ERR_BACKEND);
+  CHECK(cp_free(fx.pool, a) == CP_ERR_BACKEND);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(CUR(s, ALLOCATION, ALL), 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  /* A release the device refuses keeps the segment in the pool. */
+  cp_sim_complete_all(fx.sim);
+  cp_sim_fail_nth(fx.sim, CP_SIM_RELEASE, 1, CP_ERR_BACKEND);
+  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK_EQ_U(CUR(stats_of(&fx), SEGMENT, ALL), 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(CUR(stats_of(&fx), SEGMENT, ALL), 0);
+  /* An OOM from the device (not the cap) ends in the same report. */
+  cp_sim_fail_nth(fx.sim, CP_SIM_RESERVE, 1, CP_ERR_OOM);
+  cp_sim_fail_nth(fx.sim, CP_SIM_RESERVE, 1, CP_ERR_OOM);
+  void *b = must_alloc(&fx, 4096, 0); /* first try fails, the retry succeeds */
+  CHECK_EQ_U(stats_of(&fx).num_alloc_retries, 1);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(info_and_report) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
+  void *a = must_alloc(&fx, 3 * MiB, 0);
+  void *b = must_alloc(&fx, 3 * MiB, 0);
+  void *c = must_alloc(&fx, 3 * MiB, 0);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  cp_pool_info_t in;
+  cp_pool_info(fx.pool, &in);
+  CHECK_EQ_U(in.reserved, 20 * MiB);
+  CHECK_EQ_U(in.allocated, 6 * MiB);
+  CHECK_EQ_U(in.cached_free, 14 * MiB);
+  CHECK_EQ_U(in.largest_free_block, 11 * MiB);
+  CHECK_EQ_U(in.free_blocks, 2);
+  CHECK_EQ_U(in.live_blocks, 2);
+  CHECK_EQ_U(in.device_total, 64 * MiB);
+  char buf[2048];
+  int n = cp_pool_oom_report(fx.pool, 12 * MiB, buf, sizeof buf);
+  CHECK(n > 0 && (size_t)n < sizeof buf);
+  CHECK(strstr(buf, "Tried to allocate 12.00 MiB") != NULL);
+  CHECK(strstr(buf, "fragmented") != NULL); /* 14 MiB cached, no 12 MiB block */
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  fx_close(&fx);
+}
+
+int main(void) {
+  RUN(size_zero);
+  RUN(small_request_stats);
+  RUN(rounding);
+  RUN(cached_block_reused_without_reserve);
+  RUN(first_address_back_after_coalescing);
+  RUN(large_pool_split_rules);
+  RUN(small_pool_split_rules);
+  RUN(max_split_size_rules);
+  RUN(up_to_capacity_and_oom);
+  RUN(sizes_near_size_max);
+  RUN(retry_releases_cached_segments);
+  RUN(memory_cap_and_fraction);
+  RUN(empty_cache_returns_free_segments_only);
+  RUN(garbage_collection_threshold);
+  RUN(live_ranges_never_overlap);
+  RUN(blocks_stay_on_their_stream);
+  RUN(record_stream_waits_for_event);
+  RUN(record_stream_many_streams_and_event_pooling);
+  RUN(empty_cache_waits_for_pending);
+  RUN(oom_retry_waits_for_pending);
+  RUN(bad_pointers);
+  RUN(stats_resets);
+  RUN(backend_failures_leave_pool_whole);
+  RUN(info_and_report);
+  return check_summary("test_pool");
+}
