@@ -462,6 +462,12 @@ void cp_config_default(cp_config_t *cfg) {
   cfg->memory_fraction = 0.0;
 }
 
+int cp_config_from_env(cp_config_t *cfg) {
+  if (cfg == NULL) return cp_set_error(CP_ERR_INVALID, "cp_config_from_env: cfg is NULL");
+  cp_config_default(cfg);
+  return cp_config_parse(cfg, getenv("CUDAPOOL_CONF"));
+}
+
 int cp_config_parse(cp_config_t *cfg, const char *text) {
   if (cfg == NULL) return cp_set_error(CP_ERR_INVALID, "cp_config_parse: cfg is NULL");
   if (text == NULL) return CP_OK;

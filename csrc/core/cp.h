@@ -52,6 +52,10 @@ void cp_config_default(cp_config_t *cfg);
  * NULL or "" is a no-op. */
 int cp_config_parse(cp_config_t *cfg, const char *text);
 
+/* Defaults, then the CUDAPOOL_CONF environment variable on top (unset or empty: defaults).
+ * On error `cfg` holds the defaults and the last error names the bad key or value. */
+int cp_config_from_env(cp_config_t *cfg);
+
 /* Check a whole configuration for consistency (used by parse and by pool creation). */
 int cp_config_validate(const cp_config_t *cfg);
 

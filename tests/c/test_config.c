@@ -688,6 +688,23 @@ TEST(round_size_divisions) {
   }
 }
 
+TEST(from_env) {
+  cp_config_t cfg, def;
+  cp_config_default(&def);
+  unsetenv("CUDAPOOL_CONF");
+  CHECK(cp_config_from_env(&cfg) == CP_OK);
+  CHECK(memcmp(&cfg, &def, sizeof cfg) == 0);
+  setenv("CUDAPOOL_CONF", "max_split_size_mb:64, garbage_collection_threshold:0.5", 1);
+  CHECK(cp_config_from_env(&cfg) == CP_OK);
+  CHECK_EQ_U(cfg.max_split_size, 64 * MiB);
+  CHECK(cfg.garbage_collection_threshold == 0.5);
+  setenv("CUDAPOOL_CONF", "max_split_size_mb:64,bogus_key:1", 1);
+  CHECK(cp_config_from_env(&cfg) == CP_ERR_INVALID);
+  CHECK(strstr(cp_last_error(), "bogus_key") != NULL);
+  CHECK(memcmp(&cfg, &def, sizeof cfg) == 0); /* nothing half-applied */
+  unsetenv("CUDAPOOL_CONF");
+}
+
 int main(void) {
   RUN(defaults);
   RUN(noop_inputs);
@@ -708,5 +725,6 @@ int main(void) {
   RUN(round_trip);
   RUN(round_size_defaults);
   RUN(round_size_divisions);
+  RUN(from_env);
   return check_summary("test_config");
 }
