@@ -24,10 +24,13 @@ ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 TSAN_ENV := TSAN_OPTIONS=halt_on_error=1
 TSAN_ARGS ?= --threads 8
 
-# Sources. The CUDA backend is not part of the C test builds.
+# Sources. The CUDA backend builds everywhere: it loads libcuda with dlopen at run time.
 CORE_SRC := $(sort $(wildcard csrc/core/*.c))
 SIM_SRC  := csrc/backend/sim.c
-LIB_SRC  := $(CORE_SRC) $(SIM_SRC)
+CUDA_SRC := csrc/backend/cuda.c
+LIB_SRC  := $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC)
+# Libraries every C build links, whatever LDLIBS says (dlopen for the CUDA backend).
+LIB_LDLIBS := -ldl
 
 # Any header change rebuilds everything that could include it.
 HEADERS := $(sort $(wildcard csrc/*.h csrc/*/*.h csrc/*/*/*.h tests/c/*.h benchmarks/*.h))
@@ -59,7 +62,7 @@ build/asan/obj/%.o: %.c $(HEADERS) Makefile
 
 $(ASAN_TESTS): build/asan/%: build/asan/obj/tests/c/%.o $(call lib_objs,asan)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
 test-c: $(ASAN_TESTS)
 	@test -n "$(TEST_NAMES)" || { echo "test-c: no tests/c/test_*.c found" >&2; exit 1; }
@@ -75,7 +78,7 @@ build/tsan/obj/%.o: %.c $(HEADERS) Makefile
 
 build/tsan/test_stress: build/tsan/obj/tests/c/test_stress.o $(call lib_objs,tsan)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
 tests/c/test_stress.c benchmarks/bench_micro.c:
 	@echo "$@ is missing" >&2; exit 1
@@ -91,7 +94,7 @@ build/release/obj/%.o: %.c $(HEADERS) Makefile
 
 $(RELEASE_TESTS): build/release/%: build/release/obj/tests/c/%.o $(call lib_objs,release)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) $(RELEASE_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(RELEASE_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
 test-release: $(RELEASE_TESTS)
 	@test -n "$(TEST_NAMES)" || { echo "test-release: no tests/c/test_*.c found" >&2; exit 1; }
@@ -107,15 +110,24 @@ build/bench/obj/%.o: %.c $(HEADERS) Makefile
 
 build/bench_micro: build/bench/obj/benchmarks/bench_micro.o $(call lib_objs,bench)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_BASE) $(BENCH_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(BENCH_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
 bench-micro:
 	$(MAKE) build/bench_micro && $(PYTHON) benchmarks/run_bench_micro.py
 
 # ---- Python package ---------------------------------------------------------------------------
+# The torch tests need a CUDA build of torch (it imports and swaps allocators without a GPU).
+# TORCH_SPEC is installed when no torch with CUDA support is importable; TORCH_SPEC= skips it.
+TORCH_SPEC ?= torch==2.14.1
+PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip
+
 test-py:
-	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q -e '.[test]'
-	$(PYTHON) -m pytest -q tests
+	@if [ -n "$(TORCH_SPEC)" ] && ! $(PYTHON) -c 'import torch, sys; sys.exit(not hasattr(torch._C, "_cuda_customAllocator"))' 2>/dev/null; then \
+	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests)"; \
+	  $(PIP) install -q '$(TORCH_SPEC)'; \
+	fi
+	$(PIP) install -q -e '.[test]'
+	$(PYTHON) -m pytest -q -rs tests
 
 clean:
 	rm -rf build python/cudapool/*.so python/cudapool/__pycache__ python/*.egg-info .pytest_cache .hypothesis

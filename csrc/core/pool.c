@@ -682,6 +682,8 @@ static const char *cp_fmt_bytes(char *buf, size_t n, size_t bytes) {
   return buf;
 }
 
+static const char *cp_plural(size_t n) { return n == 1 ? "" : "s"; }
+
 int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size) {
   cp_pool_info_t in;
   cp_pool_info(pool, &in);
@@ -690,16 +692,17 @@ int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size)
   int n = snprintf(
       buf, buf_size,
       "Tried to allocate %s (%zu bytes). Device %d (%s) has a total capacity of %s of which %s is free. "
-      "cudapool holds %s reserved in %zu segments: %s allocated to %zu live blocks, %s cached but free "
-      "in %zu blocks (largest free block %s, fragmentation %.1f%%), %s waiting for stream events "
-      "in %zu blocks. Memory cap: %s.",
+      "cudapool holds %s reserved in %zu segment%s: %s allocated to %zu live block%s, %s cached but free "
+      "in %zu block%s (largest free block %s, fragmentation %.1f%%), %s waiting for stream events "
+      "in %zu block%s. Memory cap: %s.",
       cp_fmt_bytes(req, sizeof req, size), size, pool->backend.device, pool->backend.name,
       in.device_total ? cp_fmt_bytes(tot, sizeof tot, in.device_total) : "unknown",
       in.device_total ? cp_fmt_bytes(dfree, sizeof dfree, in.device_free) : "unknown",
-      cp_fmt_bytes(res, sizeof res, in.reserved), in.segments, cp_fmt_bytes(alloc, sizeof alloc, in.allocated),
-      in.live_blocks, cp_fmt_bytes(cached, sizeof cached, in.cached_free), in.free_blocks,
+      cp_fmt_bytes(res, sizeof res, in.reserved), in.segments, cp_plural(in.segments),
+      cp_fmt_bytes(alloc, sizeof alloc, in.allocated), in.live_blocks, cp_plural(in.live_blocks),
+      cp_fmt_bytes(cached, sizeof cached, in.cached_free), in.free_blocks, cp_plural(in.free_blocks),
       cp_fmt_bytes(largest, sizeof largest, in.largest_free_block), 100.0 * frag,
-      cp_fmt_bytes(pend, sizeof pend, in.pending_free), in.pending_blocks,
+      cp_fmt_bytes(pend, sizeof pend, in.pending_free), in.pending_blocks, cp_plural(in.pending_blocks),
       in.memory_cap ? cp_fmt_bytes(cap, sizeof cap, in.memory_cap) : "none");
   if (n >= 0 && (size_t)n < buf_size && in.cached_free >= size && in.largest_free_block < size) {
     n += snprintf(buf + n, buf_size - (size_t)n,

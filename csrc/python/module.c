@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda.h"
 #include "backend/sim.h"
 #include "core/cp.h"
+#include "python/devices.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state
@@ -386,10 +388,9 @@ static int stats_put(PyObject *dict, const char *prefix, const cp_stat_t *stat) 
   return 0;
 }
 
-static PyObject *SimPool_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-  SIM_POOL_OPEN(op, self);
-  cp_stats_t stats;
-  cp_pool_stats(self->pool, &stats);
+/* The statistics as torch's flat dict ("allocated_bytes.all.current": ...). */
+static PyObject *stats_to_dict(const cp_stats_t *stats_in) {
+  const cp_stats_t stats = *stats_in;
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
   char prefix[128];
@@ -412,6 +413,13 @@ fail:
   return NULL;
 }
 
+static PyObject *SimPool_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_POOL_OPEN(op, self);
+  cp_stats_t stats;
+  cp_pool_stats(self->pool, &stats);
+  return stats_to_dict(&stats);
+}
+
 /* Every field of cp_pool_info_t, in declaration order. */
 #define CP_POOL_INFO_FIELDS(X) \
   X(reserved)                  \
@@ -428,11 +436,10 @@ fail:
   X(device_free)               \
   X(device_total)
 
-static PyObject *SimPool_info(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-  SIM_POOL_OPEN(op, self);
+static PyObject *pool_info_dict(cp_pool_t *pool) {
   cp_pool_info_t info;
   memset(&info, 0, sizeof info);
-  cp_pool_info(self->pool, &info);
+  if (pool != NULL) cp_pool_info(pool, &info);
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
 #define CP_X(field) \
@@ -443,6 +450,11 @@ static PyObject *SimPool_info(PyObject *op, PyObject *Py_UNUSED(ignored)) {
 fail:
   Py_DECREF(d);
   return NULL;
+}
+
+static PyObject *SimPool_info(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_POOL_OPEN(op, self);
+  return pool_info_dict(self->pool);
 }
 
 static PyObject *SimPool_reset_peak_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -462,13 +474,12 @@ static PyObject *SimPool_check(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   return from_size(cp_pool_check(self->pool, NULL));
 }
 
-static PyObject *SimPool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-  SIM_POOL_OPEN(op, self);
+static PyObject *pool_check_report(cp_pool_t *pool) {
   char *buf = NULL;
   size_t len = 0;
   FILE *out = open_memstream(&buf, &len);
   if (out == NULL) return PyErr_SetFromErrno(PyExc_OSError);
-  (void)cp_pool_check(self->pool, out);
+  (void)cp_pool_check(pool, out);
   if (fclose(out) != 0) {
     free(buf);
     return PyErr_SetFromErrno(PyExc_OSError);
@@ -478,12 +489,16 @@ static PyObject *SimPool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)
   return r;
 }
 
-static PyObject *SimPool_oom_report(PyObject *op, PyObject *size_obj) {
+static PyObject *SimPool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   SIM_POOL_OPEN(op, self);
+  return pool_check_report(self->pool);
+}
+
+static PyObject *pool_oom_report(cp_pool_t *pool, PyObject *size_obj) {
   size_t size;
   if (as_size(size_obj, "size", &size) < 0) return NULL;
   char small[4096];
-  int n = cp_pool_oom_report(self->pool, size, small, sizeof small);
+  int n = cp_pool_oom_report(pool, size, small, sizeof small);
   if (n < 0) {
     PyErr_SetString(PyExc_RuntimeError, "cp_pool_oom_report failed");
     return NULL;
@@ -491,11 +506,16 @@ static PyObject *SimPool_oom_report(PyObject *op, PyObject *size_obj) {
   if ((size_t)n < sizeof small) return PyUnicode_DecodeUTF8(small, n, "replace");
   char *big = PyMem_Malloc((size_t)n + 1);
   if (big == NULL) return PyErr_NoMemory();
-  int m = cp_pool_oom_report(self->pool, size, big, (size_t)n + 1);
+  int m = cp_pool_oom_report(pool, size, big, (size_t)n + 1);
   PyObject *r = m < 0 ? PyUnicode_FromString("")
                       : PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
   PyMem_Free(big);
   return r;
+}
+
+static PyObject *SimPool_oom_report(PyObject *op, PyObject *size_obj) {
+  SIM_POOL_OPEN(op, self);
+  return pool_oom_report(self->pool, size_obj);
 }
 
 static PyObject *SimPool_config(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -684,10 +704,270 @@ static PyObject *mod_parse_config(PyObject *Py_UNUSED(module), PyObject *args) {
   return config_to_str(&cfg);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The process-wide device pools (the ones torch allocates from)
+ * ---------------------------------------------------------------------------------------- */
+
+static int parse_device(PyObject *obj, int *out) {
+  long d = PyLong_AsLong(obj);
+  if (d == -1 && PyErr_Occurred()) return -1;
+  if (d < 0 || d >= CPD_MAX_DEVICES) {
+    PyErr_Format(PyExc_ValueError, "invalid device %ld (expected 0..%d)", d, CPD_MAX_DEVICES - 1);
+    return -1;
+  }
+  *out = (int)d;
+  return 0;
+}
+
+static PyObject *mod_configure(PyObject *module, PyObject *args) {
+  const char *text;
+  if (!PyArg_ParseTuple(args, "s:configure", &text)) return NULL;
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  cp_clear_error();
+  int rc = cp_config_parse(&cfg, text);
+  if (rc == CP_OK) rc = cpd_configure(&cfg);
+  if (rc == CP_ERR_STATE) {
+    PyErr_SetString(PyExc_RuntimeError, cp_last_error());
+    return NULL;
+  }
+  if (rc != CP_OK) return raise_status(module_get_state(module), rc);
+  return config_to_str(&cfg);
+}
+
+static PyObject *mod_device_config(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  cp_config_t cfg;
+  cpd_config(&cfg);
+  return config_to_str(&cfg);
+}
+
+static PyObject *mod_use_sim_devices(PyObject *module, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"capacity", "count", "touch_memory", "auto_complete", NULL};
+  PyObject *cap_obj;
+  int count = 1, touch = 1, auto_complete = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ipp:use_sim_devices", kwlist, &cap_obj, &count, &touch,
+                                   &auto_complete)) {
+    return NULL;
+  }
+  size_t capacity;
+  if (as_size(cap_obj, "capacity", &capacity) < 0) return NULL;
+  unsigned flags = (touch ? 0u : CP_SIM_NO_TOUCH) | (auto_complete ? CP_SIM_AUTO_COMPLETE : 0u);
+  cp_clear_error();
+  int rc = cpd_use_sim(capacity, count, flags);
+  if (rc == CP_ERR_STATE) {
+    PyErr_SetString(PyExc_RuntimeError, cp_last_error());
+    return NULL;
+  }
+  if (rc != CP_OK) return raise_status(module_get_state(module), rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_using_sim_devices(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  return PyBool_FromLong(cpd_using_sim());
+}
+
+static PyObject *mod_device_pools(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  PyObject *list = PyList_New(0);
+  if (list == NULL) return NULL;
+  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+    if (cpd_pool_if_created(d) == NULL) continue;
+    PyObject *v = PyLong_FromLong(d);
+    if (v == NULL || PyList_Append(list, v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(list);
+      return NULL;
+    }
+    Py_DECREF(v);
+  }
+  return list;
+}
+
+/* The stats of a device; all zero (but max_split_size) before its first allocation. */
+static PyObject *mod_device_stats(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_stats_t stats;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool != NULL) {
+    cp_pool_stats(pool, &stats);
+  } else {
+    cp_config_t cfg;
+    cpd_config(&cfg);
+    memset(&stats, 0, sizeof stats);
+    stats.max_split_size = cfg.max_split_size == SIZE_MAX ? -1 : (int64_t)cfg.max_split_size;
+  }
+  return stats_to_dict(&stats);
+}
+
+static PyObject *mod_device_info(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  return pool_info_dict(cpd_pool_if_created(d));
+}
+
+static PyObject *mod_device_check(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  return from_size(pool != NULL ? cp_pool_check(pool, NULL) : 0);
+}
+
+static PyObject *mod_device_check_report(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool == NULL) return PyUnicode_FromString("");
+  return pool_check_report(pool);
+}
+
+static PyObject *mod_device_oom_report(PyObject *Py_UNUSED(module), PyObject *args) {
+  PyObject *dev, *size_obj;
+  int d;
+  if (!PyArg_ParseTuple(args, "OO:device_oom_report", &dev, &size_obj)) return NULL;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool == NULL) return PyUnicode_FromString("");
+  return pool_oom_report(pool, size_obj);
+}
+
+static PyObject *mod_device_reset_peak_stats(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool != NULL) cp_pool_reset_peak_stats(pool);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_device_reset_accumulated_stats(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool != NULL) cp_pool_reset_accumulated_stats(pool);
+  Py_RETURN_NONE;
+}
+
+/* empty_cache may wait for device work: without the GIL. */
+static PyObject *mod_device_empty_cache(PyObject *module, PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool = cpd_pool_if_created(d);
+  if (pool == NULL) Py_RETURN_NONE;
+  int rc;
+  cp_clear_error();
+  Py_BEGIN_ALLOW_THREADS
+  rc = cp_empty_cache(pool);
+  Py_END_ALLOW_THREADS
+  if (rc != CP_OK) return raise_status(module_get_state(module), rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_device_set_memory_fraction(PyObject *module, PyObject *args) {
+  double fraction;
+  PyObject *dev;
+  int d;
+  if (!PyArg_ParseTuple(args, "dO:device_set_memory_fraction", &fraction, &dev)) return NULL;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_pool_t *pool;
+  cp_clear_error();
+  int rc = cpd_pool(d, &pool);
+  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
+  if (rc != CP_OK) return raise_status(module_get_state(module), rc);
+  Py_RETURN_NONE;
+}
+
+/* For tests: the entry point torch calls, with its C++ exception caught on the C++ side. */
+int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
+
+static PyObject *mod_alloc_catching(PyObject *Py_UNUSED(module), PyObject *args) {
+  PyObject *size_obj, *stream_obj;
+  int device;
+  if (!PyArg_ParseTuple(args, "OiO:alloc_catching", &size_obj, &device, &stream_obj)) return NULL;
+  size_t size;
+  uintptr_t stream;
+  if (as_size(size_obj, "size", &size) < 0 || as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
+  void *ptr = NULL;
+  char msg[4096];
+  msg[0] = '\0';
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = cudapool_alloc_catching(size, device, (void *)stream, &ptr, msg, sizeof msg);
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(Nis)", from_ptr(ptr), rc, msg);
+}
+
+static PyObject *mod_sim_complete_all(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_sim_t *sim = cpd_sim(d);
+  if (sim != NULL) cp_sim_complete_all(sim);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  Py_BEGIN_ALLOW_THREADS
+  cpd_shutdown();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+/* What the CUDA driver says, without raising: {"available", "error", "driver_version",
+ * "device_count", "devices": [names]}. */
+static PyObject *mod_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  int rc, version = 0, count = 0;
+  Py_BEGIN_ALLOW_THREADS
+  rc = cp_cuda_load();
+  if (rc == CP_OK) rc = cp_cuda_driver_version(&version);
+  if (rc == CP_OK) rc = cp_cuda_device_count(&count);
+  Py_END_ALLOW_THREADS
+  PyObject *names = PyList_New(0);
+  if (names == NULL) return NULL;
+  for (int d = 0; rc == CP_OK && d < count; d++) {
+    char name[256] = "";
+    if (cp_cuda_device_name(d, name, sizeof name) != CP_OK) snprintf(name, sizeof name, "?");
+    PyObject *n = PyUnicode_FromString(name);
+    if (n == NULL || PyList_Append(names, n) < 0) {
+      Py_XDECREF(n);
+      Py_DECREF(names);
+      return NULL;
+    }
+    Py_DECREF(n);
+  }
+  return Py_BuildValue("{s:O,s:s,s:i,s:i,s:N}", "available", rc == CP_OK && count > 0 ? Py_True : Py_False,
+                       "error", rc == CP_OK ? "" : cp_last_error(), "driver_version", version, "device_count",
+                       count, "devices", names);
+}
+
 static PyMethodDef module_methods[] = {
     {"parse_config", mod_parse_config, METH_VARARGS,
      "parse_config(text) -> str\n\nParse a PYTORCH_CUDA_ALLOC_CONF-style string onto the "
      "defaults and return the resulting configuration, formatted. ValueError if invalid."},
+    {"configure", mod_configure, METH_VARARGS,
+     "configure(text) -> str\n\nSet the configuration of the device pools (defaults + text). "
+     "RuntimeError once a device pool exists; ValueError for a bad key or value."},
+    {"device_config", mod_device_config, METH_NOARGS, "The device pools' configuration, formatted."},
+    {"use_sim_devices", METH_KW(mod_use_sim_devices), METH_VARARGS | METH_KEYWORDS,
+     "use_sim_devices(capacity, count=1, touch_memory=True, auto_complete=True)\n\n"
+     "Serve the device pools from simulated devices (before any pool exists)."},
+    {"using_sim_devices", mod_using_sim_devices, METH_NOARGS, "True when devices are simulated."},
+    {"device_pools", mod_device_pools, METH_NOARGS, "The devices whose pool exists."},
+    {"device_stats", mod_device_stats, METH_O, "device_stats(device) -> dict (torch's key names)."},
+    {"device_info", mod_device_info, METH_O, "device_info(device) -> dict."},
+    {"device_check", mod_device_check, METH_O, "device_check(device) -> invariant violations."},
+    {"device_check_report", mod_device_check_report, METH_O, "device_check_report(device) -> str."},
+    {"device_oom_report", mod_device_oom_report, METH_VARARGS, "device_oom_report(device, size) -> str."},
+    {"device_reset_peak_stats", mod_device_reset_peak_stats, METH_O, "Set every peak to its current."},
+    {"device_reset_accumulated_stats", mod_device_reset_accumulated_stats, METH_O,
+     "Zero the accumulated counters."},
+    {"device_empty_cache", mod_device_empty_cache, METH_O, "Return the device's wholly free segments."},
+    {"device_set_memory_fraction", mod_device_set_memory_fraction, METH_VARARGS,
+     "device_set_memory_fraction(fraction, device)"},
+    {"alloc_catching", mod_alloc_catching, METH_VARARGS,
+     "alloc_catching(size, device, stream) -> (ptr, status, message)\n\nThe allocation entry "
+     "point torch calls, with its exception caught: for tests."},
+    {"sim_complete_all", mod_sim_complete_all, METH_O, "Finish all work of a simulated device."},
+    {"shutdown", mod_shutdown, METH_NOARGS,
+     "Destroy every device pool (all memory goes back); later use creates fresh ones."},
+    {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,8 +1,102 @@
 """cudapool — a stream-aware caching GPU memory allocator for PyTorch.
 
-The simulated-device pool lives in :mod:`cudapool.sim`; it needs neither a GPU nor torch.
+    import cudapool
+    cudapool.enable()                 # at the top of the script, before any CUDA use
+    ...
+    print(cudapool.memory_summary())
+
+After ``enable()`` every CUDA tensor of the process is served by cudapool's pool, and torch's
+own ``torch.cuda.memory_stats()``, ``memory_allocated()``, ``memory_summary()``, ... answer
+from it. Importing cudapool does not import torch. The simulated-device pool lives in
+:mod:`cudapool.sim`; it needs neither a GPU nor torch.
 """
 
+from typing import Any, Dict
+
+from . import _torch
 from ._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "enable",
+    "enabled",
+    "memory_stats",
+    "memory_summary",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+]
+
+
+def enable(**config: Any) -> None:
+    """Make cudapool torch's CUDA memory allocator for this process.
+
+    Call it before the first CUDA use (before any tensor or model goes to the GPU). The
+    configuration comes from the CUDAPOOL_CONF environment variable ("key:value,..."), with
+    the keyword arguments on top, e.g. ``enable(max_split_size_mb=256)``; a bad key or value
+    is a ValueError naming it, and then nothing changes. A second call with no configuration
+    or the same one does nothing; a different one is a RuntimeError.
+    """
+    _torch.enable(**config)
+
+
+def enabled() -> bool:
+    """True once :func:`enable` has made cudapool the allocator of this process."""
+    return _torch.enabled()
+
+
+def memory_stats(device: Any = None) -> Dict[str, int]:
+    """Statistics of the device's pool under ``torch.cuda.memory_stats``'s key names.
+
+    ``device``: None (the current device; 0 before CUDA is initialised), an int, "cuda:1",
+    or a torch.device. All zero before the device's first allocation.
+    """
+    return _torch.memory_stats(device)
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """The pool's statistics as a table, in ``torch.cuda.memory_summary``'s layout."""
+    return _torch.memory_summary(device, abbreviated)
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes of the device's pool currently allocated to tensors."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the device's pool currently holds from the device (allocated and cached)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The peak of :func:`memory_allocated` since the start or the last peak reset."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """The peak of :func:`memory_reserved` since the start or the last peak reset."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Set every peak statistic of the device's pool to its current value."""
+    _torch.reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero the accumulated statistics ("allocated", "freed", retries, OOMs) of the pool."""
+    _torch.reset_accumulated_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Return every cached, wholly free segment of every device pool to the device.
+
+    Blocks still in use, and parts of segments that are in use, stay. Once cudapool is
+    enabled, ``torch.cuda.empty_cache()`` does the same.
+    """
+    _torch.empty_cache()

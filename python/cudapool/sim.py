@@ -10,45 +10,16 @@ finishes only when told to, and fault injection. Needs neither a GPU nor torch.
 """
 
 from collections import OrderedDict
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Optional
 
 from . import _C
+from ._config import config_string
+from .summary import format_summary
 
 __all__ = ["Pool", "OutOfMemoryError", "config_string"]
 
 #: Raised when the simulated device (or the memory cap) cannot hold a request.
 OutOfMemoryError = _C.OutOfMemoryError
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, Mapping):
-        return "[" + ",".join(f"{k}:{_format_value(v)}" for k, v in value.items()) + "]"
-    return str(value)
-
-
-def config_string(config: Mapping[str, Any]) -> str:
-    """The "key:value,..." string (PYTORCH_CUDA_ALLOC_CONF syntax) for keyword options.
-
-    The whole configuration is checked here, before any pool exists. When it is invalid, the
-    ValueError names the first option that is invalid on its own (an unknown key, a bad
-    value); when every option is valid alone, the combination is at fault and the message
-    says why. bool values become True/False; a mapping {size_mb: n, ">": n} becomes the
-    bracketed list form of roundup_power2_divisions ("[64:8,>:4]").
-    """
-    items = [(key, f"{key}:{_format_value(value)}") for key, value in config.items()]
-    text = ",".join(item for _, item in items)
-    try:
-        _C.parse_config(text)
-    except ValueError as whole:
-        for key, item in items:
-            try:
-                _C.parse_config(item)
-            except ValueError as exc:
-                raise ValueError(f"invalid config option {key!r} = {config[key]!r}: {exc}") from None
-        raise ValueError(f"invalid configuration {text!r}: {whole}") from None
-    return text
 
 
 class Pool:
@@ -134,6 +105,12 @@ class Pool:
         ``torch.cuda.memory_stats`` returns them)."""
         stats = self._pool.stats()
         return OrderedDict(sorted(stats.items()))
+
+    def memory_summary(self, abbreviated: bool = False) -> str:
+        """The statistics as a table, in the layout of ``torch.cuda.memory_summary``."""
+        return format_summary(
+            self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary"
+        )
 
     def reset_peak_stats(self) -> None:
         self._pool.reset_peak_stats()

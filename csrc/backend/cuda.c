@@ -1,0 +1,602 @@
+/* cuda.c — the CUDA backend behind cuda.h: libcuda loaded with dlopen, the driver functions
+ * resolved through cuGetProcAddress, a retained primary context per device, the operation table. */
+#include "cuda.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Driver types and constants. cuda.h of the toolkit is not included (it is not needed to build,
+ * and a machine without CUDA has none); the few declarations used here follow the CUDA driver
+ * API documentation. Every driver function returns a CUresult; 0 is success.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef int CUresult;
+typedef int CUdevice;                    /* device handle (an ordinal in practice) */
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;    /* NULL is the legacy default stream */
+typedef struct CUevent_st *CUevent;
+typedef unsigned long long CUdeviceptr;  /* 64-bit builds */
+typedef uint64_t cuuint64_t;
+typedef int CUdriverProcAddressQueryResult;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_READY = 600
+};
+
+enum { CU_GET_PROC_ADDRESS_SUCCESS = 0 };
+
+#define CU_GET_PROC_ADDRESS_DEFAULT ((cuuint64_t)0) /* legacy default stream semantics */
+#define CU_EVENT_DISABLE_TIMING     0x2u
+
+/* ------------------------------------------------------------------------------------------
+ * Constants
+ * ---------------------------------------------------------------------------------------- */
+
+/* API versions asked of cuGetProcAddress: the 12.0 ABI of every function below, or the 11.3
+ * one on an older driver (asking for a version above the driver's own fails). */
+#define CUDA_API_VERSION          12000
+#define CUDA_API_VERSION_FALLBACK 11030
+
+#define CUDA_ALIGN_BYTES   ((CUdeviceptr)512) /* what backend.h promises for reserve */
+#define CUDA_MESSAGE_BYTES 512                /* a remembered load failure, a call description */
+#define CUDA_WHY_BYTES     256                /* "CUDA_ERROR_X (text)" */
+#define CUDA_NAME_BYTES    256                /* device names (the runtime's limit as well) */
+
+_Static_assert(sizeof(void *) == 8, "cuda.c assumes a 64-bit build (CUdeviceptr)");
+_Static_assert(sizeof(CUdeviceptr) == sizeof(uintptr_t), "a device address fits a uintptr_t");
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)),
+               "POSIX: a function address travels through a void *");
+
+/* ------------------------------------------------------------------------------------------
+ * The driver-function table, defined once: X(name, return type, parameters). It generates the
+ * pointer types, the table and the list the loader walks. Resolved by base name, so the driver
+ * hands back the variant (e.g. cuMemAlloc_v2) matching the requested API version.
+ * ---------------------------------------------------------------------------------------- */
+
+#define CUDA_DRIVER_FUNCTIONS(X)                                                               \
+  X(cuGetErrorName, CUresult, (CUresult result, const char **out_name))                       \
+  X(cuGetErrorString, CUresult, (CUresult result, const char **out_text))                     \
+  X(cuInit, CUresult, (unsigned int init_flags))                                               \
+  X(cuDriverGetVersion, CUresult, (int *out_version))                                          \
+  X(cuDeviceGetCount, CUresult, (int *out_count))                                              \
+  X(cuDeviceGet, CUresult, (CUdevice *out_dev, int ordinal))                                   \
+  X(cuDeviceGetName, CUresult, (char *out_name, int name_bytes, CUdevice dev))                 \
+  X(cuDeviceTotalMem, CUresult, (size_t *out_bytes, CUdevice dev))                             \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *out_ctx, CUdevice dev))                    \
+  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice dev))                                       \
+  X(cuCtxGetCurrent, CUresult, (CUcontext *out_ctx))                                           \
+  X(cuCtxSetCurrent, CUresult, (CUcontext cu_ctx))                                             \
+  X(cuMemAlloc, CUresult, (CUdeviceptr *out_ptr, size_t size_bytes))                           \
+  X(cuMemFree, CUresult, (CUdeviceptr ptr))                                                    \
+  X(cuMemGetInfo, CUresult, (size_t *out_free_bytes, size_t *out_total_bytes))                 \
+  X(cuEventCreate, CUresult, (CUevent *out_event, unsigned int event_flags))                   \
+  X(cuEventDestroy, CUresult, (CUevent cu_event))                                              \
+  X(cuEventRecord, CUresult, (CUevent cu_event, CUstream cu_stream))                           \
+  X(cuEventQuery, CUresult, (CUevent cu_event))                                                \
+  X(cuEventSynchronize, CUresult, (CUevent cu_event))                                          \
+  X(cuStreamWaitEvent, CUresult, (CUstream cu_stream, CUevent cu_event, unsigned int wait_flags))
+
+#define CP_X(name, ret, params) typedef ret(*cuda_##name##_fn) params;
+CUDA_DRIVER_FUNCTIONS(CP_X)
+#undef CP_X
+
+typedef struct cuda_driver_s {
+#define CP_X(name, ret, params) cuda_##name##_fn name;
+  CUDA_DRIVER_FUNCTIONS(CP_X)
+#undef CP_X
+} cuda_driver_t;
+
+typedef struct cuda_symbol_s {
+  const char *name;    /* base name given to cuGetProcAddress */
+  size_t offset;       /* where its pointer lives in cuda_driver_t */
+} cuda_symbol_t;
+
+static const cuda_symbol_t cuda_symbols[] = {
+#define CP_X(name, ret, params) {#name, offsetof(cuda_driver_t, name)},
+    CUDA_DRIVER_FUNCTIONS(CP_X)
+#undef CP_X
+};
+
+/* The two entry points the loader may find with dlsym (CUDA 12.0+, and 11.3+). */
+typedef CUresult (*cuda_get_proc_v2_fn)(const char *symbol, void **pfn, int cuda_version,
+                                        cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+typedef CUresult (*cuda_get_proc_v1_fn)(const char *symbol, void **pfn, int cuda_version,
+                                        cuuint64_t flags);
+
+/* ------------------------------------------------------------------------------------------
+ * Process-wide state
+ * ---------------------------------------------------------------------------------------- */
+
+/* Written only by cuda_load_once (pthread_once publishes it to every caller of cp_cuda_load):
+ * cuda_load_status is CP_OK exactly when every entry of cuda_fn is non-NULL and cuInit(0)
+ * succeeded; otherwise cuda_load_error holds the message every later call repeats.
+ * cuda_loaded mirrors cuda_load_status == CP_OK for cp_cuda_shutdown, which must not load. */
+static pthread_once_t cuda_load_once = PTHREAD_ONCE_INIT;
+static int cuda_load_status = CP_ERR_BACKEND;
+static char cuda_load_error[CUDA_MESSAGE_BYTES];
+static cuda_driver_t cuda_fn;
+static atomic_int cuda_loaded;
+
+/* One slot per device ordinal; the backend's ctx points at it.
+ * Invariants:
+ *  - live == 1  <=>  this process holds exactly one retain of dev's primary context, ctx;
+ *  - ordinal, dev and ctx are written under cuda_devices_lock while live == 0, before the
+ *    release store of live = 1; operations read them only after an acquire load saw live == 1. */
+typedef struct cuda_device_s {
+  atomic_int live;
+  int ordinal;
+  CUdevice dev;
+  CUcontext ctx;       /* the device's primary context */
+} cuda_device_t;
+
+static pthread_mutex_t cuda_devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static cuda_device_t cuda_devices[CP_CUDA_MAX_DEVICES];
+
+/* ------------------------------------------------------------------------------------------
+ * Error reporting
+ * ---------------------------------------------------------------------------------------- */
+
+/* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)", or the bare number when the driver cannot name it
+ * (unknown code, or the naming functions are not resolved yet). Returns `buf`. */
+static const char *cuda_why(CUresult result, char *buf, size_t buf_bytes) {
+  const char *name = NULL;
+  const char *text = NULL;
+  if (cuda_fn.cuGetErrorName == NULL || cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS)
+    name = NULL;
+  if (cuda_fn.cuGetErrorString == NULL || cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS)
+    text = NULL;
+  if (name != NULL && text != NULL)
+    snprintf(buf, buf_bytes, "%s (%s)", name, text);
+  else if (name != NULL)
+    snprintf(buf, buf_bytes, "%s", name);
+  else
+    snprintf(buf, buf_bytes, "CUDA error %d", (int)result);
+  return buf;
+}
+
+/* Set the last error "cudapool: <call> failed: <driver error>" and return `status`. */
+static int cuda_fail(int status, CUresult result, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int cuda_fail(int status, CUresult result, const char *fmt, ...) {
+  char call[CUDA_MESSAGE_BYTES];
+  char why[CUDA_WHY_BYTES];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(call, sizeof call, fmt, ap);
+  va_end(ap);
+  return cp_set_error(status, "cudapool: %s failed: %s", call, cuda_why(result, why, sizeof why));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Loading
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cuda_get_proc_s {
+  cuda_get_proc_v2_fn v2;  /* preferred when the driver exports it */
+  cuda_get_proc_v1_fn v1;
+} cuda_get_proc_t;
+
+/* Look up `name` for API `version`. A lookup that succeeds without a function (not on this
+ * platform, or not at this version) leaves *out_fn NULL. */
+static CUresult cuda_get_proc(const cuda_get_proc_t *gp, const char *name, int version,
+                              void **out_fn) {
+  void *fn = NULL;
+  CUresult r;
+  if (gp->v2 != NULL) {
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+    r = gp->v2(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
+    if (found != CU_GET_PROC_ADDRESS_SUCCESS) fn = NULL;
+  } else {
+    r = gp->v1(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT);
+  }
+  *out_fn = r == CUDA_SUCCESS ? fn : NULL;
+  return r;
+}
+
+/* dlsym for a function: POSIX guarantees a function address survives the trip through void *;
+ * the copy keeps ISO C's pedantic rule on pointer conversions intact. */
+static int cuda_dlsym_fn(void *library, const char *name, void *out_fn, size_t fn_bytes) {
+  void *sym = dlsym(library, name);
+  if (sym == NULL || fn_bytes != sizeof sym) return -1;
+  memcpy(out_fn, &sym, sizeof sym);
+  return 0;
+}
+
+/* Everything cp_cuda_load promises; on failure the thread's last error says why. Runs once. */
+static int cuda_load_driver(void) {
+  void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == NULL) {
+    /* Keep the first reason: libcuda.so.1 is the driver's real name, the other a dev link. */
+    char first[CUDA_MESSAGE_BYTES];
+    const char *reason = dlerror();
+    snprintf(first, sizeof first, "%s", reason != NULL ? reason : "libcuda.so.1: dlopen failed");
+    library = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+      (void)dlerror();
+      return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: %s", first);
+    }
+  }
+  /* The library stays loaded for the life of the process, even on failure below: the driver
+   * does not support being unloaded, and nothing here is worth the risk. */
+
+  cuda_get_proc_t gp = {NULL, NULL};
+  if (cuda_dlsym_fn(library, "cuGetProcAddress_v2", &gp.v2, sizeof gp.v2) != 0 &&
+      cuda_dlsym_fn(library, "cuGetProcAddress", &gp.v1, sizeof gp.v1) != 0) {
+    return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: libcuda has no "
+                        "cuGetProcAddress (a driver for CUDA 11.3 or newer is needed)");
+  }
+
+  /* Straight into cuda_fn: nothing reads it unless the whole load succeeds, and this way the
+   * error naming functions (first in the list) name every later failure. */
+  for (size_t i = 0; i < sizeof cuda_symbols / sizeof cuda_symbols[0]; i++) {
+    const cuda_symbol_t *sym = &cuda_symbols[i];
+    void *addr = NULL;
+    CUresult r = cuda_get_proc(&gp, sym->name, CUDA_API_VERSION, &addr);
+    if (addr == NULL) r = cuda_get_proc(&gp, sym->name, CUDA_API_VERSION_FALLBACK, &addr);
+    if (addr == NULL) {
+      char why[CUDA_WHY_BYTES];
+      if (r == CUDA_SUCCESS)
+        snprintf(why, sizeof why, "not provided by this driver");
+      else
+        cuda_why(r, why, sizeof why);
+      return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: cuGetProcAddress(\"%s\") "
+                          "for CUDA %d or %d: %s", sym->name, CUDA_API_VERSION,
+                          CUDA_API_VERSION_FALLBACK, why);
+    }
+    memcpy((char *)&cuda_fn + sym->offset, &addr, sizeof addr);
+  }
+
+  const CUresult r = cuda_fn.cuInit(0);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuInit");
+  return CP_OK;
+}
+
+static void cuda_load_once_routine(void) {
+  cuda_load_status = cuda_load_driver();
+  if (cuda_load_status == CP_OK) {
+    atomic_store_explicit(&cuda_loaded, 1, memory_order_release);
+  } else {
+    snprintf(cuda_load_error, sizeof cuda_load_error, "%s", cp_last_error());
+  }
+}
+
+int cp_cuda_load(void) {
+  if (pthread_once(&cuda_load_once, cuda_load_once_routine) != 0)
+    return cp_set_error(CP_ERR_BACKEND, "cudapool: loading the CUDA driver: pthread_once failed");
+  if (cuda_load_status != CP_OK) return cp_set_error(cuda_load_status, "%s", cuda_load_error);
+  return CP_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Queries
+ * ---------------------------------------------------------------------------------------- */
+
+int cp_cuda_driver_version(int *out) {
+  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_driver_version: out is NULL");
+  int rc = cp_cuda_load();
+  if (rc != CP_OK) return rc;
+  int version = 0;
+  const CUresult r = cuda_fn.cuDriverGetVersion(&version);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDriverGetVersion");
+  *out = version;
+  return CP_OK;
+}
+
+/* CP_OK when `device` names a visible device; the driver is loaded. */
+static int cuda_check_ordinal(int device) {
+  int count = 0;
+  const CUresult r = cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  if (device < 0 || device >= count)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d does not exist (%d CUDA "
+                        "device%s visible)", device, count, count == 1 ? "" : "s");
+  return CP_OK;
+}
+
+int cp_cuda_device_count(int *out) {
+  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_count: out is NULL");
+  int rc = cp_cuda_load();
+  if (rc != CP_OK) return rc;
+  int count = 0;
+  const CUresult r = cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  *out = count;
+  return CP_OK;
+}
+
+int cp_cuda_device_name(int device, char *buf, size_t n) {
+  if (buf == NULL || n == 0)
+    return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_name: %s",
+                        buf == NULL ? "buf is NULL" : "n must be > 0");
+  int rc = cp_cuda_load();
+  if (rc == CP_OK) rc = cuda_check_ordinal(device);
+  if (rc != CP_OK) return rc;
+  CUdevice dev = 0;
+  CUresult r = cuda_fn.cuDeviceGet(&dev, device);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
+  char name[CUDA_NAME_BYTES];
+  r = cuda_fn.cuDeviceGetName(name, (int)sizeof name, dev);
+  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetName(device %d)", device);
+  name[sizeof name - 1] = '\0';
+  snprintf(buf, n, "%s", name);
+  return CP_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Note [Context scope]
+ * The driver works on the calling thread's current context, and PyTorch calls free without
+ * setting the device, so every operation makes its device's primary context current and puts
+ * the thread's previous context (or none) back before returning; when the right context is
+ * already current (the usual case), neither switch happens. Putting the previous context back
+ * can only fail when the driver itself is going away. Then an operation that acquired something
+ * (reserve, event_create) gives it back and fails; release and event_destroy report their own
+ * outcome, since the resource is gone either way and a failure would invite a second release;
+ * the rest fail.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cuda_scope_s {
+  CUcontext prev_ctx;  /* current before the operation; NULL when none was */
+  int switched;        /* 1 when prev_ctx must be put back */
+} cuda_scope_t;
+
+static int cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
+  scope->prev_ctx = NULL;
+  scope->switched = 0;
+  if (d == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: %s: no CUDA device", call);
+  if (!atomic_load_explicit(&d->live, memory_order_acquire))
+    return cp_set_error(CP_ERR_STATE, "cudapool: %s on device %d: the CUDA backend was shut "
+                        "down", call, d->ordinal);
+  CUcontext current = NULL;
+  CUresult r = cuda_fn.cuCtxGetCurrent(&current);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call,
+                     d->ordinal);
+  if (current == d->ctx) return CP_OK;
+  r = cuda_fn.cuCtxSetCurrent(d->ctx);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s",
+                     d->ordinal, call);
+  scope->prev_ctx = current;
+  scope->switched = 1;
+  return CP_OK;
+}
+
+/* Put the previous context back. Returns `rc` when the operation already failed (its message
+ * stands), else CP_OK or the failure to restore. */
+static int cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc) {
+  if (!scope->switched) return rc;
+  const CUresult r = cuda_fn.cuCtxSetCurrent(scope->prev_ctx);
+  if (r == CUDA_SUCCESS || rc != CP_OK) return rc;
+  return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d",
+                   call, d->ordinal);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Backend entries (the operation table)
+ * ---------------------------------------------------------------------------------------- */
+
+static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
+  cuda_device_t *d = ctx;
+  if (out_addr == NULL || size == 0)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda reserve(%zu bytes): %s", size,
+                        size == 0 ? "size must be > 0" : "out_addr is NULL");
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuMemAlloc", &scope);
+  if (rc != CP_OK) return rc;
+  CUdeviceptr ptr = 0;
+  const CUresult r = cuda_fn.cuMemAlloc(&ptr, size);
+  if (r != CUDA_SUCCESS) {
+    rc = cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+                   "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);
+  } else if (ptr % CUDA_ALIGN_BYTES != 0) {
+    (void)cuda_fn.cuMemFree(ptr);
+    rc = cp_set_error(CP_ERR_BACKEND, "cudapool: cuMemAlloc(%zu bytes) on device %d returned "
+                      "0x%llx, which is not %llu-byte aligned", size, d->ordinal, ptr,
+                      (unsigned long long)CUDA_ALIGN_BYTES);
+  }
+  const int acquired = rc == CP_OK;
+  rc = cuda_leave(d, "cuMemAlloc", &scope, rc);
+  if (acquired && rc != CP_OK) (void)cuda_fn.cuMemFree(ptr); /* still in our context */
+  if (rc == CP_OK) *out_addr = (uintptr_t)ptr;
+  return rc;
+}
+
+static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
+  cuda_device_t *d = ctx;
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuMemFree", &scope);
+  if (rc != CP_OK) return rc;
+  const CUresult r = cuda_fn.cuMemFree((CUdeviceptr)addr);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr,
+                   size, d->ordinal);
+  (void)cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  return rc;
+}
+
+static int cuda_event_create(void *ctx, cp_event_t *out_event) {
+  cuda_device_t *d = ctx;
+  if (out_event == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuEventCreate", &scope);
+  if (rc != CP_OK) return rc;
+  CUevent event = NULL;
+  const CUresult r = cuda_fn.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d",
+                   d->ordinal);
+  const int acquired = rc == CP_OK;
+  rc = cuda_leave(d, "cuEventCreate", &scope, rc);
+  if (acquired && rc != CP_OK) (void)cuda_fn.cuEventDestroy(event);
+  if (rc == CP_OK) *out_event = (cp_event_t)event;
+  return rc;
+}
+
+static int cuda_event_destroy(void *ctx, cp_event_t event) {
+  cuda_device_t *d = ctx;
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuEventDestroy", &scope);
+  if (rc != CP_OK) return rc;
+  const CUresult r = cuda_fn.cuEventDestroy((CUevent)event);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event,
+                   d->ordinal);
+  (void)cuda_leave(d, "cuEventDestroy", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  return rc;
+}
+
+static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
+  cuda_device_t *d = ctx;
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuEventRecord", &scope);
+  if (rc != CP_OK) return rc;
+  const CUresult r = cuda_fn.cuEventRecord((CUevent)event, (CUstream)stream);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR
+                   ") on device %d", event, stream, d->ordinal);
+  return cuda_leave(d, "cuEventRecord", &scope, rc);
+}
+
+static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
+  cuda_device_t *d = ctx;
+  if (out_done == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_query(0x%" PRIxPTR "): out_done "
+                        "is NULL", event);
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuEventQuery", &scope);
+  if (rc != CP_OK) return rc;
+  int done = 0;
+  const CUresult r = cuda_fn.cuEventQuery((CUevent)event);
+  if (r == CUDA_SUCCESS)
+    done = 1;
+  else if (r != CUDA_ERROR_NOT_READY)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event,
+                   d->ordinal);
+  rc = cuda_leave(d, "cuEventQuery", &scope, rc);
+  if (rc == CP_OK) *out_done = done;
+  return rc;
+}
+
+static int cuda_event_synchronize(void *ctx, cp_event_t event) {
+  cuda_device_t *d = ctx;
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuEventSynchronize", &scope);
+  if (rc != CP_OK) return rc;
+  const CUresult r = cuda_fn.cuEventSynchronize((CUevent)event);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event,
+                   d->ordinal);
+  return cuda_leave(d, "cuEventSynchronize", &scope, rc);
+}
+
+static int cuda_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
+  cuda_device_t *d = ctx;
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuStreamWaitEvent", &scope);
+  if (rc != CP_OK) return rc;
+  const CUresult r = cuda_fn.cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0);
+  if (r != CUDA_SUCCESS)
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuStreamWaitEvent(stream 0x%" PRIxPTR ", event 0x%" PRIxPTR
+                   ") on device %d", stream, event, d->ordinal);
+  return cuda_leave(d, "cuStreamWaitEvent", &scope, rc);
+}
+
+static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
+  cuda_device_t *d = ctx;
+  if (out_free == NULL || out_total == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda mem_info: out_free or out_total is NULL");
+  cuda_scope_t scope;
+  int rc = cuda_enter(d, "cuMemGetInfo", &scope);
+  if (rc != CP_OK) return rc;
+  size_t free_bytes = 0, total_bytes = 0;
+  const CUresult r = cuda_fn.cuMemGetInfo(&free_bytes, &total_bytes);
+  if (r != CUDA_SUCCESS) rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemGetInfo on device %d", d->ordinal);
+  rc = cuda_leave(d, "cuMemGetInfo", &scope, rc);
+  if (rc == CP_OK) {
+    *out_free = free_bytes;
+    *out_total = total_bytes;
+  }
+  return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Lifetime
+ * ---------------------------------------------------------------------------------------- */
+
+int cp_cuda_backend(int device, cp_backend_t *out) {
+  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_backend: out is NULL");
+  int rc = cp_cuda_load();
+  if (rc == CP_OK) rc = cuda_check_ordinal(device);
+  if (rc != CP_OK) return rc;
+  if (device >= CP_CUDA_MAX_DEVICES)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d is beyond the %d devices "
+                        "cudapool serves", device, CP_CUDA_MAX_DEVICES);
+
+  cuda_device_t *d = &cuda_devices[device];
+  pthread_mutex_lock(&cuda_devices_lock);
+  if (!atomic_load_explicit(&d->live, memory_order_relaxed)) {
+    CUdevice dev = 0;
+    CUcontext primary = NULL;
+    CUresult r = cuda_fn.cuDeviceGet(&dev, device);
+    if (r != CUDA_SUCCESS) {
+      rc = cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
+    } else {
+      r = cuda_fn.cuDevicePrimaryCtxRetain(&primary, dev);
+      if (r != CUDA_SUCCESS)
+        rc = cuda_fail(CP_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain(device %d)", device);
+    }
+    if (rc == CP_OK) {
+      d->ordinal = device;
+      d->dev = dev;
+      d->ctx = primary;
+      atomic_store_explicit(&d->live, 1, memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&cuda_devices_lock);
+  if (rc != CP_OK) return rc;
+
+  memset(out, 0, sizeof *out);
+  out->name = "cuda";
+  out->ctx = d;
+  out->device = device;
+  out->reserve = cuda_reserve;
+  out->release = cuda_release;
+  out->event_create = cuda_event_create;
+  out->event_destroy = cuda_event_destroy;
+  out->event_record = cuda_event_record;
+  out->event_query = cuda_event_query;
+  out->event_synchronize = cuda_event_synchronize;
+  out->stream_wait_event = cuda_stream_wait_event;
+  out->mem_info = cuda_mem_info;
+  return CP_OK;
+}
+
+void cp_cuda_shutdown(void) {
+  if (!atomic_load_explicit(&cuda_loaded, memory_order_acquire)) return; /* never loaded */
+  pthread_mutex_lock(&cuda_devices_lock);
+  /* At process exit the driver may have torn itself down already; then every call fails and
+   * the retains are gone with it, so nothing is released. */
+  CUcontext current = NULL;
+  const int usable = cuda_fn.cuCtxGetCurrent(&current) == CUDA_SUCCESS;
+  for (int i = 0; i < CP_CUDA_MAX_DEVICES; i++) {
+    cuda_device_t *d = &cuda_devices[i];
+    if (!atomic_load_explicit(&d->live, memory_order_relaxed)) continue;
+    atomic_store_explicit(&d->live, 0, memory_order_release);
+    if (usable) (void)cuda_fn.cuDevicePrimaryCtxRelease(d->dev);
+  }
+  pthread_mutex_unlock(&cuda_devices_lock);
+}

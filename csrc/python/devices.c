@@ -1,0 +1,240 @@
+/* devices.c — the process-wide pools, one per device, and the C entry points torch calls.
+ * Owns: the device table, the shared configuration, and the choice of backend (CUDA or sim). */
+#include "devices.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/cuda.h"
+#include "../backend/sim.h"
+
+/* Note [Device table]
+ * pools[d] is written once, under `lock`, when device d is first used, and read without the
+ * lock on every allocation (an acquire load pairs with the release store). The lock also
+ * serialises configuration and the sim switch, which are refused once any pool exists, so a
+ * pool never sees its configuration change. cpd_shutdown is the only writer that clears
+ * entries; it must not race with allocations (interpreter exit, tests). */
+
+static pthread_mutex_t cpd_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(cp_pool_t *) cpd_pools[CPD_MAX_DEVICES];
+static cp_sim_t *cpd_sims[CPD_MAX_DEVICES];
+static cp_config_t cpd_cfg;
+static int cpd_cfg_set;
+static int cpd_pool_count;
+static int cpd_sim_mode;
+static size_t cpd_sim_capacity;
+static int cpd_sim_count;
+static unsigned cpd_sim_flags;
+
+static void cpd_config_locked(cp_config_t *out) {
+  if (!cpd_cfg_set) {
+    cp_config_default(&cpd_cfg);
+    cpd_cfg_set = 1;
+  }
+  *out = cpd_cfg;
+}
+
+int cpd_configure(const cp_config_t *cfg) {
+  int rc = cp_config_validate(cfg);
+  if (rc != CP_OK) return rc;
+  pthread_mutex_lock(&cpd_lock);
+  if (cpd_pool_count > 0) {
+    rc = cp_set_error(CP_ERR_STATE, "cudapool: the configuration cannot change once a device pool exists "
+                                    "(configure before the first CUDA allocation)");
+  } else {
+    cpd_cfg = *cfg;
+    cpd_cfg_set = 1;
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  return rc;
+}
+
+void cpd_config(cp_config_t *out_cfg) {
+  pthread_mutex_lock(&cpd_lock);
+  cpd_config_locked(out_cfg);
+  pthread_mutex_unlock(&cpd_lock);
+}
+
+int cpd_use_sim(size_t capacity, int count, unsigned sim_flags) {
+  if (capacity == 0 || count < 1 || count > CPD_MAX_DEVICES) {
+    return cp_set_error(CP_ERR_INVALID, "cudapool: simulated devices need a capacity > 0 and 1..%d devices",
+                        CPD_MAX_DEVICES);
+  }
+  pthread_mutex_lock(&cpd_lock);
+  int rc = CP_OK;
+  if (cpd_pool_count > 0) {
+    rc = cp_set_error(CP_ERR_STATE, "cudapool: cannot switch to simulated devices once a device pool exists");
+  } else {
+    cpd_sim_mode = 1;
+    cpd_sim_capacity = capacity;
+    cpd_sim_count = count;
+    cpd_sim_flags = sim_flags;
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  return rc;
+}
+
+int cpd_using_sim(void) {
+  pthread_mutex_lock(&cpd_lock);
+  int on = cpd_sim_mode;
+  pthread_mutex_unlock(&cpd_lock);
+  return on;
+}
+
+cp_sim_t *cpd_sim(int device) {
+  if (device < 0 || device >= CPD_MAX_DEVICES) return NULL;
+  pthread_mutex_lock(&cpd_lock);
+  cp_sim_t *sim = cpd_sim_mode ? cpd_sims[device] : NULL;
+  pthread_mutex_unlock(&cpd_lock);
+  return sim;
+}
+
+int cpd_device_count(int *out_count) {
+  pthread_mutex_lock(&cpd_lock);
+  int rc = CP_OK;
+  if (cpd_sim_mode) {
+    *out_count = cpd_sim_count;
+  } else {
+    rc = cp_cuda_device_count(out_count);
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  return rc;
+}
+
+static int cpd_create_locked(int device, cp_pool_t **out_pool) {
+  cp_backend_t backend;
+  int rc;
+  if (cpd_sim_mode) {
+    if (device >= cpd_sim_count) {
+      return cp_set_error(CP_ERR_INVALID, "cudapool: device %d does not exist (%d simulated devices)", device,
+                          cpd_sim_count);
+    }
+    rc = cp_sim_create(cpd_sim_capacity, cpd_sim_flags, &cpd_sims[device]);
+    if (rc != CP_OK) return rc;
+    cp_sim_backend(cpd_sims[device], &backend);
+    backend.device = device;
+  } else {
+    rc = cp_cuda_backend(device, &backend);
+    if (rc != CP_OK) return rc;
+  }
+  cp_config_t cfg;
+  cpd_config_locked(&cfg);
+  rc = cp_pool_create(&cfg, &backend, out_pool);
+  if (rc != CP_OK && cpd_sims[device] != NULL) {
+    cp_sim_destroy(cpd_sims[device]);
+    cpd_sims[device] = NULL;
+  }
+  return rc;
+}
+
+int cpd_pool(int device, cp_pool_t **out_pool) {
+  if (device < 0 || device >= CPD_MAX_DEVICES) {
+    return cp_set_error(CP_ERR_INVALID, "cudapool: invalid device %d", device);
+  }
+  cp_pool_t *pool = atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
+  if (pool != NULL) {
+    *out_pool = pool;
+    return CP_OK;
+  }
+  pthread_mutex_lock(&cpd_lock);
+  int rc = CP_OK;
+  pool = atomic_load_explicit(&cpd_pools[device], memory_order_relaxed);
+  if (pool == NULL) {
+    rc = cpd_create_locked(device, &pool);
+    if (rc == CP_OK) {
+      atomic_store_explicit(&cpd_pools[device], pool, memory_order_release);
+      cpd_pool_count++;
+    }
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  if (rc == CP_OK) *out_pool = pool;
+  return rc;
+}
+
+cp_pool_t *cpd_pool_if_created(int device) {
+  if (device < 0 || device >= CPD_MAX_DEVICES) return NULL;
+  return atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
+}
+
+void cpd_shutdown(void) {
+  pthread_mutex_lock(&cpd_lock);
+  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+    cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
+    if (pool != NULL) cp_pool_destroy(pool);
+    if (cpd_sims[d] != NULL) {
+      cp_sim_destroy(cpd_sims[d]);
+      cpd_sims[d] = NULL;
+    }
+  }
+  cpd_pool_count = 0;
+  cpd_sim_mode = 0;
+  cpd_cfg_set = 0;
+  pthread_mutex_unlock(&cpd_lock);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Entry points
+ * ---------------------------------------------------------------------------------------- */
+
+int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
+  cp_pool_t *pool;
+  if (size == 0) {
+    *out_ptr = NULL;
+    return CP_OK;
+  }
+  int rc = cpd_pool(device, &pool);
+  if (rc != CP_OK) return rc;
+  return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+}
+
+int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size) {
+  if (status == CP_ERR_OOM) {
+    /* The pool's report starts with "Tried to allocate ...". */
+    return snprintf(buf, buf_size, "CUDA out of memory. %s", cp_last_error());
+  }
+  return snprintf(buf, buf_size, "cudapool: allocating %zu bytes on device %d failed (%s): %s", size, device,
+                  cp_status_name(status), cp_last_error());
+}
+
+void cudapool_free(void *ptr, size_t size, int device, void *stream) {
+  (void)stream; /* the block remembers its allocation stream */
+  if (ptr == NULL) return;
+  cp_pool_t *pool = cpd_pool_if_created(device);
+  int rc = pool != NULL ? cp_free(pool, ptr) : cp_set_error(CP_ERR_INVALID, "no pool for device %d", device);
+  if (rc != CP_OK) {
+    /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
+    fprintf(stderr, "cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
+  }
+}
+
+void cudapool_record_stream(void *ptr, void *stream) {
+  if (ptr == NULL) return;
+  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
+  }
+  fprintf(stderr, "cudapool: record_stream(%p): not a live allocation of cudapool\n", ptr);
+}
+
+void cudapool_empty_cache(void) {
+  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_empty_cache(pool) != CP_OK) {
+      fprintf(stderr, "cudapool: empty_cache on device %d: %s\n", d, cp_last_error());
+    }
+  }
+}
+
+void cudapool_set_memory_fraction(double fraction, int device) {
+  cp_pool_t *pool;
+  int rc = cpd_pool(device, &pool);
+  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
+  if (rc != CP_OK) fprintf(stderr, "cudapool: set_memory_fraction(%g, %d): %s\n", fraction, device, cp_last_error());
+}
+
+void cudapool_init(int device_count) {
+  (void)device_count; /* pools are created lazily, on each device's first allocation */
+}

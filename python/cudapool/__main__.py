@@ -1,0 +1,176 @@
+"""The command line: ``python -m cudapool run SCRIPT [ARGS...]`` and ``python -m cudapool info``.
+
+run   enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as __main__ with ARGS,
+      then print the memory summary of every device that has a pool to stderr. The exit
+      status is the script's.
+info  what cudapool would run with here: its version and configuration, torch, the CUDA
+      driver, and the allocator hooks this torch offers. Never initialises CUDA.
+"""
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from typing import List, Optional
+
+EXIT_USAGE = 2
+
+
+def _err(message: str) -> None:
+    print(f"cudapool: {message}", file=sys.stderr)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The process exit status Python gives a SystemExit (printing a non-int code)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_summaries() -> None:
+    import cudapool
+    from cudapool import _C
+
+    devices = _C.device_pools()
+    if not devices:
+        _err("no device pool was created (nothing was allocated on a GPU through cudapool)")
+        return
+    for device in devices:
+        sys.stderr.write(cudapool.memory_summary(device))
+    sys.stderr.flush()
+
+
+def cmd_run(script: str, args: List[str]) -> int:
+    import cudapool
+
+    if not os.path.isfile(script):
+        _err(f"cannot run {script!r}: no such file")
+        return EXIT_USAGE
+    try:
+        cudapool.enable()
+    except ValueError as exc:
+        _err(f"bad configuration: {exc}")
+        return EXIT_USAGE
+    except (RuntimeError, ImportError) as exc:
+        _err(f"cannot enable cudapool: {exc}")
+        return 1
+
+    script_dir = os.path.dirname(os.path.abspath(script))
+    saved_argv, saved_path0 = sys.argv, (sys.path[0] if sys.path else None)
+    sys.argv = [script, *args]
+    if sys.path:
+        sys.path[0] = script_dir
+    else:
+        sys.path.append(script_dir)
+    status = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        status = _exit_code(exc)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        status = 130
+    except BaseException:  # the script failed: report it as Python would, then summarise
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+        sys.stdout.flush()
+        try:
+            _print_summaries()
+        except Exception as exc:  # never hide the script's status behind a summary failure
+            _err(f"cannot print the memory summary: {exc}")
+    return status
+
+
+def cmd_info() -> int:
+    from cudapool import _C, _config, _torch
+    from cudapool._version import __version__
+
+    print(f"cudapool {__version__}")
+    env_text = os.environ.get(_config.ENV_VAR)
+    status = 0
+    try:
+        effective = _config.effective(_config.resolve({}))
+        source = f"{_config.ENV_VAR}={env_text!r}" if env_text else "defaults"
+        print(f"configuration ({source}): {effective}")
+    except ValueError as exc:
+        print(f"configuration: INVALID: {exc}")
+        status = EXIT_USAGE
+
+    try:
+        import torch
+    except Exception as exc:  # not installed, or broken
+        print(f"torch: not importable ({exc.__class__.__name__}: {exc})")
+        torch = None
+    if torch is not None:
+        cuda_build = hasattr(torch._C, "_cuda_customAllocator")
+        build = f"CUDA build (CUDA {torch.version.cuda})" if cuda_build else "CPU-only build"
+        print(f"torch: {torch.__version__}, {build}")
+        if cuda_build:
+            offered = _torch.torch_hooks_offered()
+            ours = [h for h in offered if h in _torch.HOOK_NAMES]
+            others = [h for h in offered if h not in _torch.HOOK_NAMES]
+            print("pluggable allocator hooks offered: " + (", ".join(offered) or "none"))
+            print("  set by cudapool.enable(): " + (", ".join(ours) or "none"))
+            print("  left unset: " + (", ".join(others) or "none"))
+            if "record_stream" not in offered:
+                print("  warning: no record_stream hook: cross-stream tensor use is unsafe")
+
+    info = _C.cuda_info()
+    if info.get("available"):
+        version = int(info.get("driver_version", 0))
+        names = ", ".join(f"{i}: {name}" for i, name in enumerate(info.get("devices", [])))
+        print(f"CUDA driver: available, version {version // 1000}.{(version % 1000) // 10}")
+        print(f"CUDA devices: {info.get('device_count', 0)} ({names})")
+    else:
+        error = info.get("error") or "no CUDA device"
+        print(f"CUDA driver: not available ({error})")
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m cudapool",
+        description="cudapool: a stream-aware caching GPU memory allocator for PyTorch.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run a script with cudapool enabled, then print the memory summary to stderr",
+        description="Enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as "
+        "__main__ with ARGS, then print the memory summary of every device that has a pool "
+        "to stderr. Exits with the script's status.",
+    )
+    run.add_argument("script", metavar="SCRIPT", help="the Python script to run")
+    run.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
+    commands.add_parser(
+        "info",
+        help="print cudapool's version and configuration, torch, the CUDA driver",
+        description="Print cudapool's version and configuration (CUDAPOOL_CONF), torch's "
+        "version and build, the CUDA driver and devices, and the pluggable allocator hooks "
+        "torch offers. Never initialises CUDA.",
+    )
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "run":
+        return cmd_run(ns.script, ns.args)
+    if ns.command == "info":
+        return cmd_info()
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

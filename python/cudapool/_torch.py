@@ -1,0 +1,401 @@
+"""cudapool as torch's CUDA allocator: ``enable()`` swaps it in, and torch's memory
+statistics functions then answer from the pool.
+
+torch is imported inside the functions only: importing cudapool never imports torch.
+
+How the swap works: ``torch.cuda.memory.CUDAPluggableAllocator`` opens our extension module
+(``_C.__file__``) with ctypes and takes the addresses of ``cudapool_alloc`` and
+``cudapool_free``. The extension is already loaded, so the dynamic loader hands back the same
+library: torch's allocations and this module's statistics see one set of pools. The optional
+hooks (init, reset = empty_cache, memory fraction, record_stream) are set from the same library.
+``change_current_allocator`` only works before CUDA is initialised in the process.
+"""
+
+import ctypes
+import sys
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any, Dict, Optional, Tuple
+
+from . import _C, _config
+from .summary import DEFAULT_TITLE, format_summary
+
+# The hooks cudapool sets, when the installed torch offers them:
+# (name, setter on torch._C._CUDAPluggableAllocator, exported symbol of _C).
+_HOOKS: Tuple[Tuple[str, str, str], ...] = (
+    ("init", "set_init_fn", "cudapool_init"),
+    ("reset", "set_reset_fn", "cudapool_empty_cache"),
+    ("memory_fraction", "set_memory_fraction_fn", "cudapool_set_memory_fraction"),
+    ("record_stream", "set_record_stream_fn", "cudapool_record_stream"),
+)
+
+#: The names of the hooks cudapool sets when torch offers them.
+HOOK_NAMES: Tuple[str, ...] = tuple(name for name, _, _ in _HOOKS)
+
+# Hooks torch offers that cudapool does not set (CUDA graph private pools, base allocation).
+_UNSET_HOOKS: Tuple[Tuple[str, str], ...] = (
+    ("base_alloc", "set_base_alloc_fn"),
+    ("begin_allocate_to_pool", "set_begin_allocate_to_pool"),
+    ("end_allocate_to_pool", "set_end_allocate_to_pool_fn"),
+    ("release_pool", "set_release_pool"),
+)
+
+# Keys some torch versions' memory_stats() have that the pool does not track: always this
+# value, and only when the installed torch documents the key (so the key set stays equal to
+# that torch's). num_oom_rejections counts allocations refused up front by torch's own OOM
+# pre-emption policy, which cudapool does not have.
+_EXTRA_STATS: Dict[str, int] = {"num_oom_rejections": 0}
+
+# The torch functions that answer from cudapool once it is enabled. torch's own
+# memory_allocated / memory_reserved / max_memory_* / memory_cached call the module-global
+# memory_stats of torch.cuda.memory, so they follow without being replaced.
+_PATCHED = (
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+)
+
+_NOT_FIRST_MESSAGE = (
+    "cudapool.enable() must be called before the first CUDA use: torch's CUDA allocator "
+    "is already initialised in this process (CUDA has been used, or another allocator was "
+    "installed), and it cannot be swapped after that. Call cudapool.enable() at the top of the script, before any tensor "
+    "or model is moved to the GPU (or run the script with `python -m cudapool run SCRIPT`)."
+)
+
+_lock = threading.RLock()
+
+
+class _State:
+    def __init__(self) -> None:
+        self.allocator: Any = None  # the torch.cuda.memory.CUDAPluggableAllocator
+        self.config: Optional[str] = None  # the effective configuration, formatted
+        self.hooks: Tuple[str, ...] = ()
+        self.originals: Dict[Tuple[str, str], Any] = {}  # (module, name) -> torch's function
+        self.warned_record_stream = False
+
+
+_state = _State()
+
+
+# -- public -----------------------------------------------------------------------------------
+
+
+def enabled() -> bool:
+    """True once :func:`enable` has made cudapool torch's CUDA allocator in this process."""
+    return _state.allocator is not None
+
+
+def hooks_set() -> Tuple[str, ...]:
+    """The optional allocator hooks cudapool set on torch's pluggable allocator: a subset of
+    ("init", "reset", "memory_fraction", "record_stream"), depending on the torch version."""
+    return _state.hooks
+
+
+def enabled_config() -> Optional[str]:
+    """The configuration cudapool was enabled with (formatted, defaults filled in), or None."""
+    return _state.config
+
+
+def enable(**config: Any) -> None:
+    """Make cudapool the CUDA memory allocator of torch in this process.
+
+    The configuration is CUDAPOOL_CONF's, with the keyword arguments on top (a keyword wins
+    over the environment's entry of the same key); it is checked before anything changes
+    (ValueError naming the bad key). Must run before the first CUDA use: RuntimeError when
+    torch has already initialised CUDA. Calling it again is a no-op when no configuration or
+    the same configuration is given; a different configuration is a RuntimeError.
+    """
+    with _lock:
+        text = _config.resolve(config)
+        effective = _config.effective(text)
+        if enabled():
+            if config and effective != _state.config:
+                raise RuntimeError(
+                    f"cudapool is already enabled with {_state.config!r}; the allocator "
+                    f"cannot be reconfigured in this process (asked for {effective!r})"
+                )
+            return
+        _require_cuda_build()
+        if _cuda_initialized():
+            raise RuntimeError(_NOT_FIRST_MESSAGE)
+        if _C.device_config() != effective:
+            _C.configure(text)  # RuntimeError once a pool exists: nothing is swapped then
+        allocator, hooks = _make_allocator()
+        _swap(allocator)
+        _state.allocator = allocator
+        _state.config = effective
+        _state.hooks = hooks
+        _patch_torch()
+        _warn_if_cudnn_benchmark()
+
+
+# -- device arguments -------------------------------------------------------------------------
+
+
+def _torch_if_imported() -> Any:
+    return sys.modules.get("torch")
+
+
+def _cuda_initialized() -> bool:
+    torch = _torch_if_imported()
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA support, a half-imported torch
+        return False
+
+
+def _current_device() -> int:
+    """torch's current device when CUDA is initialised; 0 otherwise (asking torch then would
+    initialise CUDA, or fail without a GPU)."""
+    if _cuda_initialized():
+        return int(_torch_if_imported().cuda.current_device())
+    return 0
+
+
+def _parse_device_text(text: str) -> int:
+    kind, sep, index = text.strip().partition(":")
+    if kind != "cuda" or (sep and not index.strip().isdigit()):
+        raise ValueError(f"Expected a cuda device, but got: {text!r}")
+    return int(index) if sep else _current_device()
+
+
+def device_index(device: Any = None) -> int:
+    """The CUDA device index that ``device`` names: None (the current device), an int,
+    "cuda", "cuda:1", a torch.device or a torch.cuda.device."""
+    if device is None:
+        return _current_device()
+    if isinstance(device, bool):
+        raise TypeError(f"invalid device {device!r}")
+    if isinstance(device, int):
+        return device
+    torch = _torch_if_imported()
+    if torch is None:
+        if isinstance(device, str):
+            return _parse_device_text(device)
+        raise TypeError(f"invalid device {device!r}: expected an int, a string or a torch.device")
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        if device.index is None:
+            return _current_device()
+        return int(device.index)
+    try:
+        from torch.cuda._utils import _get_device_index
+    except ImportError:  # pragma: no cover - every torch with CUDA support has it
+        raise TypeError(f"invalid device {device!r}") from None
+    return int(_get_device_index(device, optional=True))
+
+
+# -- statistics (torch's names, from cudapool's pools) ----------------------------------------
+
+
+def _extra_stats() -> Dict[str, int]:
+    """The entries of _EXTRA_STATS that the installed torch's memory_stats documents."""
+    global _extra_stats_cache
+    if _extra_stats_cache is None:
+        if "torch" not in sys.modules:
+            return {}  # torch not in use: the pool's own key set (and torch stays unimported)
+        doc = ""
+        try:
+            import torch.cuda.memory as torch_memory
+
+            original = _state.originals.get((torch_memory.__name__, "memory_stats"), torch_memory.memory_stats)
+            doc = original.__doc__ or ""
+        except Exception:  # a torch without CUDA support: the pool's own key set
+            pass
+        _extra_stats_cache = {k: v for k, v in _EXTRA_STATS.items() if k in doc}
+    return _extra_stats_cache
+
+
+_extra_stats_cache: Optional[Dict[str, int]] = None
+
+
+def memory_stats(device: Any = None) -> "OrderedDict[str, int]":
+    """The statistics of ``device``'s pool under torch's key names, sorted by key, as
+    ``torch.cuda.memory_stats`` returns them. All zero before the device's first allocation."""
+    stats = dict(_C.device_stats(device_index(device)))
+    for key, value in _extra_stats().items():
+        stats.setdefault(key, value)
+    return OrderedDict(sorted(stats.items()))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
+    """:func:`memory_stats` as a nested dict ({"allocated_bytes": {"all": {"current": ...}}}),
+    the form of ``torch.cuda.memory_stats_as_nested_dict``."""
+    nested: Dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    # cudapool has no private (CUDA graph / MemPool) pools: torch reports this empty then.
+    nested.setdefault("reserved_bytes_by_private_pools", {})
+    return nested
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """The statistics of ``device``'s pool as the table of ``torch.cuda.memory_summary``."""
+    index = device_index(device)
+    return format_summary(memory_stats(index), index, abbreviated, title=DEFAULT_TITLE)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Set every peak of ``device``'s pool to its current value."""
+    _C.device_reset_peak_stats(device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero the accumulated ("allocated", "freed") statistics and the counters."""
+    _C.device_reset_accumulated_stats(device_index(device))
+
+
+def empty_cache() -> None:
+    """Return every wholly free segment of every device pool to the device."""
+    for device in _C.device_pools():
+        _C.device_empty_cache(device)
+
+
+def _reset_max_memory_allocated(device: Any = None) -> None:
+    warnings.warn(
+        "torch.cuda.reset_max_memory_allocated now calls torch.cuda.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def _reset_max_memory_cached(device: Any = None) -> None:
+    warnings.warn(
+        "torch.cuda.reset_max_memory_cached now calls torch.cuda.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+_REPLACEMENTS = {
+    "memory_stats": memory_stats,
+    "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+    "memory_summary": memory_summary,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    "reset_max_memory_allocated": _reset_max_memory_allocated,
+    "reset_max_memory_cached": _reset_max_memory_cached,
+}
+
+
+# -- the swap ---------------------------------------------------------------------------------
+
+
+def _require_cuda_build() -> None:
+    import torch
+
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        raise RuntimeError(
+            f"cudapool needs a CUDA build of torch; torch {torch.__version__} is built without "
+            "CUDA support"
+        )
+
+
+def _symbol_address(lib: ctypes.CDLL, name: str) -> int:
+    address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    if not address:
+        raise RuntimeError(f"cudapool: {_C.__file__} exports no {name}")
+    return address
+
+
+def _make_allocator() -> Tuple[Any, Tuple[str, ...]]:
+    """torch's pluggable allocator over our exported functions, with every hook this torch
+    offers set. Returns it and the names of the hooks set."""
+    import torch.cuda.memory as tcm
+
+    allocator = tcm.CUDAPluggableAllocator(_C.__file__, "cudapool_alloc", "cudapool_free")
+    lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: same pools
+    raw = allocator.allocator()
+    hooks = []
+    for name, setter, symbol in _HOOKS:
+        set_fn = getattr(raw, setter, None)
+        if set_fn is None:
+            continue
+        set_fn(_symbol_address(lib, symbol))
+        hooks.append(name)
+    if "record_stream" not in hooks and not _state.warned_record_stream:
+        _state.warned_record_stream = True
+        warnings.warn(
+            "this torch's pluggable allocator has no record_stream hook: Tensor.record_stream() "
+            "does nothing under cudapool, so a tensor used on a stream other than the one it "
+            "was allocated on may be reused while that stream still reads it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return allocator, tuple(hooks)
+
+
+def _swap(allocator: Any) -> None:
+    import torch.cuda.memory as tcm
+
+    try:
+        tcm.change_current_allocator(allocator)
+    except RuntimeError as exc:
+        if "already initialized allocator" not in str(exc):
+            raise
+        raise RuntimeError(_NOT_FIRST_MESSAGE) from exc
+
+
+def _patch_torch() -> None:
+    import torch
+    import torch.cuda.memory as tcm
+
+    for module in (tcm, torch.cuda):
+        for name in _PATCHED:
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            _state.originals[(module.__name__, name)] = original
+            setattr(module, name, _REPLACEMENTS[name])
+
+
+def _warn_if_cudnn_benchmark() -> None:
+    """cuDNN's benchmark mode asks the allocator for its largest free block (cacheInfo),
+    which torch's pluggable allocator does not provide: the first benchmarked convolution
+    would raise. Say so when the mode is already on."""
+    import torch
+
+    try:
+        on = bool(torch.backends.cudnn.benchmark)
+    except Exception:  # a torch without cuDNN bindings
+        return
+    if on:
+        warnings.warn(
+            "torch.backends.cudnn.benchmark is True, but torch's pluggable allocator (which "
+            "cudapool plugs into) does not support cacheInfo, which cuDNN's benchmark mode "
+            "calls: benchmarked convolutions may fail with 'CUDAPluggableAllocator does not yet "
+            "support cacheInfo'. Set torch.backends.cudnn.benchmark = False under cudapool.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def torch_hooks_offered() -> Tuple[str, ...]:
+    """The hooks the installed torch's pluggable allocator offers (names as in
+    :func:`hooks_set`, plus the ones cudapool does not set). Empty without a CUDA build."""
+    import torch
+
+    cls = getattr(torch._C, "_CUDAPluggableAllocator", None)
+    if cls is None:
+        return ()
+    names = [name for name, setter, _ in _HOOKS if hasattr(cls, setter)]
+    names += [name for name, setter in _UNSET_HOOKS if hasattr(cls, setter)]
+    return tuple(names)

@@ -1,0 +1,132 @@
+"""The memory summary table, in the layout of ``torch.cuda.memory_summary()``.
+
+Same 75-column box, same rows and columns, same number formatting, so that anyone who reads
+torch's summary reads ours, and text tools that parse it keep working. Only the title line
+differs: it names cudapool. Needs neither torch nor a GPU: it formats a stats dict under
+torch's key names (``cudapool.memory_stats()``, ``cudapool.sim.Pool.memory_stats()``).
+"""
+
+from typing import Callable, List, Mapping, Sequence, Tuple
+
+__all__ = ["format_summary", "DEFAULT_TITLE"]
+
+DEFAULT_TITLE = "cudapool CUDA memory summary"
+
+WIDTH = 75
+
+# Rows with a value per pool: (stats family, row label, formatter kind).
+_POOLED_ROWS: Sequence[Tuple[str, str, str]] = (
+    ("allocated_bytes", "Allocated memory", "bytes"),
+    ("active_bytes", "Active memory", "bytes"),
+    ("requested_bytes", "Requested memory", "bytes"),
+    ("reserved_bytes", "GPU reserved memory", "bytes"),
+    ("inactive_split_bytes", "Non-releasable memory", "bytes"),
+    ("allocation", "Allocations", "count"),
+    ("active", "Active allocs", "count"),
+    ("segment", "GPU reserved segments", "count"),
+    ("inactive_split", "Non-releasable allocs", "count"),
+)
+_POOL_SUBROWS: Sequence[Tuple[str, str]] = (
+    ("large_pool", "      from large pool"),
+    ("small_pool", "      from small pool"),
+)
+# Rows without a per-pool breakdown.
+_PLAIN_ROWS: Sequence[Tuple[str, str, str]] = (
+    ("oversize_allocations", "Oversize allocations", "count"),
+    ("oversize_segments", "Oversize GPU segments", "count"),
+)
+_METRICS = ("current", "peak", "allocated", "freed")
+
+_BYTE_UNITS = ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNT_UNITS = (" ", "K", "M")
+
+
+def _scaled(value: int, reference: int, base: int, threshold: int, units: Sequence[str]) -> Tuple[int, str]:
+    """``value`` in the unit that suits ``reference``: move one unit up for as long as the
+    reference, in the current unit, is at least ``threshold`` (and a larger unit exists).
+
+    The value is divided with floor division at each step; the reference with true
+    division, so beyond 2**53 it is a rounded float, as in torch's table: both tables pick
+    the same unit for the same numbers, huge ones included."""
+    unit = 0
+    ref: float = reference
+    while unit + 1 < len(units) and ref >= threshold:
+        unit += 1
+        value //= base
+        ref = ref / base
+    return value, units[unit]
+
+
+def _fmt_bytes(value: int, reference: int) -> str:
+    number, unit = _scaled(value, reference, 1024, 768 * 1024, _BYTE_UNITS)
+    return f"{number:6d} {unit}"
+
+
+def _fmt_count(value: int, reference: int) -> str:
+    number, unit = _scaled(value, reference, 1000, 750 * 1000, _COUNT_UNITS)
+    return f"{number:7d} {unit} "
+
+
+_FORMATTERS: Mapping[str, Callable[[int, int], str]] = {"bytes": _fmt_bytes, "count": _fmt_count}
+
+
+def _row(label: str, cells: Sequence[str]) -> str:
+    return f" {label:<21} | " + " | ".join(cells) + " "
+
+
+def _title_line(title: str, device: int) -> str:
+    text = f"{title}, device ID {device}"
+    indent = 18  # where torch's own title starts
+    if indent + len(text) + 1 > WIDTH:
+        indent = max(1, (WIDTH - len(text)) // 2)
+    return (" " * indent + text).ljust(WIDTH)
+
+
+def _value(stats: Mapping[str, int], key: str) -> int:
+    try:
+        return int(stats[key])
+    except KeyError:
+        raise KeyError(f"memory stats lack {key!r}") from None
+
+
+def format_summary(
+    stats: Mapping[str, int],
+    device: int,
+    abbreviated: bool = False,
+    title: str = DEFAULT_TITLE,
+) -> str:
+    """The summary table of ``stats`` (a flat dict under torch's key names) for ``device``.
+
+    ``abbreviated`` leaves out the "from large pool" / "from small pool" rows. Within a row,
+    every cell picks its unit from the value of the same column in the row's first line
+    (the "all" line), as torch does, so that a row's pool lines share the total's unit.
+    """
+    rule = "-" * WIDTH
+    frame = "=" * WIDTH
+    ooms = _value(stats, "num_ooms")
+    retries = _value(stats, "num_alloc_retries")
+    lines: List[str] = [
+        frame,
+        _title_line(title, device),
+        rule,
+        f"{'':12}CUDA OOMs: {ooms:<12d} | {'':7}cudaMalloc retries: {retries:<8d}  ",
+        frame,
+        _row("       Metric", ("Cur Usage ", "Peak Usage", "Tot Alloc ", "Tot Freed ")),
+    ]
+    for family, label, kind in _POOLED_ROWS:
+        fmt = _FORMATTERS[kind]
+        lines.append(rule)
+        subrows = [("all", label)]
+        if not abbreviated:
+            subrows.extend(_POOL_SUBROWS)
+        references = [_value(stats, f"{family}.all.{m}") for m in _METRICS]
+        for pool, sublabel in subrows:
+            values = [_value(stats, f"{family}.{pool}.{m}") for m in _METRICS]
+            lines.append(_row(sublabel, [fmt(v, r) for v, r in zip(values, references)]))
+    for family, label, kind in _PLAIN_ROWS:
+        fmt = _FORMATTERS[kind]
+        lines.append(rule)
+        values = [_value(stats, f"{family}.{m}") for m in _METRICS]
+        lines.append(_row(label, [fmt(v, v) for v in values]))
+    lines.append(frame)
+    return "".join(f"|{line}|\n" for line in lines)

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — every check of cudapool that needs a CUDA GPU, in one run, offline.
+#
+#   OUT=/some/dir bash scripts/gpu-check.sh        # OUT defaults to ./gpu-out
+#
+# 1. builds and installs the extension in place (pip, no build isolation, no dependencies,
+#    no index: nothing is downloaded)                                    -> $OUT/build.log
+# 2. prints what cudapool sees: `python3 -m cudapool info`, the GPU      -> $OUT/info.txt
+# 3. runs the GPU tests: pytest -m gpu                                   -> $OUT/pytest-gpu.log,
+#                                                                           $OUT/pytest-gpu.xml
+# 4. runs the A/B benchmark, built-in allocator vs cudapool              -> $OUT/ab.txt, ab.json
+# 5. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
+#                                                                           bench-micro.json
+# then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
+# the build or the GPU tests fail; a benchmark failure shows in the summary only.
+#
+# Budget: about 8 minutes on one H200. Every stage runs under a time cap, and the run as a
+# whole under GPU_CHECK_BUDGET_S (default 480 s): a stage that would start with too little
+# time left is skipped, and the summary says so. The expected run is 4-5 minutes.
+#
+# Settings (environment): OUT, PYTHON (default python3), GPU_CHECK_BUDGET_S,
+# CUDAPOOL_NO_WERROR (default 1 here: another compiler's new warnings must not cost the run).
+set -euo pipefail
+
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+export PYTHONUNBUFFERED=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_NO_INDEX=1 PIP_ROOT_USER_ACTION=ignore
+export CUDAPOOL_NO_WERROR=${CUDAPOOL_NO_WERROR:-1}
+# A distribution Python that refuses pip installs outside a virtual environment.
+if "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")))' 2>/dev/null; then
+  export PIP_BREAK_SYSTEM_PACKAGES=1
+fi
+
+section() {
+  printf '\n== %s (t=%ds)\n' "$*" "$SECONDS"
+}
+
+# The seconds a stage may take: its cap, or what is left of the budget (less a margin for
+# the stages' own clean-up and the summary). 0: not enough left to start it.
+stage_time() {
+  local cap=$1 left=$((BUDGET_S - SECONDS - 15))
+  if [ "$left" -lt "$cap" ]; then cap=$left; fi
+  if [ "$cap" -lt 20 ]; then cap=0; fi
+  echo "$cap"
+}
+
+# with_timeout SECONDS CMD...: run CMD, killed after SECONDS (exit 124 then).
+with_timeout() {
+  local seconds=$1
+  shift
+  if command -v timeout >/dev/null 2>&1; then
+    timeout -k 10 "$seconds" "$@"
+  else
+    "$@"
+  fi
+}
+
+# status_of RC SECONDS: a word for a stage's exit status.
+status_of() {
+  case "$1" in
+    0) echo "ok" ;;
+    124 | 137) echo "TIMED OUT (after ${2}s)" ;;
+    *) echo "FAILED (exit $1)" ;;
+  esac
+}
+
+build_status="not run"
+info_line=""
+tests_status="not run"
+tests_line=""
+ab_status="not run"
+micro_status="not run"
+tests_rc=1
+
+# -- 1. build ---------------------------------------------------------------------------------
+section "build: $PYTHON -m pip install --no-build-isolation --no-deps -e ."
+"$PYTHON" --version
+t=$(stage_time 240)
+build_rc=0
+with_timeout "$t" "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || build_rc=$?
+if [ "$build_rc" -ne 0 ]; then
+  echo "pip install failed (exit $build_rc); trying an in-place build: setup.py build_ext --inplace"
+  t=$(stage_time 180)
+  if [ "$t" -gt 0 ] && with_timeout "$t" "$PYTHON" setup.py build_ext --inplace >>"$OUT/build.log" 2>&1; then
+    export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+    build_rc=0
+    build_how="setup.py build_ext --inplace (pip install failed)"
+  fi
+else
+  build_how="pip install -e ."
+fi
+if [ "$build_rc" -eq 0 ] && ! "$PYTHON" -c 'import cudapool, cudapool._C' >>"$OUT/build.log" 2>&1; then
+  echo "the build finished, but cudapool does not import" >>"$OUT/build.log"
+  build_rc=1
+fi
+warnings=$(grep -c 'warning:' "$OUT/build.log" || true)
+if [ "$build_rc" -eq 0 ]; then
+  build_status="ok: $build_how, $warnings compiler warning(s)"
+  echo "$build_status"
+else
+  build_status="FAILED (exit $build_rc)"
+  echo "build failed; the end of $OUT/build.log:"
+  tail -n 40 "$OUT/build.log"
+fi
+
+if [ "$build_rc" -eq 0 ]; then
+  # -- 2. what cudapool sees --------------------------------------------------------------------
+  section "info: $PYTHON -m cudapool info"
+  {
+    with_timeout 60 "$PYTHON" -m cudapool info || echo "(python -m cudapool info: exit $?)"
+    echo
+    with_timeout 60 "$PYTHON" -c '
+import torch
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print("  cuda:%d %s, %.1f GiB, compute capability %d.%d" % (i, p.name, p.total_memory / 2**30, p.major, p.minor))
+' || echo "(torch query: exit $?)"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv || true
+    else
+      echo "nvidia-smi: not on PATH"
+    fi
+  } 2>&1 | tee "$OUT/info.txt"
+  info_line=$(grep -m1 '^CUDA devices:' "$OUT/info.txt" || grep -m1 '^CUDA driver:' "$OUT/info.txt" || true)
+
+  # -- 3. GPU tests -----------------------------------------------------------------------------
+  section "tests: $PYTHON -m pytest -m gpu -v tests/test_gpu.py tests/"
+  t=$(stage_time 300)
+  if [ "$t" -eq 0 ]; then
+    tests_status="SKIPPED (out of time)"
+  else
+    tests_rc=0
+    with_timeout "$t" "$PYTHON" -m pytest -m gpu -v -rs -p no:cacheprovider \
+      --junitxml="$OUT/pytest-gpu.xml" tests/test_gpu.py tests/ 2>&1 | tee "$OUT/pytest-gpu.log" || tests_rc=$?
+    tests_status=$(status_of "$tests_rc" "$t")
+    if [ "$tests_rc" -eq 5 ]; then tests_status="FAILED (no GPU test was collected)"; fi
+    tests_line=$(grep -E '^=+ .*(passed|failed|skipped|error|deselected|no tests ran).* =+$' "$OUT/pytest-gpu.log" | tail -n 1 || true)
+  fi
+
+  # -- 4. A/B benchmark -------------------------------------------------------------------------
+  section "A/B benchmark: $PYTHON benchmarks/ab_torch.py --json $OUT/ab.json"
+  t=$(stage_time 150)
+  if [ "$t" -eq 0 ]; then
+    ab_status="SKIPPED (out of time)"
+  else
+    ab_rc=0
+    with_timeout "$t" "$PYTHON" benchmarks/ab_torch.py --json "$OUT/ab.json" --timeout $((t / 2)) 2>&1 \
+      | tee "$OUT/ab.txt" || ab_rc=$?
+    ab_status=$(status_of "$ab_rc" "$t")
+    if [ "$ab_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/ab.txt"; then ab_status="skipped (no CUDA GPU)"; fi
+  fi
+fi
+
+# -- 5. C micro-benchmark ---------------------------------------------------------------------
+if command -v make >/dev/null 2>&1; then
+  section "micro-benchmark: make bench-micro"
+  t=$(stage_time 90)
+  if [ "$t" -eq 0 ]; then
+    micro_status="SKIPPED (out of time)"
+  else
+    micro_rc=0
+    with_timeout "$t" make bench-micro >"$OUT/bench-micro.txt" 2>&1 || micro_rc=$?
+    micro_status=$(status_of "$micro_rc" "$t")
+    tail -n 20 "$OUT/bench-micro.txt"
+    if [ -f build/bench-micro.json ]; then cp build/bench-micro.json "$OUT/bench-micro.json"; fi
+  fi
+else
+  micro_status="skipped (no make)"
+fi
+
+# -- summary ----------------------------------------------------------------------------------
+section "summary"
+echo "build        : $build_status"
+if [ -n "$info_line" ]; then echo "cuda         : $info_line"; fi
+echo "gpu tests    : $tests_status${tests_line:+  $tests_line}"
+if [ -f "$OUT/pytest-gpu.log" ]; then
+  grep -E '^(FAILED|ERROR) ' "$OUT/pytest-gpu.log" | sed 's/^/               /' || true
+fi
+echo "a/b benchmark: $ab_status"
+if [ -f "$OUT/ab.txt" ]; then grep '^|' "$OUT/ab.txt" | sed 's/^/               /' || true; fi
+echo "micro bench  : $micro_status"
+echo "time         : ${SECONDS}s of a ${BUDGET_S}s budget"
+echo "files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+
+if [ "$build_rc" -ne 0 ]; then exit 1; fi
+if [ "$tests_rc" -ne 0 ]; then exit 1; fi
+exit 0

@@ -1,0 +1,628 @@
+"""cudapool as torch's CUDA allocator, on a real GPU.
+
+Every test here needs torch with CUDA and a visible GPU; without them the whole module is
+skipped. The allocator of a process can only be swapped before CUDA is initialised, so each
+scenario runs in its own Python subprocess: a short script that enables cudapool (or, for the
+comparisons, leaves the built-in allocator in place), does its work, checks what it can
+itself, and prints one line ``RESULT {json}`` for the test to check the rest.
+
+Run them with ``python3 -m pytest -m gpu -v tests/test_gpu.py`` (``scripts/gpu-check.sh``
+does, together with the build and the A/B benchmark).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+MiB = 1 << 20
+SUBPROCESS_TIMEOUT_S = 180
+
+
+def _gpu_skip_reason():
+    """Why these tests cannot run here, or None when they can."""
+    try:
+        import torch
+    except Exception as exc:  # not installed, or a broken install
+        return f"torch is not importable ({exc.__class__.__name__}: {exc})"
+    if not torch.cuda.is_available():
+        # is_available() asks for the device count only: it neither initialises CUDA in
+        # this process nor keeps another test file from swapping the allocator.
+        return (
+            f"no CUDA GPU: torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
+        )
+    return None
+
+
+_SKIP_REASON = _gpu_skip_reason()
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or ""),
+]
+
+
+# -- running a scenario --------------------------------------------------------------------------
+
+# Every script starts with this.
+PRELUDE = """
+import json, os, sys
+import torch
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def result(**values):
+    print("RESULT " + json.dumps(values), flush=True)
+
+
+def expect_oom(size, what):
+    # The allocation must fail with cudapool's (torch-compatible) out-of-memory error.
+    try:
+        x = torch.empty(size, dtype=torch.uint8, device="cuda")
+    except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError too
+        message = str(exc)
+        assert message.startswith("CUDA out of memory. Tried to allocate"), (
+            what + ": unexpected error message: " + repr(message[:2000]))
+        return message
+    raise AssertionError("%s: allocating %d bytes succeeded (data_ptr 0x%x), expected OOM"
+                         % (what, size, x.data_ptr()))
+"""
+
+# Scripts run under cudapool add this right after the prelude, before any CUDA use.
+ENABLE = """
+import cudapool
+from cudapool import _C
+
+cudapool.enable()
+assert cudapool.enabled(), "cudapool.enable() returned, but cudapool.enabled() is False"
+
+
+def check_pool(device=0):
+    # The pool's invariant checker on the real device's pool: 0 violations.
+    bad = _C.device_check(device)
+    assert bad == 0, "pool invariant violations on device %d: %d\\n%s" % (
+        device, bad, _C.device_check_report(device))
+"""
+
+
+@pytest.fixture(scope="module")
+def child_env():
+    """The environment of the scenario subprocesses: this process's, with the directory that
+    holds the cudapool this process imports first on PYTHONPATH, and none of the settings that
+    would change what the scenarios measure."""
+    import cudapool
+
+    env = dict(os.environ)
+    package_root = str(Path(cudapool.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in (
+        "CUDAPOOL_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "CUDA_LAUNCH_BLOCKING",  # would serialise the streams the stream test needs apart
+    ):
+        env.pop(name, None)
+    return env
+
+
+def run_scenario(env, body, *, cudapool_on=True, args=(), extra_env=None, timeout=SUBPROCESS_TIMEOUT_S):
+    """Run PRELUDE (+ ENABLE) + body in a fresh interpreter; return its RESULT dict.
+
+    Fails the test, with the child's output, when it exits non-zero, times out, or prints no
+    RESULT line."""
+    code = PRELUDE + (ENABLE if cudapool_on else "") + textwrap.dedent(body)
+    run_env = dict(env)
+    run_env.update(extra_env or {})
+    label = "cudapool" if cudapool_on else "built-in allocator"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"scenario ({label}) timed out after {timeout} s\n"
+            f"--- stdout ---\n{_text(exc.stdout)[-4000:]}\n--- stderr ---\n{_text(exc.stderr)[-8000:]}"
+        )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scenario ({label}) exited with status {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(
+            f"scenario ({label}) printed no RESULT line\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _text(data):
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+# -- a. sizes, dtypes, values, alignment, exact accounting ---------------------------------------
+
+SIZES_AND_DTYPES = """
+TARGETS = [0, 1, 511, 512, 513, MiB - 1, MiB, MiB + 1, 10 * MiB - 1, 10 * MiB, 10 * MiB + 1,
+           100 * MiB, GiB]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool,
+          torch.complex64]
+PERIOD = 61  # the fill pattern repeats with this period
+
+
+def round512(n):
+    return (n + 511) // 512 * 512
+
+
+def base_pattern(dtype, device):
+    # PERIOD small values, exact in every dtype, also after compute() below.
+    v = torch.arange(PERIOD, device=device)
+    if dtype is torch.bool:
+        return v % 2 == 1
+    if dtype.is_complex:
+        return torch.complex(v.float(), -(v % 7).float())
+    return v.to(dtype)
+
+
+def compute(x):
+    return ~x if x.dtype is torch.bool else x * 2 + 1
+
+
+def tiled(base, n):
+    return base.repeat(-(-n // PERIOD))[:n]
+
+
+assert torch.cuda.memory_allocated() == 0, torch.cuda.memory_allocated()
+
+# Every (size, dtype) at least `target` bytes long.
+specs = []
+for target in TARGETS:
+    for dtype in DTYPES:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        numel = -(-target // itemsize)
+        specs.append((round512(numel * itemsize), target, str(dtype), dtype, numel))
+
+# Allocated in ascending order of rounded size, before anything else touches the pool: then
+# every request is either served by a split (the rest of the block stays free) or by a fresh
+# segment of exactly its size, so allocated_bytes is exactly the sum of the rounded sizes.
+# (A request that takes a cached block too small to split counts the whole block, in
+# cudapool as in the built-in allocator; a different order could produce one.)
+specs.sort(key=lambda s: (s[0], s[2]))
+tensors = []
+for rounded, target, name, dtype, numel in specs:
+    t = torch.empty(numel, dtype=dtype, device="cuda")
+    assert t.data_ptr() % 512 == 0, (name, numel, hex(t.data_ptr()))
+    assert t.untyped_storage().nbytes() == numel * t.element_size()
+    tensors.append(t)
+
+expected = sum(round512(t.untyped_storage().nbytes()) for t in tensors)
+live = sum(1 for t in tensors if t.untyped_storage().nbytes() > 0)
+
+
+def check_accounting(when):
+    got = torch.cuda.memory_allocated()
+    stats = cudapool.memory_stats()
+    assert got == expected, "%s: torch.cuda.memory_allocated() %d != expected %d (diff %d)" % (
+        when, got, expected, got - expected)
+    assert cudapool.memory_allocated() == expected, (when, cudapool.memory_allocated(), expected)
+    assert stats["allocation.all.current"] == live, (when, stats["allocation.all.current"], live)
+
+
+check_accounting("after allocation")
+
+# Fill with the pattern, compute, and compare both on the CPU.
+for t in tensors:
+    n = t.numel()
+    dtype = t.dtype
+    base_gpu = base_pattern(dtype, "cuda")
+    t.copy_(tiled(base_gpu, n))
+    u = compute(t)
+    assert u.data_ptr() % 512 == 0, (str(dtype), n, hex(u.data_ptr()))
+    base_cpu = base_pattern(dtype, "cpu")
+    assert torch.equal(t.cpu(), tiled(base_cpu, n)), ("fill", str(dtype), n)
+    assert torch.equal(u.cpu(), tiled(compute(base_cpu), n)), ("compute", str(dtype), n)
+    del u, base_gpu
+
+torch.cuda.synchronize()
+check_accounting("after fill and compute")
+
+reserved_peak = torch.cuda.max_memory_reserved()
+del tensors, t
+torch.cuda.synchronize()
+assert torch.cuda.memory_allocated() == 0, torch.cuda.memory_allocated()
+check_pool()
+
+# A matrix product (cuBLAS; its workspace comes from the pool too), checked on the CPU.
+torch.backends.cuda.matmul.allow_tf32 = False
+g = torch.Generator().manual_seed(7)
+a = torch.randn(257, 513, generator=g)
+b = torch.randn(513, 129, generator=g)
+c = (a.cuda() @ b.cuda()).cpu()
+ref = (a.double() @ b.double()).float()
+assert torch.allclose(c, ref, rtol=1e-4, atol=1e-4), (c - ref).abs().max().item()
+check_pool()
+
+result(tensors=len(specs), live=live, expected=expected, reserved_peak=reserved_peak)
+"""
+
+
+def test_sizes_dtypes_values_and_exact_accounting(child_env):
+    r = run_scenario(child_env, SIZES_AND_DTYPES)
+    assert r["tensors"] == 13 * 7
+    assert r["expected"] > 7 * (1 << 30)
+    assert r["reserved_peak"] >= r["expected"]
+
+
+# -- b. training gives the same losses as under the built-in allocator --------------------------
+
+TRAINING = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+kind = sys.argv[1]
+torch.manual_seed(1234)
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = False
+torch.backends.cudnn.deterministic = True
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+g = torch.Generator().manual_seed(99)
+if kind == "mlp":
+    model = nn.Sequential(
+        nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Dropout(0.1),
+        nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    xs = torch.randn(20, 128, 64, generator=g)
+else:  # a small conv net (cuDNN, its workspaces from the allocator under test)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Dropout(0.1), nn.Linear(32 * 8 * 8, 10))
+    xs = torch.randn(20, 64, 3, 32, 32, generator=g)
+ys = torch.randint(0, 10, (20, xs.shape[1]), generator=g)
+model = model.cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+losses = []
+for step in range(20):
+    x = xs[step].cuda()
+    target = F.one_hot(ys[step], 10).float().cuda()
+    # Cross-entropy from elementwise ops and reductions only: deterministic on CUDA.
+    loss = -(model(x).log_softmax(dim=-1) * target).sum(dim=-1).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+
+torch.cuda.synchronize()
+served = None
+if "cudapool" in sys.modules:
+    served = cudapool.memory_stats()["allocation.all.allocated"]
+    check_pool()
+result(losses=losses, served=served)
+"""
+
+
+@pytest.mark.parametrize("kind", ["mlp", "conv"])
+def test_training_losses_equal_builtin(child_env, kind):
+    det = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    builtin = run_scenario(child_env, TRAINING, cudapool_on=False, args=[kind], extra_env=det)
+    ours = run_scenario(child_env, TRAINING, cudapool_on=True, args=[kind], extra_env=det)
+    assert builtin["served"] is None
+    assert ours["served"] > 0, "cudapool served no allocation: the swap did not happen"
+    assert len(ours["losses"]) == 20
+    assert all(loss == loss and abs(loss) < 1e6 for loss in ours["losses"]), ours["losses"]
+    # Exactly equal floats: the allocator must not change a single bit of the computation.
+    assert ours["losses"] == builtin["losses"], (
+        f"{kind}: losses differ\n  built-in: {builtin['losses']}\n  cudapool: {ours['losses']}"
+    )
+
+
+# -- c. record_stream keeps a block away from reuse while another stream uses it -----------------
+
+STREAMS = """
+hooks = cudapool._torch.hooks_set()
+assert "record_stream" in hooks, "torch's record_stream hook is not set: " + repr(hooks)
+N = 16 * MiB  # float32 elements: 64 MiB, a segment of its own
+default = torch.cuda.current_stream()
+side = torch.cuda.Stream()
+
+
+def delay_kernel_factory():
+    # A way to keep the current stream busy for about `seconds`, calibrated on this GPU.
+    if hasattr(torch.cuda, "_sleep"):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        probe = 20_000_000
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+        cycles_per_ms = probe / max(start.elapsed_time(end), 1e-3)
+        return "torch.cuda._sleep", lambda seconds: torch.cuda._sleep(int(cycles_per_ms * 1000 * seconds))
+    m = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        m @ m
+    end.record()
+    end.synchronize()
+    per_ms = 10 / max(start.elapsed_time(end), 1e-3)
+
+    def busy(seconds):
+        for _ in range(max(1, int(per_ms * 1000 * seconds))):
+            m @ m
+    return "matmul loop", busy
+
+
+how, delay = delay_kernel_factory()
+torch.cuda.synchronize()
+
+a = torch.empty(N, device="cuda")  # allocated on the default stream
+a.fill_(1.0)
+a_ptr = a.data_ptr()
+side.wait_stream(default)
+with torch.cuda.stream(side):
+    delay(2.0)      # the side stream is busy for ~2 s ...
+    a.mul_(3.0)     # ... then writes a ...
+    c = a * 1.0     # ... and reads it into c (allocated on the side stream)
+a.record_stream(side)
+del a               # freed on the host now; the side stream still has to use it
+
+others = []
+for i in range(4):
+    b = torch.empty(N, device="cuda")
+    assert b.data_ptr() != a_ptr, (
+        "allocation %d on the default stream got the block the side stream still uses" % i)
+    b.fill_(7.0)    # runs now, while the side stream waits: must not touch a's block
+    others.append(b)
+assert not side.query(), (
+    "the side stream finished before the checks ran (%s too short): inconclusive" % how)
+
+side.synchronize()
+d = torch.empty(N, device="cuda")  # a's block is free now, and the only free block that fits
+reused = d.data_ptr() == a_ptr
+torch.cuda.synchronize()
+
+three = torch.full((N,), 3.0)
+assert torch.equal(c.cpu(), three), "the side stream read damaged data: " + str(c[:8].cpu())
+assert torch.equal(d.cpu(), three), "a's block was written by someone else: " + str(d[:8].cpu())
+for b in others:
+    assert torch.equal(b.cpu(), torch.full((N,), 7.0))
+assert reused, "after side.synchronize(), the block did not come back (0x%x != 0x%x)" % (
+    d.data_ptr(), a_ptr)
+del b, others, c, d
+torch.cuda.synchronize()
+check_pool()
+result(delay=how)
+"""
+
+
+def test_record_stream_defers_reuse(child_env):
+    run_scenario(child_env, STREAMS)
+
+
+# -- d. empty_cache gives memory back -----------------------------------------------------------
+
+EMPTY_CACHE = """
+big = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+mids = [torch.empty(3 * MiB, dtype=torch.uint8, device="cuda") for _ in range(5)]
+smalls = [torch.empty(4096, dtype=torch.uint8, device="cuda") for _ in range(1000)]
+torch.cuda.synchronize()
+reserved_live = torch.cuda.memory_reserved()
+assert reserved_live >= 256 * MiB + 5 * 3 * MiB + 1000 * 4096, reserved_live
+del big, mids, smalls
+torch.cuda.synchronize()
+reserved_cached = torch.cuda.memory_reserved()
+assert reserved_cached == reserved_live, (reserved_cached, reserved_live)  # kept, cached
+assert torch.cuda.memory_allocated() == 0, torch.cuda.memory_allocated()
+
+free_before = torch.cuda.mem_get_info()[0]
+device_frees = cudapool.memory_stats()["num_device_free"]
+torch.cuda.empty_cache()
+reserved_after = torch.cuda.memory_reserved()
+free_after = torch.cuda.mem_get_info()[0]
+assert reserved_after < reserved_cached, (reserved_after, reserved_cached)
+assert reserved_after == 0, reserved_after  # nothing was live: every segment went back
+assert cudapool.memory_reserved() == 0
+assert cudapool.memory_stats()["num_device_free"] > device_frees
+assert free_after - free_before >= 128 * MiB, (
+    "the device's free memory grew by only %d bytes" % (free_after - free_before))
+
+# cudapool.empty_cache() does the same; a live tensor keeps its segment.
+keep = torch.ones(MiB, device="cuda")
+tmp = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+del tmp
+before = cudapool.memory_reserved()
+cudapool.empty_cache()
+after = cudapool.memory_reserved()
+assert after < before and after > 0, (before, after)
+assert torch.equal(keep.cpu(), torch.ones(MiB))
+check_pool()
+result(reserved_cached=reserved_cached, returned=free_after - free_before)
+"""
+
+
+def test_empty_cache_lowers_reserved(child_env):
+    r = run_scenario(child_env, EMPTY_CACHE)
+    assert r["reserved_cached"] > 0
+
+
+# -- e. out of memory is an exception, and the process carries on -------------------------------
+
+OOM = """
+total = torch.cuda.get_device_properties(0).total_memory
+
+first = expect_oom(int(1.2 * total), "more than the device holds")
+
+# A fitting allocation works after that.
+x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+x.fill_(5)
+assert torch.equal(x[-4096:].cpu(), torch.full((4096,), 5, dtype=torch.uint8))
+del x
+
+# Out of memory for real (the device is full), then the ladder: a larger request gives back
+# the cached segment and retries.
+a = torch.empty(int(0.6 * total), dtype=torch.uint8, device="cuda")
+second = expect_oom(int(0.6 * total), "the device is full")
+del a
+b = torch.empty(int(0.65 * total), dtype=torch.uint8, device="cuda")
+b[:4096].fill_(9)
+assert torch.equal(b[:4096].cpu(), torch.full((4096,), 9, dtype=torch.uint8))
+del b
+
+stats = cudapool.memory_stats()
+assert stats["num_ooms"] >= 2, stats["num_ooms"]
+assert torch.cuda.memory_stats()["num_ooms"] == stats["num_ooms"]
+assert stats["num_alloc_retries"] >= 1, stats["num_alloc_retries"]
+torch.cuda.synchronize()
+check_pool()
+result(first=first[:300], second=second[:300], num_ooms=stats["num_ooms"])
+"""
+
+
+def test_oom_raises_and_process_continues(child_env):
+    r = run_scenario(child_env, OOM)
+    assert r["first"].startswith("CUDA out of memory. Tried to allocate")
+    assert r["num_ooms"] >= 2
+
+
+# -- f. summaries and statistics ----------------------------------------------------------------
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+_ALLOCATED_ROW = re.compile(r"^\|\s*Allocated memory\s*\|\s*([\d.]+)\s*(B|KiB|MiB|GiB|TiB|PiB)\s*\|", re.M)
+
+
+def allocated_in_summary(text):
+    """The "Allocated memory" row's current value of a memory summary, in bytes."""
+    match = _ALLOCATED_ROW.search(text)
+    assert match, "no 'Allocated memory' row in the summary:\n" + text
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+SUMMARY = """
+x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+while_live = {
+    "cudapool": cudapool.memory_summary(),
+    "torch": torch.cuda.memory_summary(),
+    "torch_abbreviated": torch.cuda.memory_summary(abbreviated=True),
+}
+allocated = [torch.cuda.memory_allocated(), cudapool.memory_allocated()]
+keys = sorted(cudapool.memory_stats().keys())
+torch_keys = sorted(torch.cuda.memory_stats().keys())
+del x
+after_free = torch.cuda.memory_summary()
+check_pool()
+result(while_live=while_live, after_free=after_free, allocated=allocated, keys=keys,
+       torch_keys=torch_keys)
+"""
+
+BUILTIN_KEYS = """
+x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")  # CUDA and the allocator start
+result(keys=sorted(torch.cuda.memory_stats().keys()))
+"""
+
+
+def test_summary_and_stats_keys(child_env):
+    ours = run_scenario(child_env, SUMMARY)
+    builtin = run_scenario(child_env, BUILTIN_KEYS, cudapool_on=False)
+
+    assert ours["allocated"] == [4 * MiB, 4 * MiB]
+    for name, text in ours["while_live"].items():
+        value = allocated_in_summary(text)
+        assert value > 0, f"{name} summary shows nothing allocated while a tensor lives:\n{text}"
+        assert abs(value - 4 * MiB) <= 0.01 * 4 * MiB, f"{name}: {value}\n{text}"
+    assert allocated_in_summary(ours["after_free"]) == 0, ours["after_free"]
+
+    expected = set(builtin["keys"])
+    for name in ("keys", "torch_keys"):
+        got = set(ours[name])
+        assert got == expected, (
+            f"{name}: missing {sorted(expected - got)}, extra {sorted(got - expected)}"
+        )
+
+
+# -- g. set_per_process_memory_fraction caps the pool -------------------------------------------
+
+FRACTION = """
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(0.1)
+message = expect_oom(int(0.12 * total), "above 10 % of the device")
+
+x = torch.empty(int(0.05 * total), dtype=torch.uint8, device="cuda")
+x[-4096:].fill_(3)
+assert torch.equal(x[-4096:].cpu(), torch.full((4096,), 3, dtype=torch.uint8))
+expect_oom(int(0.06 * total), "5 % live + 6 % more")
+del x  # cached now: the cap counts it until the pool gives it back
+y = torch.empty(int(0.06 * total), dtype=torch.uint8, device="cuda")
+assert torch.cuda.memory_reserved() <= 0.1 * total + 2 * MiB, torch.cuda.memory_reserved()
+del y
+torch.cuda.synchronize()
+check_pool()
+result(message=message[:300])
+"""
+
+
+def test_memory_fraction_caps_allocations(child_env):
+    r = run_scenario(child_env, FRACTION)
+    assert r["message"].startswith("CUDA out of memory. Tried to allocate")
+
+
+# -- h. a pool per device -----------------------------------------------------------------------
+
+MULTI_GPU = """
+x0 = torch.full((MiB,), 1.0, device="cuda:0")
+x1 = torch.full((MiB,), 2.0, device="cuda:1")
+y1 = x1 * 3
+assert y1.device.index == 1 and y1.data_ptr() % 512 == 0
+assert torch.equal(y1.cpu(), torch.full((MiB,), 6.0))
+z0 = x1.to("cuda:0") + x0
+assert torch.equal(z0.cpu(), torch.full((MiB,), 3.0))
+
+s0 = cudapool.memory_stats(0)
+s1 = cudapool.memory_stats(1)
+assert 0 in _C.device_pools() and 1 in _C.device_pools(), _C.device_pools()
+assert s1["allocated_bytes.all.current"] == 2 * 4 * MiB, s1["allocated_bytes.all.current"]
+assert s0["allocated_bytes.all.current"] == 2 * 4 * MiB, s0["allocated_bytes.all.current"]
+assert cudapool.memory_stats("cuda:1") == s1
+with torch.cuda.device(1):
+    assert torch.cuda.memory_allocated() == 2 * 4 * MiB
+
+# Freed while device 0 is current: the block goes back to device 1's pool.
+torch.cuda.set_device(0)
+del x1, y1
+torch.cuda.synchronize(1)
+assert cudapool.memory_allocated(1) == 0, cudapool.memory_allocated(1)
+assert cudapool.memory_allocated(0) == 2 * 4 * MiB
+check_pool(0)
+check_pool(1)
+result(devices=_C.device_pools())
+"""
+
+
+def test_multi_gpu_pool_per_device(child_env):
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip(f"needs 2 CUDA devices, found {count}")
+    r = run_scenario(child_env, MULTI_GPU)
+    assert 0 in r["devices"] and 1 in r["devices"]

@@ -1,0 +1,600 @@
+"""cudapool as torch's CUDA allocator: enable(), the hooks, the swap, and torch's statistics
+functions answering from the pool.
+
+The allocator swap is once per process, so every scenario runs in its own interpreter
+(``sys.executable -c ...``). Without a GPU, torch still builds the pluggable allocator from
+our .so and swaps it in; the first CUDA tensor then fails with torch's own no-driver error.
+Pools on simulated devices (``_C.use_sim_devices`` before the first allocation) let the
+torch-facing statistics be checked with real allocations made through the exported entry
+points torch calls. Tests marked ``gpu`` need a CUDA GPU and are skipped without one.
+"""
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not hasattr(torch._C, "_cuda_customAllocator"):
+    pytest.skip(
+        f"torch {torch.__version__} is a CPU-only build (no CUDAPluggableAllocator)",
+        allow_module_level=True,
+    )
+
+import cudapool  # noqa: E402
+from cudapool import _C, _torch  # noqa: E402
+
+TIMEOUT_S = 120
+
+
+def _gpu_available() -> bool:
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], timeout=TIMEOUT_S).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+HAS_GPU = _gpu_available()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+needs_no_gpu = pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
+
+# Common head of every scenario: names the scenarios use, nothing swapped yet.
+PRELUDE = """
+import ctypes, sys, warnings
+import torch
+import cudapool
+from cudapool import _C, _torch
+MiB = 1 << 20
+"""
+
+
+def run_py(code: str, env: dict = None) -> subprocess.CompletedProcess:
+    """Run PRELUDE + code in a fresh interpreter; CUDAPOOL_CONF unset unless ``env`` sets it."""
+    environ = dict(os.environ)
+    environ.pop("CUDAPOOL_CONF", None)
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=environ,
+    )
+
+
+def ok(code: str, env: dict = None) -> str:
+    """Run a scenario that must end by printing OK and exit 0; its stdout."""
+    proc = run_py(code, env)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), (
+        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
+    return proc.stdout
+
+
+# -- the package without torch ------------------------------------------------------------------
+
+
+def test_importing_cudapool_does_not_import_torch():
+    code = (
+        "import sys, cudapool, cudapool.sim, cudapool.summary\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert not cudapool.enabled()\n"
+        "print(cudapool.memory_stats(0)['allocated_bytes.all.current'], cudapool.memory_allocated())\n"
+        "assert 'torch' not in sys.modules\nprint('OK')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0 and proc.stdout.split() == ["0", "0", "OK"], proc.stderr
+
+
+# -- enable(): the swap -------------------------------------------------------------------------
+
+
+def test_enable_swaps_in_our_allocator_with_every_hook():
+    ok(
+        """
+        assert not cudapool.enabled() and _torch.hooks_set() == ()
+        before = torch.cuda.memory.memory_stats
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert not caught, [str(w.message) for w in caught]
+        assert cudapool.enabled()
+        hooks = set(_torch.hooks_set())
+        offered = set(_torch.torch_hooks_offered())
+        assert hooks == offered & {"init", "reset", "memory_fraction", "record_stream"}, (hooks, offered)
+        if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14):
+            assert hooks == {"init", "reset", "memory_fraction", "record_stream"}, hooks
+        ours = _torch._state.allocator
+        assert type(ours) is torch.cuda.memory.CUDAPluggableAllocator
+        if hasattr(torch.cuda.memory, "_get_current_allocator"):
+            current = torch.cuda.memory._get_current_allocator()
+            assert current.allocator() is ours.allocator(), "torch's current allocator is not ours"
+        # torch's statistics functions now answer from cudapool
+        assert torch.cuda.memory.memory_stats is _torch.memory_stats is torch.cuda.memory_stats
+        assert torch.cuda.memory_summary is _torch.memory_summary
+        assert before is not torch.cuda.memory.memory_stats
+        assert not torch.cuda.is_initialized()
+        print("OK")
+        """
+    )
+
+
+def test_missing_record_stream_hook_warns_once():
+    # An older torch without set_record_stream_fn, simulated by asking for a setter that
+    # does not exist.
+    ok(
+        """
+        _torch._HOOKS = tuple(
+            (n, s + "_absent" if n == "record_stream" else s, sym) for n, s, sym in _torch._HOOKS
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cudapool.enable()
+            cudapool.enable()
+        assert "record_stream" not in _torch.hooks_set(), _torch.hooks_set()
+        assert "reset" in _torch.hooks_set()
+        relevant = [w for w in caught if "record_stream" in str(w.message)]
+        assert len(relevant) == 1 and issubclass(relevant[0].category, RuntimeWarning), caught
+        assert cudapool.enabled()
+        print("OK")
+        """
+    )
+
+
+def test_cudnn_benchmark_on_at_enable_warns():
+    ok(
+        """
+        torch.backends.cudnn.benchmark = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert any("cacheInfo" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        print("OK")
+        """
+    )
+
+
+def test_one_copy_of_the_library_serves_python_and_torch():
+    # CUDAPluggableAllocator dlopens _C.__file__: the loader must return the loaded module.
+    ok(
+        """
+        cudapool.enable()
+        maps = open("/proc/self/maps").read().splitlines()
+        path = _C.__file__
+        import os
+        real = os.path.realpath(path)
+        lines = [l for l in maps if l.endswith(real)]
+        assert lines, "the extension is not mapped"
+        inodes = {l.split()[4] for l in lines}
+        assert len(inodes) == 1, lines
+        # one mapping of file offset 0: loaded once
+        assert sum(1 for l in lines if int(l.split()[2], 16) == 0) == 1, lines
+        print("OK")
+        """
+    )
+
+
+@needs_no_gpu
+def test_first_cuda_tensor_raises_torchs_no_gpu_error_and_the_process_survives():
+    out = ok(
+        """
+        cudapool.enable()
+        try:
+            torch.empty(1, device="cuda")
+        except RuntimeError as exc:
+            print("ERROR:", exc)
+        else:
+            raise AssertionError("a CUDA tensor without a GPU")
+        assert cudapool.enabled()
+        assert torch.cuda.memory_allocated(0) == 0
+        print("OK")
+        """
+    )
+    message = out.split("ERROR:", 1)[1]
+    assert re.search(r"Found no NVIDIA driver|No CUDA GPUs are available", message), message
+    assert "cudapool" not in message, "the error should be torch's, not ours"
+
+
+def test_torch_statistics_answer_from_the_pool_after_enable():
+    out = ok(
+        """
+        assert torch.cuda.memory_stats(0) == {}   # before: torch's, which has nothing yet
+        cudapool.enable()
+        s = torch.cuda.memory_stats(0)
+        assert s == cudapool.memory_stats(0) and len(s) > 50
+        assert list(s) == sorted(s)
+        assert all(v == 0 for k, v in s.items() if k != "max_split_size"), s
+        assert s["max_split_size"] == -1
+        for fn in (torch.cuda.memory_allocated, torch.cuda.memory_reserved,
+                   torch.cuda.max_memory_allocated, torch.cuda.max_memory_reserved):
+            assert fn(0) == 0 and fn() == 0 and fn("cuda:0") == 0 and fn(torch.device("cuda", 0)) == 0
+        assert torch.cuda.memory_stats() == torch.cuda.memory_stats(torch.device("cuda")) == s
+        nested = torch.cuda.memory_stats_as_nested_dict(0)
+        assert nested["allocated_bytes"]["large_pool"]["peak"] == 0
+        assert nested["oversize_segments"]["freed"] == 0 and nested["num_ooms"] == 0
+        torch.cuda.reset_peak_memory_stats(0)
+        torch.cuda.reset_accumulated_memory_stats(0)
+        torch.cuda.memory.reset_peak_memory_stats()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.reset_max_memory_allocated(0)
+            torch.cuda.reset_max_memory_cached(0)
+            assert torch.cuda.memory_cached(0) == 0 and torch.cuda.max_memory_cached(0) == 0
+        assert sum(issubclass(w.category, FutureWarning) for w in caught) >= 4, caught
+        try:
+            torch.cuda.memory_stats("cpu")
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a CPU device was accepted")
+        torch.cuda.empty_cache()   # through the reset hook once CUDA is up; harmless before
+        cudapool.empty_cache()
+        print(torch.cuda.memory_summary(0))
+        print(torch.cuda.memory_summary(abbreviated=True))
+        print("OK")
+        """
+    )
+    assert "cudapool CUDA memory summary, device ID 0" in out
+    assert "PyTorch CUDA memory summary" not in out
+    assert "Allocated memory" in out and "from large pool" in out
+
+
+# -- enable(): configuration and refusals ---------------------------------------------------
+
+
+def test_enable_twice_is_a_noop():
+    ok(
+        """
+        cudapool.enable()
+        allocator = _torch._state.allocator
+        cudapool.enable()
+        cudapool.enable(**{})
+        assert _torch._state.allocator is allocator and cudapool.enabled()
+        print("OK")
+        """
+    )
+
+
+def test_enable_again_with_the_same_config_is_a_noop_and_a_different_one_is_refused():
+    ok(
+        """
+        cudapool.enable(max_split_size_mb=64)
+        cudapool.enable(max_split_size_mb=64)
+        cudapool.enable(max_split_size_mb="64")        # same effective configuration
+        cudapool.enable()                              # no configuration: no-op
+        try:
+            cudapool.enable(max_split_size_mb=128)
+        except RuntimeError as exc:
+            msg = str(exc)
+            assert "already enabled" in msg and "max_split_size_mb:64" in msg, msg
+            assert "cannot be reconfigured" in msg, msg
+        else:
+            raise AssertionError("reconfigured")
+        assert "max_split_size_mb:64" in _C.device_config()
+        print("OK")
+        """
+    )
+
+
+def test_bad_keyword_is_a_value_error_and_nothing_is_swapped():
+    ok(
+        """
+        try:
+            cudapool.enable(bogus_key=1)
+        except ValueError as exc:
+            assert "bogus_key" in str(exc), exc
+        else:
+            raise AssertionError("accepted bogus_key")
+        assert not cudapool.enabled()
+        assert torch.cuda.memory.memory_stats.__module__ == "torch.cuda.memory"
+        # nothing was swapped: torch still accepts a swap (a second one would be refused)
+        cudapool.enable()
+        assert cudapool.enabled()
+        print("OK")
+        """
+    )
+
+
+def test_bad_value_is_named():
+    ok(
+        """
+        try:
+            cudapool.enable(garbage_collection_threshold=2)
+        except ValueError as exc:
+            assert "garbage_collection_threshold" in str(exc), exc
+        else:
+            raise AssertionError("accepted")
+        assert not cudapool.enabled()
+        print("OK")
+        """
+    )
+
+
+def test_bad_key_in_cudapool_conf_is_a_value_error():
+    ok(
+        """
+        try:
+            cudapool.enable()
+        except ValueError as exc:
+            assert "no_such_key" in str(exc) and "CUDAPOOL_CONF" in str(exc), exc
+        else:
+            raise AssertionError("accepted CUDAPOOL_CONF")
+        assert not cudapool.enabled()
+        print("OK")
+        """,
+        env={"CUDAPOOL_CONF": "max_split_size_mb:64,no_such_key:1"},
+    )
+
+
+def test_keywords_win_over_cudapool_conf_per_key():
+    ok(
+        """
+        # the environment's bad max_split_size_mb is replaced, so it is never parsed
+        cudapool.enable(max_split_size_mb=128)
+        cfg = _C.device_config()
+        assert "max_split_size_mb:128" in cfg and "garbage_collection_threshold:0.5" in cfg, cfg
+        assert "roundup_power2_divisions:[256:1,512:2,>:4]" in cfg, cfg
+        assert _torch.enabled_config() == cfg
+        print("OK")
+        """,
+        env={
+            "CUDAPOOL_CONF": "max_split_size_mb:abc,garbage_collection_threshold:0.5,"
+            "roundup_power2_divisions:[256:1,512:2,>:4]"
+        },
+    )
+
+
+def test_enable_after_cuda_initialised_is_refused_with_advice():
+    ok(
+        """
+        torch.cuda.is_initialized = lambda: True
+        try:
+            cudapool.enable()
+        except RuntimeError as exc:
+            msg = str(exc)
+            assert "before the first CUDA use" in msg, msg
+            assert "top of the script" in msg, msg
+        else:
+            raise AssertionError("enabled after CUDA initialisation")
+        assert not cudapool.enabled()
+        assert torch.cuda.memory.memory_stats.__module__ == "torch.cuda.memory"
+        print("OK")
+        """
+    )
+
+
+def test_torchs_cant_swap_error_becomes_the_same_advice():
+    # Another allocator already installed: torch itself refuses the swap.
+    ok(
+        """
+        other = torch.cuda.memory.CUDAPluggableAllocator(_C.__file__, "cudapool_alloc", "cudapool_free")
+        torch.cuda.memory.change_current_allocator(other)
+        try:
+            cudapool.enable()
+        except RuntimeError as exc:
+            assert "before the first CUDA use" in str(exc), exc
+            assert "Can't swap an already initialized allocator" in str(exc.__cause__), exc.__cause__
+        else:
+            raise AssertionError("swapped over an initialised allocator")
+        assert not cudapool.enabled()
+        print("OK")
+        """
+    )
+
+
+# -- torch-facing paths on simulated devices ------------------------------------------------
+
+SIM_PRELUDE = """
+_C.use_sim_devices(64 * MiB, count=2)
+cudapool.enable()
+lib = ctypes.CDLL(_C.__file__)
+lib.cudapool_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.cudapool_alloc.restype = ctypes.c_void_p
+lib.cudapool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.cudapool_free.restype = None
+lib.cudapool_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+lib.cudapool_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+"""
+
+
+def sim(code: str) -> str:
+    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so."""
+    return SIM_PRELUDE + textwrap.dedent(code)
+
+
+def test_sim_allocations_through_the_entry_points_show_in_torchs_functions():
+    out = ok(
+        sim(
+            """
+        assert _C.using_sim_devices()
+        a = lib.cudapool_alloc(1000, 0, None)
+        b = lib.cudapool_alloc(3 * MiB, 0, None)
+        assert a and b and a % 512 == 0
+        assert _C.device_pools() == [0]
+        s = torch.cuda.memory_stats(0)
+        assert s == cudapool.memory_stats(0)
+        assert s["allocated_bytes.all.current"] == 1024 + 3 * MiB
+        assert s["allocation.small_pool.current"] == 1 and s["allocation.large_pool.current"] == 1
+        assert torch.cuda.memory_allocated(0) == cudapool.memory_allocated(0) == 1024 + 3 * MiB
+        assert torch.cuda.memory_reserved() == 2 * MiB + 20 * MiB
+        assert torch.cuda.memory.memory_stats_as_nested_dict(0)["allocated_bytes"]["all"]["current"] == 1024 + 3 * MiB
+        print(torch.cuda.memory_summary(0))
+        lib.cudapool_free(b, 3 * MiB, 0, None)
+        assert torch.cuda.max_memory_allocated(0) == 1024 + 3 * MiB
+        torch.cuda.reset_peak_memory_stats(0)
+        assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0) == 1024
+        # the second device has its own pool
+        c = lib.cudapool_alloc(5 * MiB, 1, None)
+        assert torch.cuda.memory_allocated("cuda:1") == 5 * MiB
+        assert torch.cuda.memory_allocated(torch.device("cuda", 1)) == 5 * MiB
+        assert torch.cuda.memory_allocated(0) == 1024
+        lib.cudapool_free(c, 5 * MiB, 1, None)
+        # record_stream through the exported hook, then free: reuse waits for stream 7
+        lib.cudapool_record_stream(a, 7)
+        lib.cudapool_free(a, 1000, 0, None)
+        assert torch.cuda.memory_allocated(0) == 0
+        # empty_cache through the reset hook torch calls
+        lib.cudapool_empty_cache()
+        assert torch.cuda.memory_reserved(0) == 0 and cudapool.memory_reserved(1) == 0
+        assert _C.device_check(0) == 0 and _C.device_check(1) == 0
+        print("OK")
+        """
+        )
+    )
+    assert "cudapool CUDA memory summary, device ID 0" in out
+    assert re.search(r"Allocated memory\s+\|\s+3073 KiB", out), out
+
+
+def test_sim_oom_through_the_entry_point_then_a_fitting_allocation():
+    ok(
+        sim(
+            """
+        a = lib.cudapool_alloc(30 * MiB, 0, None)
+        ptr, status, msg = _C.alloc_catching(40 * MiB, 0, 0)
+        assert status == 1 and ptr == 0, (status, msg)     # CP_ERR_OOM
+        assert msg.startswith("CUDA out of memory. Tried to allocate"), msg
+        s = torch.cuda.memory_stats(0)
+        assert s["num_ooms"] == 1 and s["num_alloc_retries"] >= 1, s
+        ptr, status, msg = _C.alloc_catching(20 * MiB, 0, 0)
+        assert status == 0 and ptr != 0 and msg == "", (status, msg)
+        assert torch.cuda.memory_allocated(0) == 50 * MiB
+        lib.cudapool_free(ptr, 20 * MiB, 0, None)
+        lib.cudapool_free(a, 30 * MiB, 0, None)
+        torch.cuda.reset_accumulated_memory_stats(0)
+        assert torch.cuda.memory_stats(0)["num_ooms"] == 0
+        print("OK")
+        """
+        )
+    )
+
+
+def test_sim_memory_fraction_hook_caps_the_pool():
+    ok(
+        sim(
+            """
+        lib.cudapool_set_memory_fraction(0.5, 0)         # what set_per_process_memory_fraction calls
+        ptr, status, msg = _C.alloc_catching(40 * MiB, 0, 0)
+        assert status == 1 and msg.startswith("CUDA out of memory."), (status, msg)
+        ptr, status, msg = _C.alloc_catching(30 * MiB, 0, 0)
+        assert status == 0, msg
+        lib.cudapool_free(ptr, 30 * MiB, 0, None)
+        print("OK")
+        """
+        )
+    )
+
+
+# -- the statistics key set equals torch's ---------------------------------------------------
+
+
+def _brace_expand(pattern: str):
+    parts = re.split(r"\{([^}]*)\}", pattern)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return {"".join(combo) for combo in itertools.product(*choices)}
+
+
+# torch's memory_stats docstring calls the allocation-count family "allocated"; the key torch
+# emits (and its own memory_summary reads) is "allocation".
+_DOC_MISNAMED_FAMILIES = {"allocated": "allocation"}
+# Documented, but nested by MemPool id: flattened, it contributes one key per private pool,
+# and none while no private pool exists (cudapool has none).
+_DOC_PER_PRIVATE_POOL = {"reserved_bytes_by_private_pools"}
+
+
+_KEY_PATTERN = re.compile(r"^[a-z][a-z_]*(\.(\{[a-z_,]+\}|[a-z_]+))*$")
+
+
+def documented_torch_stat_keys():
+    """The flat keys torch.cuda.memory_stats() documents, read from the installed torch's
+    docstring: every ``"quoted"`` key pattern, braces expanded. For torch 2.14 that is the nine
+    families allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
+    active_bytes, inactive_split_bytes, requested_bytes, each .{all,large_pool,small_pool}
+    .{current,peak,allocated,freed}; oversize_allocations.* and oversize_segments.*
+    (current, peak, allocated, freed); the counters num_alloc_retries, num_ooms,
+    num_sync_all_streams, num_device_alloc, num_device_free, num_oom_rejections; and
+    max_split_size. cudapool must have each of them."""
+    doc = torch.cuda.memory.memory_stats.__doc__ or ""
+    keys = set()
+    for pattern in re.findall(r'``"([^"`]+)"``', doc):
+        if not _KEY_PATTERN.match(pattern):  # e.g. ``"_"``, ``"0_1"``: prose, not keys
+            continue
+        for key in _brace_expand(pattern):
+            head, dot, rest = key.partition(".")
+            head = _DOC_MISNAMED_FAMILIES.get(head, head)
+            if head in _DOC_PER_PRIVATE_POOL:
+                continue
+            keys.add(head + dot + rest)
+    return keys
+
+
+def test_stats_keys_equal_the_keys_torch_documents():
+    documented = documented_torch_stat_keys()
+    assert len(documented) >= 9 * 3 * 4 + 2 * 4 + 5 + 1, sorted(documented)
+    ours_c = set(_C.device_stats(0))
+    filled = set(_torch._EXTRA_STATS)  # keys torch has for policies cudapool lacks (always 0)
+    assert ours_c | filled == documented, (
+        f"missing: {sorted(documented - ours_c - filled)}, extra: {sorted((ours_c | filled) - documented)}"
+    )
+    assert set(cudapool.memory_stats(0)) == documented
+    assert all(cudapool.memory_stats(0)[k] == 0 for k in filled)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_stats_keys_equal_the_builtin_allocators_on_a_gpu():
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import torch; x = torch.empty(1 << 20, device='cuda'); print(sorted(torch.cuda.memory_stats()))"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, env={k: v for k, v in os.environ.items() if k != "CUDAPOOL_CONF"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    builtin = set(eval(proc.stdout.strip()))
+    assert set(cudapool.memory_stats(0)) == builtin, (
+        f"missing: {sorted(builtin - set(cudapool.memory_stats(0)))}, "
+        f"extra: {sorted(set(cudapool.memory_stats(0)) - builtin)}"
+    )
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_tensors_are_served_by_the_pool():
+    out = ok(
+        """
+        cudapool.enable()
+        x = torch.ones(1 << 20, device="cuda")                       # 4 MiB
+        assert float(x.sum()) == float(1 << 20)
+        s = torch.cuda.memory_stats()
+        assert s == cudapool.memory_stats() and s["allocated_bytes.all.current"] >= 4 * MiB, s
+        assert torch.cuda.memory_allocated() >= 4 * MiB
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            y = x * 2
+        x.record_stream(side)
+        del x
+        torch.cuda.synchronize()
+        del y
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_allocated() == 0
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        except RuntimeError as exc:
+            assert "CUDA out of memory. Tried to allocate" in str(exc), exc
+        else:
+            raise AssertionError("a petabyte was allocated")
+        assert torch.cuda.memory_stats()["num_ooms"] == 1
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        z = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        print(torch.cuda.memory_summary())
+        assert _C.device_check(torch.cuda.current_device()) == 0
+        print("OK")
+        """
+    )
+    assert "cudapool CUDA memory summary" in out
