@@ -184,4 +184,56 @@ int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size)
  * NULL, each violation is described there, one per line. */
 size_t cp_pool_check(cp_pool_t *pool, FILE *out);
 
+/* Bytes allocated to live blocks and reserved from the backend, now (cheap). */
+void cp_pool_usage(cp_pool_t *pool, size_t *out_allocated, size_t *out_reserved);
+
+/* ------------------------------------------------------------------------------------------
+ * Replay of allocation traces (replay.c)
+ * ---------------------------------------------------------------------------------------- */
+
+enum { CP_TRACE_ALLOC = 0, CP_TRACE_FREE = 1 };
+
+/* One event of a trace, 40 bytes, little-endian on disk (python/cudapool/trace.py). */
+typedef struct cp_trace_event_s {
+  uint8_t action;   /* CP_TRACE_ALLOC or CP_TRACE_FREE */
+  uint8_t pad[3];
+  int32_t device;
+  uint64_t id;      /* names one allocation from alloc to free */
+  uint64_t size;    /* requested bytes */
+  uint64_t stream;
+  int64_t time_ns;  /* -1 when unknown */
+} cp_trace_event_t;
+
+typedef struct cp_replay_result_s {
+  uint64_t events;          /* events fed */
+  uint64_t allocs;          /* allocations made */
+  uint64_t frees;           /* frees made */
+  uint64_t skipped;         /* other devices' events, size-0 allocations, and their frees */
+  uint64_t bad_events;      /* frees of unknown ids, allocations of live ids */
+  size_t peak_allocated;    /* bytes in live blocks (rounded sizes) */
+  size_t peak_requested;    /* bytes the trace asked for, live at once */
+  size_t peak_reserved;
+  size_t cached_free_at_peak;  /* at the peak of reserved: bytes cached but free */
+  size_t largest_free_at_peak; /*   and the largest free block */
+  uint64_t device_allocs;   /* backend reserves and releases during the replay */
+  uint64_t device_frees;
+  int oom;                  /* 1 when an allocation failed; the replay stops there */
+  uint64_t oom_event;       /* its index */
+  uint64_t oom_size;
+  uint64_t ns;              /* host time spent in cp_replay_feed */
+} cp_replay_result_t;
+
+typedef struct cp_replay_s cp_replay_t;
+
+/* Replay the events of `device` (-1: all devices) into `pool`. */
+int cp_replay_create(cp_pool_t *pool, int device, cp_replay_t **out_replay);
+/* Feed the next `n` events. Returns CP_ERR_OOM at the first allocation that fails (the
+ * result says where; later feeds do nothing), CP_OK otherwise. */
+int cp_replay_feed(cp_replay_t *replay, const cp_trace_event_t *events, size_t n);
+void cp_replay_result(const cp_replay_t *replay, cp_replay_result_t *out);
+/* The highest allocated and reserved bytes since the previous call (for curves). */
+void cp_replay_window(cp_replay_t *replay, size_t *out_max_allocated, size_t *out_max_reserved);
+/* Free every allocation still live, then the replay itself (not the pool). */
+void cp_replay_destroy(cp_replay_t *replay);
+
 #endif /* CP_H */

@@ -712,6 +712,13 @@ int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size)
   return n;
 }
 
+void cp_pool_usage(cp_pool_t *pool, size_t *out_allocated, size_t *out_reserved) {
+  pthread_mutex_lock(&pool->lock);
+  *out_allocated = (size_t)pool->stats.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current;
+  *out_reserved = cp_reserved_locked(pool);
+  pthread_mutex_unlock(&pool->lock);
+}
+
 size_t cp_pool_check(cp_pool_t *pool, FILE *out) {
   pthread_mutex_lock(&pool->lock);
   size_t v = cp_check_locked(pool, out);

@@ -194,6 +194,7 @@ typedef struct sim_pool_object_s {
   cp_sim_t *sim;   /* NULL once closed */
   cp_pool_t *pool; /* NULL once closed; destroyed before sim */
   size_t capacity;
+  cp_replay_t *replay; /* the replay under way, or NULL; destroyed before pool */
 } SimPoolObject;
 
 static const char *const stat_metric_names[4] = {"current", "peak", "allocated", "freed"};
@@ -216,6 +217,10 @@ static int sim_pool_check_open(SimPoolObject *self) {
   if (sim_pool_check_open(self) < 0) return NULL
 
 static void sim_pool_close_impl(SimPoolObject *self) {
+  if (self->replay != NULL) {
+    cp_replay_destroy(self->replay);
+    self->replay = NULL;
+  }
   if (self->pool != NULL) {
     cp_pool_destroy(self->pool);
     self->pool = NULL;
@@ -525,6 +530,98 @@ static PyObject *SimPool_config(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   return config_to_str(&cfg);
 }
 
+/* ---- replay of traces ---- */
+
+static PyObject *SimPool_replay_start(PyObject *op, PyObject *args) {
+  SIM_POOL_OPEN(op, self);
+  int device = -1;
+  if (!PyArg_ParseTuple(args, "|i:replay_start", &device)) return NULL;
+  if (self->replay != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "a replay is already under way on this pool");
+    return NULL;
+  }
+  cp_clear_error();
+  int rc = cp_replay_create(self->pool, device, &self->replay);
+  if (rc != CP_OK) return raise_status(sim_pool_state(op), rc);
+  Py_RETURN_NONE;
+}
+
+static int sim_pool_replay_check(SimPoolObject *self) {
+  if (sim_pool_check_open(self) < 0) return -1;
+  if (self->replay == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "no replay under way (call replay_start first)");
+    return -1;
+  }
+  return 0;
+}
+
+/* replay_feed(buffer, start=0, count=-1) -> bool: events [start, start + count) of a buffer
+ * of 40-byte records. False once an allocation failed (see replay_result). */
+static PyObject *SimPool_replay_feed(PyObject *op, PyObject *args) {
+  SimPoolObject *self = (SimPoolObject *)op;
+  if (sim_pool_replay_check(self) < 0) return NULL;
+  Py_buffer view;
+  Py_ssize_t start = 0, count = -1;
+  if (!PyArg_ParseTuple(args, "y*|nn:replay_feed", &view, &start, &count)) return NULL;
+  const Py_ssize_t rec = (Py_ssize_t)sizeof(cp_trace_event_t);
+  Py_ssize_t total = view.len / rec;
+  if (view.len % rec != 0 || start < 0 || start > total || count < -1) {
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_ValueError, "replay_feed: bad range (buffer of %zd bytes, records of %zd, start %zd, count %zd)",
+                 view.len, rec, start, count);
+    return NULL;
+  }
+  if (count == -1 || count > total - start) count = total - start;
+  /* The records may sit at any address in the buffer: copy through an aligned chunk. */
+  enum { CHUNK = 4096 };
+  cp_trace_event_t chunk[CHUNK];
+  int rc = CP_OK;
+  const char *base = (const char *)view.buf + start * rec;
+  for (Py_ssize_t done = 0; done < count && rc == CP_OK; done += CHUNK) {
+    Py_ssize_t k = count - done < CHUNK ? count - done : CHUNK;
+    memcpy(chunk, base + done * rec, (size_t)(k * rec));
+    cp_clear_error();
+    rc = cp_replay_feed(self->replay, chunk, (size_t)k);
+  }
+  PyBuffer_Release(&view);
+  if (rc == CP_ERR_OOM) Py_RETURN_FALSE;
+  if (rc != CP_OK) return raise_status(sim_pool_state(op), rc);
+  Py_RETURN_TRUE;
+}
+
+static PyObject *SimPool_replay_result(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SimPoolObject *self = (SimPoolObject *)op;
+  if (sim_pool_replay_check(self) < 0) return NULL;
+  cp_replay_result_t r;
+  cp_replay_result(self->replay, &r);
+  return Py_BuildValue(
+      "{s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:O,s:K,s:K,s:K}", "events", (unsigned long long)r.events,
+      "allocs", (unsigned long long)r.allocs, "frees", (unsigned long long)r.frees, "skipped",
+      (unsigned long long)r.skipped, "bad_events", (unsigned long long)r.bad_events, "peak_allocated",
+      (Py_ssize_t)r.peak_allocated, "peak_requested", (Py_ssize_t)r.peak_requested, "peak_reserved",
+      (Py_ssize_t)r.peak_reserved, "cached_free_at_peak", (Py_ssize_t)r.cached_free_at_peak, "largest_free_at_peak",
+      (Py_ssize_t)r.largest_free_at_peak, "device_allocs", (unsigned long long)r.device_allocs, "device_frees",
+      (unsigned long long)r.device_frees, "oom", r.oom ? Py_True : Py_False, "oom_event",
+      (unsigned long long)r.oom_event, "oom_size", (unsigned long long)r.oom_size, "ns", (unsigned long long)r.ns);
+}
+
+static PyObject *SimPool_replay_window(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SimPoolObject *self = (SimPoolObject *)op;
+  if (sim_pool_replay_check(self) < 0) return NULL;
+  size_t a, r;
+  cp_replay_window(self->replay, &a, &r);
+  return Py_BuildValue("(nn)", (Py_ssize_t)a, (Py_ssize_t)r);
+}
+
+/* End the replay: every allocation still live is freed. */
+static PyObject *SimPool_replay_stop(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SimPoolObject *self = (SimPoolObject *)op;
+  if (sim_pool_replay_check(self) < 0) return NULL;
+  cp_replay_destroy(self->replay);
+  self->replay = NULL;
+  Py_RETURN_NONE;
+}
+
 static PyObject *SimPool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   SIM_POOL_OPEN(op, self);
   PyObject *d = PyDict_New();
@@ -643,6 +740,15 @@ static PyMethodDef SimPool_methods[] = {
      "Reservations live on the simulated device."},
     {"sim_live_events", SimPool_sim_live_events, METH_NOARGS,
      "Events live on the simulated device."},
+    {"replay_start", SimPool_replay_start, METH_VARARGS,
+     "replay_start(device=-1)\n\nBegin replaying a trace into this pool (device -1: all)."},
+    {"replay_feed", SimPool_replay_feed, METH_VARARGS,
+     "replay_feed(buffer, start=0, count=-1) -> bool\n\nReplay 40-byte trace records; False once "
+     "an allocation failed."},
+    {"replay_result", SimPool_replay_result, METH_NOARGS, "The replay's figures so far (dict)."},
+    {"replay_window", SimPool_replay_window, METH_NOARGS,
+     "(max allocated, max reserved) since the previous call."},
+    {"replay_stop", SimPool_replay_stop, METH_NOARGS, "End the replay, freeing what is still live."},
     {"close", SimPool_close, METH_NOARGS,
      "Destroy the pool, then the device. Idempotent."},
     {NULL, NULL, 0, NULL},
