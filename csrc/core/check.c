@@ -110,6 +110,16 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   }
   if (nseg != pool->segment_count) CP_VIOLATION("segments: %zu in the list, count says %zu", nseg, pool->segment_count);
 
+  /* The free-segment list holds exactly the wholly free segments. */
+  size_t wholly_free = 0, listed = 0;
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+    bool is_free = seg->head != NULL && cp_segment_is_free(seg);
+    wholly_free += is_free;
+    if (is_free != seg->in_free_list) CP_VIOLATION("segment %#lx: %s but %s the free-segment list", (unsigned long)seg->addr, is_free ? "wholly free" : "in use", seg->in_free_list ? "on" : "not on");
+  }
+  for (cp_segment_t *seg = pool->free_segments_head; seg != NULL && listed <= nseg; seg = seg->free_next) listed++;
+  if (listed != wholly_free || pool->free_segment_count != wholly_free) CP_VIOLATION("free-segment list: %zu listed, count says %zu, %zu segments are wholly free", listed, pool->free_segment_count, wholly_free);
+
   /* Index <=> free blocks: each free block is in its index (above), and the indexes hold no
    * more nodes than there are free blocks. */
   size_t index_nodes[CP_KIND_COUNT] = {0};

@@ -246,6 +246,7 @@ typedef enum key_id_e {
   KEY_ROUND_LARGE_MB,
   KEY_MEMORY_CAP_MB,
   KEY_MEMORY_FRACTION,
+  KEY_RELEASE_BEFORE_GROW,
   KEY_COUNT
 } key_id_t;
 
@@ -254,7 +255,7 @@ static const char *const key_names[KEY_COUNT] = {
     "garbage_collection_threshold", "expandable_segments", "granule_bytes",
     "small_size_mb",      "small_segment_mb",          "large_segment_mb",
     "min_large_alloc_mb", "round_large_mb",            "memory_cap_mb",
-    "memory_fraction",
+    "memory_fraction",    "release_before_grow",
 };
 
 /* Set the "bad value" error for `key`/`value` with a reason. */
@@ -422,6 +423,16 @@ static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
       return apply_size(key, value, MIB_SHIFT, &cfg->memory_cap);
     case KEY_MEMORY_FRACTION:
       return apply_fraction(key, value, 1, &cfg->memory_fraction);
+    case KEY_RELEASE_BEFORE_GROW:
+      if (span_eq(value, "True") || span_eq(value, "true") || span_eq(value, "1")) {
+        cfg->release_before_grow = 1;
+        return CP_OK;
+      }
+      if (span_eq(value, "False") || span_eq(value, "false") || span_eq(value, "0")) {
+        cfg->release_before_grow = 0;
+        return CP_OK;
+      }
+      return bad_value(key, value, "expected True or False");
     case KEY_COUNT:
     default:
       break;
@@ -671,6 +682,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     out_printf(&o, ">:%u]", d[CP_ROUNDUP_INTERVALS - 1]);
   }
 
+  out_printf(&o, ",release_before_grow:%s", cfg->release_before_grow ? "True" : "False");
   format_mib(cfg->memory_cap, num, sizeof num);
   out_printf(&o, ",memory_cap_mb:%s", num);
   /* 0 means off/unset and is not a valid value for these keys: omit them then. */

@@ -35,6 +35,7 @@ typedef struct cp_config_s {
   unsigned roundup_power2_divisions[CP_ROUNDUP_INTERVALS]; /* 0 or 1 = plain granule rounding */
   /* Growth. */
   double garbage_collection_threshold; /* 0 = off, else in (0, 1): fraction of the cap */
+  int release_before_grow;             /* 1: give back wholly free segments before reserving */
   size_t memory_cap;                   /* bytes, 0 = none */
   double memory_fraction;              /* 0 = unset, else (0, 1]: cap = fraction * device total */
 } cp_config_t;
@@ -48,7 +49,7 @@ void cp_config_default(cp_config_t *cfg);
  *   max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions (N or
  *   [SIZE_MB:N,...,>:N]), garbage_collection_threshold, expandable_segments (False only),
  *   granule_bytes, small_size_mb, small_segment_mb, large_segment_mb, min_large_alloc_mb,
- *   round_large_mb, memory_cap_mb, memory_fraction.
+ *   round_large_mb, release_before_grow (True/False), memory_cap_mb, memory_fraction.
  * NULL or "" is a no-op. */
 int cp_config_parse(cp_config_t *cfg, const char *text);
 

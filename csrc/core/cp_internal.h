@@ -52,6 +52,9 @@ struct cp_segment_s {
   cp_block_t *head;     /* lowest-address block */
   cp_segment_t *prev;   /* pool's segment list */
   cp_segment_t *next;
+  cp_segment_t *free_prev; /* the pool's list of wholly free segments, while this one is */
+  cp_segment_t *free_next;
+  bool in_free_list;
 };
 
 static inline bool cp_block_is_split(const cp_block_t *b) { return b->prev != NULL || b->next != NULL; }
@@ -219,6 +222,9 @@ struct cp_pool_s {
 
   cp_segment_t *segments;  /* every segment held, most recent first */
   size_t segment_count;
+  cp_segment_t *free_segments_head; /* wholly free segments, in the order they became so */
+  cp_segment_t *free_segments_tail;
+  size_t free_segment_count;
 
   cp_block_t *spare_blocks; /* unused block nodes, linked through `left` */
   cp_block_slab_t *slabs;

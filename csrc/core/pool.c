@@ -84,12 +84,36 @@ static void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) {
 /* Index insert/remove that keep the inactive_split stats: a FREE block counts there when it
  * is only part of its segment. A block's split-ness changes only while it is out of the
  * index, so counting at these two points is exact. */
+/* The list of wholly free segments: a segment is on it exactly while its one block is FREE
+ * and in the index, so giving back cached memory never walks the segments in use. */
+static void cp_free_segment_push_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  seg->free_next = NULL;
+  seg->free_prev = pool->free_segments_tail;
+  if (pool->free_segments_tail != NULL) pool->free_segments_tail->free_next = seg;
+  else pool->free_segments_head = seg;
+  pool->free_segments_tail = seg;
+  seg->in_free_list = true;
+  pool->free_segment_count++;
+}
+
+static void cp_free_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  if (seg->free_prev != NULL) seg->free_prev->free_next = seg->free_next;
+  else pool->free_segments_head = seg->free_next;
+  if (seg->free_next != NULL) seg->free_next->free_prev = seg->free_prev;
+  else pool->free_segments_tail = seg->free_prev;
+  seg->free_prev = seg->free_next = NULL;
+  seg->in_free_list = false;
+  pool->free_segment_count--;
+}
+
 static void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_segment_t *seg = b->segment;
   cp_index_insert(&seg->stream->index[seg->kind], b);
   if (cp_block_is_split(b)) {
     cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT, seg->kind, 1);
     cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, seg->kind, b->size);
+  } else {
+    cp_free_segment_push_locked(pool, seg);
   }
 }
 
@@ -97,6 +121,8 @@ static void cp_free_removed_locked(cp_pool_t *pool, cp_block_t *b) {
   if (cp_block_is_split(b)) {
     cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT, b->segment->kind, 1);
     cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, b->segment->kind, b->size);
+  } else {
+    cp_free_segment_unlink_locked(pool, b->segment);
   }
 }
 
@@ -220,12 +246,9 @@ static void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
  * (0 = all). They are chained through `next` into *out_list; stats already exclude them. */
 static size_t cp_detach_free_segments_locked(cp_pool_t *pool, size_t want_bytes, cp_segment_t **out_list) {
   size_t bytes = 0;
-  cp_segment_t *oldest = pool->segments;
-  while (oldest != NULL && oldest->next != NULL) oldest = oldest->next;
-  for (cp_segment_t *seg = oldest, *prev; seg != NULL; seg = prev) {
-    prev = seg->prev;
-    if (!cp_segment_is_free(seg)) continue;
-    cp_free_remove_locked(pool, seg->head);
+  while (pool->free_segments_head != NULL) {
+    cp_segment_t *seg = pool->free_segments_head; /* the one free the longest */
+    cp_free_remove_locked(pool, seg->head);       /* also takes it off the free list */
     cp_segment_unlink_locked(pool, seg);
     seg->next = *out_list;
     *out_list = seg;
@@ -346,8 +369,16 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   return CP_OK;
 }
 
-/* Before growing past garbage_collection_threshold of the limit, give back free segments. */
+/* Before growing: with release_before_grow, give back every wholly free segment (none of
+ * them could serve this request: the index was searched); else, past
+ * garbage_collection_threshold of the limit, give back free segments until under it. */
 static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
+  if (pool->cfg.release_before_grow) {
+    cp_segment_t *list = NULL;
+    cp_detach_free_segments_locked(pool, 0, &list);
+    cp_release_segments_locked(pool, list);
+    return;
+  }
   double threshold = pool->cfg.garbage_collection_threshold;
   size_t limit = pool->cap_bytes != 0 ? pool->cap_bytes : pool->device_total;
   if (threshold <= 0 || limit == 0) return;

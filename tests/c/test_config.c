@@ -292,7 +292,7 @@ TEST(whitespace_and_combined) {
 TEST(errors_keys_and_syntax) {
   cp_config_t base = base_config();
   EXPECT_FAIL(&base, "max_splt_size_mb:64", "unknown key 'max_splt_size_mb' (known: max_split_size_mb, ",
-              "memory_fraction)");
+              "memory_fraction, release_before_grow)");
   EXPECT_FAIL(&base, "Max_Split_Size_MB:64", "unknown key 'Max_Split_Size_MB'", NULL);
   EXPECT_FAIL(&base, "backend:cudaMallocAsync", "unknown key 'backend'", NULL);
   /* An error after valid keys: nothing of them is applied. */
@@ -458,7 +458,7 @@ TEST(validate_direct) {
 static const char *const DEFAULT_FORMAT =
     "granule_bytes:512,small_size_mb:1,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
     "round_large_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
-    "memory_cap_mb:0";
+    "release_before_grow:False,memory_cap_mb:0";
 
 TEST(format_defaults) {
   cp_config_t cfg;
@@ -490,8 +490,8 @@ TEST(format_values) {
   const char *want =
       "granule_bytes:512,small_size_mb:0.5,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
       "round_large_mb:2,max_split_size_mb:64,max_non_split_rounding_mb:20,"
-      "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],memory_cap_mb:0.00000095367431640625,"
-      "garbage_collection_threshold:0.6,memory_fraction:0.8";
+      "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],release_before_grow:False,"
+      "memory_cap_mb:0.00000095367431640625,garbage_collection_threshold:0.6,memory_fraction:0.8";
   CHECK(strcmp(buf, want) == 0);
   if (strcmp(buf, want) != 0) fprintf(stderr, "  got:  %s\n  want: %s\n", buf, want);
 
@@ -688,6 +688,17 @@ TEST(round_size_divisions) {
   }
 }
 
+TEST(release_before_grow_key) {
+  cp_config_t cfg;
+  PARSE_OK(cfg, "release_before_grow:True");
+  CHECK(cfg.release_before_grow == 1);
+  PARSE_OK(cfg, "release_before_grow:0");
+  CHECK(cfg.release_before_grow == 0);
+  cp_config_t base;
+  cp_config_default(&base);
+  EXPECT_FAIL(&base, "release_before_grow:maybe", "release_before_grow", "True or False");
+}
+
 TEST(from_env) {
   cp_config_t cfg, def;
   cp_config_default(&def);
@@ -725,6 +736,7 @@ int main(void) {
   RUN(round_trip);
   RUN(round_size_defaults);
   RUN(round_size_divisions);
+  RUN(release_before_grow_key);
   RUN(from_env);
   return check_summary("test_config");
 }

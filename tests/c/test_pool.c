@@ -380,6 +380,30 @@ TEST(garbage_collection_threshold) {
   fx_close(&fx);
 }
 
+TEST(release_before_grow) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, "release_before_grow:True") == 0);
+  void *a = must_alloc(&fx, 30 * MiB, 0);
+  void *keep = must_alloc(&fx, 4096, 0);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK_EQ_U(CUR(stats_of(&fx), RESERVED_BYTES, ALL), 30 * MiB + 2 * MiB); /* cached */
+  void *b = must_alloc(&fx, 12 * MiB, 1); /* another stream: a's free segment goes first */
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_free, 1);
+  CHECK_EQ_U(s.num_alloc_retries, 0);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 12 * MiB + 2 * MiB); /* the live small one stays */
+  void *c = must_alloc(&fx, 4 * MiB, 1); /* a 20 MiB segment; nothing to give back */
+  CHECK_EQ_U(stats_of(&fx).num_device_free, 1);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  void *d = must_alloc(&fx, 10 * MiB, 1); /* best fit: b's 12, not c's 16 MiB rest */
+  CHECK(d == b);
+  CHECK_EQ_U(stats_of(&fx).num_device_free, 1);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  CHECK(cp_free(fx.pool, d) == CP_OK);
+  CHECK(cp_free(fx.pool, keep) == CP_OK);
+  fx_close(&fx);
+}
+
 TEST(live_ranges_never_overlap) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 512 * MiB, NULL) == 0);
@@ -644,6 +668,7 @@ int main(void) {
   RUN(memory_cap_and_fraction);
   RUN(empty_cache_returns_free_segments_only);
   RUN(garbage_collection_threshold);
+  RUN(release_before_grow);
   RUN(live_ranges_never_overlap);
   RUN(blocks_stay_on_their_stream);
   RUN(record_stream_waits_for_event);
