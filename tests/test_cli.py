@@ -67,7 +67,8 @@ def test_info_prints_version_configuration_and_driver_status():
 def test_info_with_defaults_never_initialises_cuda():
     proc = cli("info")
     assert proc.returncode == 0, proc.stderr
-    assert "configuration (defaults):" in proc.stdout
+    assert "configuration (the default policy):" in proc.stdout
+    assert "release_before_grow:True" in proc.stdout  # the cudapool policy
 
 
 def test_info_with_a_bad_key_names_it_and_exits_2():

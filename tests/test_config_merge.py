@@ -63,3 +63,22 @@ def test_sim_config_string_is_the_shared_helper():
     )
     with pytest.raises(ValueError, match="invalid config option 'nope' = 1"):
         config_string({"nope": 1})
+
+
+def test_policies_go_under_the_environment_and_the_keywords():
+    from cudapool import _config, policies
+
+    default = _config.effective(_config.resolve({}, env={}, use_policy=True))
+    assert default == _config.effective(policies.config_for("cudapool"))
+    assert "release_before_grow:True" in default
+    builtin = _config.effective(_config.resolve({"policy": "builtin"}, env={}, use_policy=True))
+    assert builtin == _config.effective("")  # the built-in allocator's rules are the C defaults
+    from_env = _config.resolve({}, env={"CUDAPOOL_CONF": "policy:builtin,max_split_size_mb:64"}, use_policy=True)
+    assert "release_before_grow" not in from_env and "max_split_size_mb:64" in from_env
+    # a keyword wins over the policy's entry of the same key
+    text = _config.resolve({"max_split_size_mb": 256}, env={}, use_policy=True)
+    assert "max_split_size_mb:256" in _config.effective(text)
+    with pytest.raises(ValueError, match="no_such_policy"):
+        _config.resolve({"policy": "no_such_policy"}, env={}, use_policy=True)
+    with pytest.raises(ValueError, match="from CUDAPOOL_CONF"):
+        _config.resolve({}, env={"CUDAPOOL_CONF": "policy:nope"}, use_policy=True)

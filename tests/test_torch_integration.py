@@ -209,7 +209,7 @@ def test_torch_statistics_answer_from_the_pool_after_enable():
         assert s == cudapool.memory_stats(0) and len(s) > 50
         assert list(s) == sorted(s)
         assert all(v == 0 for k, v in s.items() if k != "max_split_size"), s
-        assert s["max_split_size"] == -1
+        assert s["max_split_size"] == 128 << 20  # the cudapool policy
         for fn in (torch.cuda.memory_allocated, torch.cuda.memory_reserved,
                    torch.cuda.max_memory_allocated, torch.cuda.max_memory_reserved):
             assert fn(0) == 0 and fn() == 0 and fn("cuda:0") == 0 and fn(torch.device("cuda", 0)) == 0

@@ -1,13 +1,19 @@
-"""The command line: ``python -m cudapool run SCRIPT [ARGS...]`` and ``python -m cudapool info``.
+"""The command line: ``python -m cudapool run SCRIPT [ARGS...]``, ``python -m cudapool info``
+and ``python -m cudapool replay TRACE``.
 
 run   enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as __main__ with ARGS,
       then print the memory summary of every device that has a pool to stderr. The exit
       status is the script's.
 info  what cudapool would run with here: its version and configuration, torch, the CUDA
       driver, and the allocator hooks this torch offers. Never initialises CUDA.
+replay
+      replay an allocation trace (.cptrace, or a torch memory snapshot pickle) through the
+      pool on a simulated device and report peak memory, utilization, fragmentation and
+      speed (see cudapool.replay). Errors in the input exit with status 2.
 """
 
 import argparse
+import json
 import os
 import runpy
 import sys
@@ -98,8 +104,8 @@ def cmd_info() -> int:
     env_text = os.environ.get(_config.ENV_VAR)
     status = 0
     try:
-        effective = _config.effective(_config.resolve({}))
-        source = f"{_config.ENV_VAR}={env_text!r}" if env_text else "defaults"
+        effective = _config.effective(_config.resolve({}, use_policy=True))
+        source = f"{_config.ENV_VAR}={env_text!r}" if env_text else "the default policy"
         print(f"configuration ({source}): {effective}")
     except ValueError as exc:
         print(f"configuration: INVALID: {exc}")
@@ -136,6 +142,60 @@ def cmd_info() -> int:
     return status
 
 
+def cmd_replay(ns: argparse.Namespace) -> int:
+    import pickle
+
+    from cudapool import replay as rp
+    from cudapool.trace import load
+
+    path = ns.trace
+    if not os.path.isfile(path):
+        _err(f"cannot replay {path!r}: no such file")
+        return EXIT_USAGE
+    try:
+        capacity = rp.parse_size(ns.capacity) if ns.capacity is not None else None
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"capacity must be positive, not {ns.capacity!r}")
+        rp.config_text(ns.policy, ns.config)  # an unknown policy or a bad config: before loading
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    try:
+        trace = load(path)
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        message = str(exc)
+        _err(f"cannot read {message}" if message.startswith(path) else f"cannot read {path}: {message}")
+        return EXIT_USAGE
+    try:
+        result = rp.replay(
+            trace,
+            policy=ns.policy,
+            config=ns.config,
+            capacity=capacity,
+            device=ns.device,
+            progress=not ns.no_progress,
+        )
+    except ValueError as exc:  # a device the trace does not have
+        _err(str(exc))
+        return EXIT_USAGE
+    except rp.ReplayError as exc:
+        _err(str(exc))
+        return 1
+    if ns.json == "-":
+        print(json.dumps(result, indent=1))
+        return 0
+    sys.stdout.write(rp.format_report(result, title=f"{'trace':<16}{path}"))
+    if ns.json:
+        try:
+            with open(ns.json, "w") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+        except OSError as exc:
+            _err(f"cannot write {ns.json!r}: {exc}")
+            return EXIT_USAGE
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cudapool",
@@ -158,6 +218,34 @@ def build_parser() -> argparse.ArgumentParser:
         "version and build, the CUDA driver and devices, and the pluggable allocator hooks "
         "torch offers. Never initialises CUDA.",
     )
+    from cudapool.policies import DEFAULT_POLICY, POLICIES
+
+    replay = commands.add_parser(
+        "replay",
+        help="replay an allocation trace on a simulated device and report memory and speed",
+        description="Replay TRACE (a .cptrace file, or a torch memory snapshot pickle from "
+        "torch.cuda.memory._dump_snapshot) through cudapool's pool on a simulated device, on "
+        "the CPU, and report peak allocated and reserved memory, utilization, fragmentation, "
+        "device allocations, speed, and where it ran out of memory if it did. A trace with "
+        "several devices is replayed one pool per device.",
+    )
+    replay.add_argument("trace", metavar="TRACE", help="the trace file")
+    replay.add_argument(
+        "--policy",
+        default=DEFAULT_POLICY,
+        help=f"allocation policy: {', '.join(sorted(POLICIES))} (default: {DEFAULT_POLICY}); "
+        "'builtin' follows PyTorch's built-in caching allocator",
+    )
+    replay.add_argument(
+        "--capacity",
+        metavar="BYTES",
+        help="device memory: bytes or with a unit, e.g. 80GB (10^9), 16GiB (2^30), 512MiB "
+        "(default: unlimited)",
+    )
+    replay.add_argument("--config", metavar="STR", help="configuration on top of the policy's: 'key:value,...'")
+    replay.add_argument("--device", type=int, metavar="N", help="replay only device N's events")
+    replay.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)")
+    replay.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     return parser
 
 
@@ -168,6 +256,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cmd_run(ns.script, ns.args)
     if ns.command == "info":
         return cmd_info()
+    if ns.command == "replay":
+        return cmd_replay(ns)
     parser.print_help()
     return 0
 

@@ -11,7 +11,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 
-from . import _C
+from . import _C, policies
 
 #: The environment variable ``cudapool.enable()`` reads its configuration from.
 ENV_VAR = "CUDAPOOL_CONF"
@@ -84,12 +84,27 @@ def entries_from_mapping(config: Mapping[str, Any]) -> "OrderedDict[str, Entry]"
     )
 
 
-def merge(env_text: Optional[str], config: Mapping[str, Any]) -> "OrderedDict[str, Entry]":
+def merge(env_text: Optional[str], config: Mapping[str, Any], use_policy: bool = False) -> "OrderedDict[str, Entry]":
     """CUDAPOOL_CONF's entries with the keyword options on top: a keyword option replaces
-    the environment's entry of the same key."""
-    merged = entries_from_text(env_text or "", ENV_VAR)
-    for key, entry in entries_from_mapping(config).items():
-        merged[key] = entry  # replaces in place, or appends
+    the environment's entry of the same key.
+
+    With ``use_policy``, a named policy's configuration goes underneath both: the one named
+    by a ``policy`` entry (keyword first, then CUDAPOOL_CONF), else the default policy."""
+    env = entries_from_text(env_text or "", ENV_VAR)
+    kwargs = entries_from_mapping(config)
+    merged: "OrderedDict[str, Entry]" = OrderedDict()
+    if use_policy:
+        chosen = kwargs.pop("policy", None) or env.pop("policy", None)
+        name = str(chosen.value) if chosen is not None else policies.DEFAULT_POLICY
+        try:
+            base = policies.config_for(name)
+        except ValueError as exc:
+            where = "" if chosen is None or chosen.source == _FROM_KWARGS else f" (from {chosen.source})"
+            raise ValueError(f"invalid config option 'policy' = {name!r}{where}: {exc}") from None
+        merged.update(entries_from_text(base, f"policy {name}"))
+    for entries in (env, kwargs):
+        for key, entry in entries.items():
+            merged[key] = entry  # a later source wins: replaces in place, or appends
     return merged
 
 
@@ -128,11 +143,11 @@ def config_string(config: Mapping[str, Any]) -> str:
     return check(entries_from_mapping(config))
 
 
-def resolve(config: Mapping[str, Any], env: Optional[Dict[str, str]] = None) -> str:
+def resolve(config: Mapping[str, Any], env: Optional[Dict[str, str]] = None, use_policy: bool = False) -> str:
     """The checked text of CUDAPOOL_CONF (from ``env``, default os.environ) with the keyword
-    options on top."""
+    options on top, over a named policy's configuration when ``use_policy``."""
     environ = os.environ if env is None else env
-    return check(merge(environ.get(ENV_VAR), config))
+    return check(merge(environ.get(ENV_VAR), config, use_policy))
 
 
 def effective(text: str) -> str:

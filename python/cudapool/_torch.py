@@ -104,14 +104,16 @@ def enabled_config() -> Optional[str]:
 def enable(**config: Any) -> None:
     """Make cudapool the CUDA memory allocator of torch in this process.
 
-    The configuration is CUDAPOOL_CONF's, with the keyword arguments on top (a keyword wins
-    over the environment's entry of the same key); it is checked before anything changes
+    The configuration is a named policy's (``policy="cudapool"`` by default, or
+    ``policy="builtin"`` for the built-in allocator's rules; also settable in CUDAPOOL_CONF as
+    ``policy:NAME``), with CUDAPOOL_CONF's entries on top and the keyword arguments on top of
+    those (a keyword wins over the environment's entry of the same key); it is checked before anything changes
     (ValueError naming the bad key). Must run before the first CUDA use: RuntimeError when
     torch has already initialised CUDA. Calling it again is a no-op when no configuration or
     the same configuration is given; a different configuration is a RuntimeError.
     """
     with _lock:
-        text = _config.resolve(config)
+        text = _config.resolve(config, use_policy=True)
         effective = _config.effective(text)
         if enabled():
             if config and effective != _state.config:

@@ -13,7 +13,7 @@ __all__ = ["POLICIES", "DEFAULT_POLICY", "config_for"]
 
 POLICIES: Dict[str, str] = {
     "builtin": "",
-    "cudapool": "",
+    "cudapool": "release_before_grow:True,max_split_size_mb:128",
 }
 
 DEFAULT_POLICY = "cudapool"

@@ -1,0 +1,112 @@
+"""Shared pieces of the workload scripts: making cudapool importable, trace figures, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ensure_cudapool() -> None:
+    """Make ``import cudapool`` work from a source checkout that is not installed."""
+    try:
+        import cudapool.trace  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(ROOT / "python"))
+        import cudapool.trace  # noqa: F401
+
+
+ensure_cudapool()
+
+from cudapool.trace import ALLOC, Trace, save  # noqa: E402
+
+
+def peak_live_bytes(trace: Trace) -> int:
+    """The most bytes live at once over the trace (frees of unknown ids are ignored)."""
+    live: Dict[Tuple[int, int], int] = {}
+    cur = peak = 0
+    for action, ident, size, _stream, device, _t in trace:
+        key = (device, ident)
+        if action == ALLOC:
+            live[key] = size
+            cur += size
+            if cur > peak:
+                peak = cur
+        else:
+            cur -= live.pop(key, 0)
+    return peak
+
+
+def counts(trace: Trace) -> Tuple[int, int]:
+    """(allocations, frees) in the trace."""
+    allocs = sum(1 for e in trace if e[0] == ALLOC)
+    return allocs, len(trace) - allocs
+
+
+def pick(scales: Dict[str, Dict[str, Any]], scale: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings of ``scale`` with the non-None ``overrides`` on top."""
+    if scale not in scales:
+        raise ValueError(f"unknown scale {scale!r} (one of: {', '.join(scales)})")
+    cfg = dict(scales[scale])
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))} (known: {', '.join(cfg)})")
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}"
+    return f"{n} B"
+
+
+def main(
+    name: str,
+    capture: Callable[..., Trace],
+    scales: Dict[str, Dict[str, Any]],
+    doc: Optional[str],
+    argv: Optional[List[str]] = None,
+    torch_device: bool = True,
+) -> int:
+    """Command line of one workload: one flag per setting of its scales, --scale, --seed, --out.
+
+    Prints the event count, allocations and frees, peak live bytes and the capture time.
+    """
+    p = argparse.ArgumentParser(prog=f"{name}.py", description=(doc or "").split("\n\n")[0])
+    p.add_argument("--scale", default="small", choices=list(scales), help="preset (default: small)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="PATH", help="write the trace there (.cptrace)")
+    if torch_device:
+        p.add_argument("--device", choices=["meta", "cpu"], help="run on meta (fast, no math; default) or cpu")
+    sample = scales["small"]
+    for key, value in sample.items():
+        if key == "device":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            p.add_argument(flag, dest=key, type=lambda s: s.lower() in ("1", "true", "yes", "on"), metavar="BOOL")
+        elif isinstance(value, tuple):
+            p.add_argument(flag, dest=key, type=lambda s: tuple(int(x) for x in s.split(",")), metavar="A,B")
+        else:
+            p.add_argument(flag, dest=key, type=type(value))
+    args = p.parse_args(argv)
+    kw = {k: getattr(args, k) for k in sample if getattr(args, k, None) is not None}
+    t0 = time.perf_counter()
+    trace = capture(scale=args.scale, seed=args.seed, **kw)
+    secs = time.perf_counter() - t0
+    allocs, frees = counts(trace)
+    peak = peak_live_bytes(trace)
+    print(f"{name}: scale={args.scale} seed={args.seed} events={len(trace)} allocs={allocs} frees={frees}")
+    print(f"{name}: peak live bytes={peak} ({fmt_bytes(peak)}) capture_s={secs:.2f}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        save(trace, args.out)
+        print(f"{name}: wrote {args.out} ({os.path.getsize(args.out)} bytes)")
+    return 0

@@ -1,0 +1,501 @@
+"""Replay an allocation trace through the real C pool on a simulated device, on a CPU.
+
+    from cudapool.replay import replay
+    result = replay("gpt.cptrace", policy="builtin")
+    print(result["peak_reserved"], result["utilization"])
+
+Every replay runs on a fresh ``_C.SimPool`` whose addresses are never backed by host memory
+(``touch_memory=False``), so a trace of an 80 GB training run replays on a laptop. The
+capacity is 2^50 bytes (no out-of-memory) unless one is given. The events go to the C replay
+in chunks; between chunks Python only updates the progress bar and samples the curve.
+
+What a replay reports (the keys of the returned dict)
+-----------------------------------------------------
+- ``events``: events replayed (for one device of a multi-device trace: that device's);
+  ``allocs``, ``frees``: those that reached the pool; ``skipped``: allocations of size 0
+  and their frees; ``bad_events``: frees of ids never allocated in the trace (a trace that
+  began mid-run, e.g. a torch snapshot whose ring buffer had wrapped) and allocations of ids
+  already live;
+- ``peak_allocated`` (bytes in blocks handed out, after rounding), ``peak_requested`` (bytes
+  asked for), ``peak_reserved`` (bytes reserved from the device), all maxima over the replay;
+- ``utilization`` = peak_allocated / peak_reserved (0 when nothing was reserved);
+- ``fragmentation`` = 1 - largest_free_at_peak / cached_free_at_peak, the free memory's
+  shape at the moment reserved memory peaked (0 when nothing was cached then); with
+  ``cached_free_at_peak`` and ``largest_free_at_peak``;
+- ``device_allocs``, ``device_frees``: segments reserved from and given back to the device;
+- ``ns_per_op``: host nanoseconds per event spent in the C replay (``ns`` in all), and
+  ``events_per_s`` from the same clock; ``wall_s``: the whole call, Python included;
+- ``oom`` (bool), ``oom_event`` (index of the allocation that failed) and ``oom_size``
+  (its bytes), both None without an out-of-memory; the replay stops at the first one;
+- ``builtin_peak_reserved``: the built-in allocator's peak reserved bytes recorded in the
+  trace (a torch snapshot has it), else None;
+- ``policy``, ``config`` (the configuration text given to the pool), ``effective_config``
+  (every key, defaults included), ``capacity``, ``device``;
+- ``curve`` when ``curve_points`` > 0: ``[[event_index, max_allocated, max_reserved], ...]``,
+  about ``curve_points`` windows, each the maxima over the events before ``event_index``
+  since the previous point.
+
+Several devices
+---------------
+A pool serves one device, so a trace with events on several devices is split: each device's
+events are replayed on a pool of their own (``capacity`` each, as every GPU has its own
+memory). With ``device=N`` only that device is replayed and reported. Without it, the result
+holds ``devices``: ``{"0": {...}, "1": {...}}`` (a full report per device, its ``curve``
+indexed by that device's own events), and the top level sums them: events, allocs, frees,
+skipped, bad_events, the peaks (each device's peak, added: what the GPUs together must hold),
+device allocs and frees, ns; utilization and fragmentation are computed from those sums
+(fragmentation is then the cached-bytes-weighted mean of the devices'); ``oom`` is true when
+any device ran out, with ``oom_device``; there is no top-level curve.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import time
+from collections import Counter
+from decimal import Decimal, InvalidOperation
+from typing import Any, Dict, IO, List, Optional, Union
+
+from . import _C, _config, policies
+from .trace import EVENT, Trace, load
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "ReplayError",
+    "config_text",
+    "format_bytes",
+    "format_report",
+    "parse_size",
+    "replay",
+]
+
+#: The simulated device's capacity when none is given: more than any trace asks for.
+DEFAULT_CAPACITY = 1 << 50
+
+#: Events handed to the C replay per call (between two progress updates).
+CHUNK_EVENTS = 256 * 1024
+
+#: Traces shorter than this replay in well under a second: no progress bar for them.
+PROGRESS_MIN_EVENTS = 1_000_000
+
+#: Seconds between two redraws of the progress bar.
+PROGRESS_INTERVAL_S = 0.1
+
+
+class ReplayError(RuntimeError):
+    """The pool's invariant checker found violations after a replay."""
+
+
+# ------------------------------------------------------------------------------------------
+# Sizes
+# ------------------------------------------------------------------------------------------
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 10**3,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: Union[str, int]) -> int:
+    """Bytes from ``"80GB"`` (10^9), ``"16GiB"`` (2^30), ``"512MiB"``, ``"1.5G"`` (a bare
+    K/M/G/T is binary), ``"123"``; case does not matter. A fraction of a byte is dropped.
+    ValueError for anything else."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"negative size {text}")
+        return text
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(
+            f"bad size {text!r} (expected bytes, or a number with a unit: KB/MB/GB/TB "
+            f"for powers of 10, KiB/MiB/GiB/TiB for powers of 2)"
+        )
+    try:
+        value = Decimal(m.group(1)) * _UNITS[unit]
+    except InvalidOperation:
+        raise ValueError(f"bad size {text!r}") from None
+    return int(value)
+
+
+def format_bytes(n: Optional[int]) -> str:
+    """``n`` bytes for people: "512 B", "1.50 KiB", "12.34 GiB"; "-" for None."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------
+
+
+def config_text(policy: str = policies.DEFAULT_POLICY, config: Optional[str] = None) -> str:
+    """The checked configuration text of ``policy`` with ``config`` ("key:value,...") on top,
+    key by key. ValueError for an unknown policy or an invalid entry (named)."""
+    base = policies.config_for(policy)
+    merged = _config.entries_from_text(base, f"policy {policy!r}")
+    for key, entry in _config.entries_from_text(config or "", "config").items():
+        merged[key] = entry
+    return _config.check(merged)
+
+
+# ------------------------------------------------------------------------------------------
+# Progress
+# ------------------------------------------------------------------------------------------
+
+
+def _fmt_count(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}G"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:.0f}"
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+class _ProgressBar:
+    """One line on ``stream``, redrawn in place: bar, percentage, events done, rate, ETA."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, label: str, stream: IO[str]) -> None:
+        self.total = max(total, 1)
+        self.label = label
+        self.stream = stream
+        self.t0 = time.perf_counter()
+        self.last_draw = 0.0
+        self.done = 0
+
+    def update(self, done: int, force: bool = False) -> None:
+        self.done = done
+        now = time.perf_counter()
+        if not force and now - self.last_draw < PROGRESS_INTERVAL_S:
+            return
+        self.last_draw = now
+        elapsed = now - self.t0
+        frac = min(done / self.total, 1.0)
+        filled = int(frac * self.WIDTH)
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else 0.0
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(
+            f"\r{self.label} [{bar}] {frac * 100:5.1f}%  {_fmt_count(done)}/{_fmt_count(self.total)} events"
+            f"  {_fmt_count(rate)} ev/s  ETA {_fmt_duration(eta)} "
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.update(self.done, force=True)
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _want_progress(progress: Union[bool, str], n_events: int, stream: IO[str]) -> bool:
+    """progress=False: never; True: on a TTY, for long traces; "force": for long traces,
+    whatever the stream is."""
+    if not progress or n_events < PROGRESS_MIN_EVENTS:
+        return False
+    if progress == "force":
+        return True
+    if progress is not True:
+        raise ValueError(f"progress must be True, False or 'force', not {progress!r}")
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):  # a closed or odd stream
+        return False
+
+
+# ------------------------------------------------------------------------------------------
+# Devices
+# ------------------------------------------------------------------------------------------
+
+
+def _device_counts(data: bytes) -> Counter:
+    """Events per device index, without unpacking every record in Python."""
+    if not data:
+        return Counter()
+    if sys.byteorder == "little":
+        # The device is the second 32-bit word of each 40-byte record.
+        return Counter(memoryview(data).cast("i")[1 :: EVENT.size // 4])
+    return Counter(e[1] for e in EVENT.iter_unpack(data))
+
+
+def _device_data(data: bytes, device: int) -> bytes:
+    """The records of ``device`` only, in order."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, EVENT.size)
+        dev = rows[:, 4:8].copy().view("<i4").reshape(-1)
+        return rows[dev == device].tobytes()
+    size = EVENT.size
+    return b"".join(
+        data[i * size : (i + 1) * size]
+        for i, e in enumerate(EVENT.iter_unpack(data))
+        if e[1] == device
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Replay
+# ------------------------------------------------------------------------------------------
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def _derive(res: Dict[str, Any]) -> None:
+    """Add the figures computed from the C replay's raw ones."""
+    res["utilization"] = _ratio(res["peak_allocated"], res["peak_reserved"])
+    cached = res["cached_free_at_peak"]
+    res["fragmentation"] = 1.0 - res["largest_free_at_peak"] / cached if cached else 0.0
+    res["ns_per_op"] = _ratio(res["ns"], res["events"])
+    res["events_per_s"] = res["events"] * 1e9 / res["ns"] if res["ns"] else 0.0
+
+
+def _replay_data(
+    data: bytes,
+    config: str,
+    capacity: int,
+    progress: Union[bool, str],
+    label: str,
+    curve_points: int,
+    stream: IO[str],
+) -> Dict[str, Any]:
+    """Replay the records in ``data`` on a fresh pool; the C replay's result, the curve,
+    and the effective configuration."""
+    n = len(data) // EVENT.size
+    pool = _C.SimPool(capacity, config, True, False)
+    bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
+    try:
+        pool.replay_start(-1)
+        curve: Optional[List[List[int]]] = [] if curve_points > 0 else None
+        step = max(1, math.ceil(n / curve_points)) if curve_points > 0 else 0
+        next_sample = step if curve is not None else n + 1
+        pos = 0
+        ok = True
+        while pos < n and ok:
+            end = min(n, pos + CHUNK_EVENTS, next_sample)
+            ok = pool.replay_feed(data, pos, end - pos)
+            if ok:
+                pos = end
+            if curve is not None and (pos >= next_sample or not ok):
+                a, r = pool.replay_window()
+                index = pos if ok else pool.replay_result()["oom_event"] + 1
+                curve.append([index, a, r])
+                next_sample += step
+            if bar is not None:
+                bar.update(pos)
+        res = pool.replay_result()
+        violations = pool.check()
+        if violations:
+            raise ReplayError(f"the pool's checker found {violations} violation(s) after the replay:\n{pool.check_report()}")
+        pool.replay_stop()
+        violations = pool.check()
+        if violations:
+            raise ReplayError(
+                f"the pool's checker found {violations} violation(s) after freeing what the trace left live:\n"
+                f"{pool.check_report()}"
+            )
+        res["effective_config"] = pool.config()
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+    if not res["oom"]:
+        res["oom_event"] = None
+        res["oom_size"] = None
+    if curve is not None:
+        res["curve"] = curve
+    return res
+
+
+def replay(
+    trace: Union[Trace, str, "os.PathLike[str]"],
+    policy: str = policies.DEFAULT_POLICY,
+    config: Optional[str] = None,
+    capacity: Optional[Union[int, str]] = None,
+    device: Optional[int] = None,
+    progress: Union[bool, str] = False,
+    curve_points: int = 0,
+    *,
+    progress_stream: Optional[IO[str]] = None,
+) -> Dict[str, Any]:
+    """Replay ``trace`` (a Trace, or the path of a .cptrace file or torch snapshot) under
+    ``policy`` (see :mod:`cudapool.policies`) with ``config`` ("key:value,...") on top.
+
+    ``capacity``: the simulated device's bytes (int, or text such as "80GB"); default
+    :data:`DEFAULT_CAPACITY`. ``device``: replay only that device's events (default: every
+    device, each on its own pool; see the module notes). ``progress``: True draws a bar on
+    stderr when it is a terminal and the trace is long; "force" draws it on any stream.
+    ``curve_points``: sample about that many windows of allocated/reserved maxima.
+
+    Returns a dict (see the module notes). ValueError for an unknown policy, a bad
+    configuration, or a device the trace has no events on; ReplayError when the pool's
+    checker finds a violation.
+    """
+    if not isinstance(trace, Trace):
+        trace = load(trace)
+    cfg = config_text(policy, config)
+    cap = DEFAULT_CAPACITY if capacity is None else parse_size(capacity)
+    if cap <= 0:
+        raise ValueError(f"capacity must be positive, not {cap}")
+    if curve_points < 0:
+        raise ValueError(f"curve_points must be >= 0, not {curve_points}")
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    t0 = time.perf_counter()
+
+    counts = _device_counts(trace.data)
+    devices = sorted(counts)
+    if device is not None and device not in counts:
+        have = ", ".join(map(str, devices)) or "none: the trace is empty"
+        raise ValueError(f"the trace has no events on device {device} (devices: {have})")
+
+    by_device = trace.meta.get("builtin_peak_reserved_by_device") if isinstance(trace.meta, dict) else None
+
+    def builtin_peak(d: Optional[int]) -> Optional[int]:
+        if isinstance(by_device, dict) and d is not None and str(d) in by_device:
+            return by_device[str(d)]
+        if len(devices) <= 1:
+            return trace.builtin_peak_reserved
+        return None
+
+    common = {"policy": policy, "config": cfg, "capacity": cap}
+
+    if device is not None or len(devices) <= 1:
+        d = device if device is not None else (devices[0] if devices else None)
+        data = trace.data if len(devices) <= 1 else _device_data(trace.data, d)
+        label = "replay" if len(devices) <= 1 else f"replay device {d}"
+        res = _replay_data(data, cfg, cap, progress, label, curve_points, stream)
+        _derive(res)
+        res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
+        res["wall_s"] = time.perf_counter() - t0
+        return res
+
+    per: Dict[str, Dict[str, Any]] = {}
+    for d in devices:
+        res = _replay_data(_device_data(trace.data, d), cfg, cap, progress, f"replay device {d}", curve_points, stream)
+        _derive(res)
+        res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
+        per[str(d)] = res
+
+    total: Dict[str, Any] = dict(common, device=None, devices=per)
+    for key in (
+        "events", "allocs", "frees", "skipped", "bad_events", "peak_allocated", "peak_requested",
+        "peak_reserved", "cached_free_at_peak", "largest_free_at_peak", "device_allocs",
+        "device_frees", "ns",
+    ):  # fmt: skip
+        total[key] = sum(r[key] for r in per.values())
+    total["effective_config"] = next(iter(per.values()))["effective_config"]
+    oom_devices = [d for d, r in per.items() if r["oom"]]
+    total["oom"] = bool(oom_devices)
+    first = per[oom_devices[0]] if oom_devices else None
+    total["oom_device"] = int(oom_devices[0]) if oom_devices else None
+    total["oom_event"] = first["oom_event"] if first else None
+    total["oom_size"] = first["oom_size"] if first else None
+    peaks = [r["builtin_peak_reserved"] for r in per.values()]
+    if all(p is not None for p in peaks):
+        total["builtin_peak_reserved"] = sum(peaks)
+    else:
+        total["builtin_peak_reserved"] = trace.builtin_peak_reserved
+    _derive(total)
+    total["wall_s"] = time.perf_counter() - t0
+    return total
+
+
+# ------------------------------------------------------------------------------------------
+# Reports
+# ------------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
+    lines = []
+
+    def row(label: str, value: str) -> None:
+        lines.append(f"{indent}{label:<16}{value}")
+
+    row("events", f"{res['events']:,} ({res['allocs']:,} allocs, {res['frees']:,} frees"
+        + (f", {res['skipped']:,} skipped" if res["skipped"] else "") + ")")
+    if res["bad_events"]:
+        row("bad events", f"{res['bad_events']:,} (frees of blocks allocated before the trace began, "
+            "or allocations of live ids: not replayed)")
+    row("peak allocated", f"{format_bytes(res['peak_allocated'])} ({res['peak_allocated']:,} B; "
+        f"requested {format_bytes(res['peak_requested'])})")
+    reserved = f"{format_bytes(res['peak_reserved'])} ({res['peak_reserved']:,} B)"
+    builtin = res.get("builtin_peak_reserved")
+    if builtin:
+        change = (res["peak_reserved"] - builtin) / builtin * 100
+        reserved += f"   built-in allocator in the recorded run: {format_bytes(builtin)} ({change:+.1f} %)"
+    row("peak reserved", reserved)
+    row("utilization", f"{_pct(res['utilization'])} (peak allocated / peak reserved)")
+    row("fragmentation", f"{_pct(res['fragmentation'])} (at the reserved peak: 1 - largest free block "
+        f"{format_bytes(res['largest_free_at_peak'])} / cached free {format_bytes(res['cached_free_at_peak'])})")
+    row("device allocs", f"{res['device_allocs']:,} (segments reserved; {res['device_frees']:,} given back)")
+    row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
+    if res["oom"]:
+        where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
+        row("out of memory", f"YES{where}: at event {res['oom_event']:,}, allocating "
+            f"{format_bytes(res['oom_size'])} ({res['oom_size']:,} B); the replay stopped there")
+    else:
+        row("out of memory", "no")
+    return lines
+
+
+def format_report(res: Dict[str, Any], title: Optional[str] = None) -> str:
+    """A replay's result for people, one figure a line."""
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(f"{'policy':<16}{res['policy']}" + (f" ({res['config']})" if res["config"] else " (defaults)"))
+    unlimited = res["capacity"] == DEFAULT_CAPACITY
+    lines.append(f"{'capacity':<16}" + ("unlimited" if unlimited else format_bytes(res["capacity"])))
+    devices = res.get("devices")
+    if devices:
+        lines.append(f"{'devices':<16}{', '.join(devices)} (each on its own pool; totals first)")
+    elif res.get("device") is not None:
+        lines.append(f"{'device':<16}{res['device']}")
+    lines += _report_lines(res)
+    for d, r in (devices or {}).items():
+        lines.append(f"device {d}:")
+        lines += _report_lines(r, indent="  ")
+    return "\n".join(lines) + "\n"
+

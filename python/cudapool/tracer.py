@@ -1,0 +1,314 @@
+"""Record the allocation trace a PyTorch program would make on a GPU, without a GPU.
+
+    from cudapool.tracer import Tracer
+
+    with Tracer(device="meta") as tr:
+        model = GPT(device="meta")          # built inside: its parameters are allocations too
+        train(model, steps=10)
+    trace = tr.trace(meta={"workload": "gpt"})
+    cudapool.trace.save(trace, "gpt.cptrace")
+
+How it works
+------------
+A :class:`torch.utils._python_dispatch.TorchDispatchMode` sees every ATen operation the
+program runs: factory functions (``torch.empty``, ``zeros``, ``randn``, ``tensor``, ...), the
+forward ops, the backward ops autograd runs (gradients included), and the optimizer's ops
+(its state, foreach temporaries). For each tensor an operation returns, the tracer looks at its
+storage (``Tensor.untyped_storage()``): a storage not seen before is one allocation of
+``storage.nbytes()`` bytes under a fresh id. The free is recorded when that storage dies, by
+``weakref.finalize`` on its Python object: torch keeps that object alive for as long as the
+C++ storage lives (views, ``.detach()``, ``nn.Parameter`` and saved-for-backward tensors
+all share it), so the callback runs exactly when the last user lets go. Views and in-place
+operations return storages already seen and allocate nothing; an operation that grows a
+known storage in place (``resize_``, ``out=`` with a larger result) is recorded as the
+allocation of the new size followed by the free of the old one, as CUDA's resize does.
+
+The program runs on ``"cpu"`` (real math: exact, slow) or on ``"meta"`` (no math, no
+memory, fast; sizes are exact because meta kernels compute the same output shapes). For
+dense tensors a storage holds the same number of bytes on CUDA as on the CPU, so the sizes
+are the ones a GPU run would request. Storages of zero bytes are left out (the CUDA caching
+allocator makes no allocation for them). Every event carries the time
+(``time.perf_counter_ns()``), a stream and a device index; the stream is 0 unless the
+program marks work with ``tr.stream(n)`` (a "virtual stream": on the CPU there are no CUDA
+streams). Allocations still live when the ``with`` block ends stay without a free; a replay
+deals with them.
+
+``device`` chooses which storages count: with ``Tracer(device="meta")`` only meta storages
+are recorded, so host-side tensors that a GPU run also keeps on the CPU (AdamW's ``step``
+counters, Python scalars wrapped by ``torch.tensor``) are left out, as they should be. A
+program traced on ``"cpu"`` has no such distinction: those few small host tensors are
+recorded as allocations too.
+
+What the tracer cannot see
+--------------------------
+The trace holds the tensors the program makes through ATen operations, and nothing else.
+It does not see:
+
+- library workspaces and handles: cuBLAS and cuBLASLt workspaces, cuDNN convolution and
+  batch-norm workspaces, cuFFT plans, cuSOLVER buffers;
+- temporary buffers a CUDA kernel allocates inside itself through the caching allocator
+  (multi-block reduction scratch, CUB sort/scan scratch, embedding backward, index ops), and
+  the CUDA caching allocator's own internal allocations;
+- NCCL and other communication buffers;
+- memory that custom C++/CUDA extensions or other libraries allocate without going through
+  the dispatcher (``cudaMalloc`` directly, Triton autotuning buffers, CUDA graphs' pools);
+- differences where a GPU kernel or a device-dependent code path allocates differently from
+  the CPU one: fused kernels such as scaled_dot_product_attention's flash and
+  memory-efficient backends save other buffers than the CPU math path; dropout keeps a bool
+  mask on CUDA (fused kernel) but a float mask on the CPU and meta; cuDNN batch norm may keep
+  a reserve buffer; autocast casts on CUDA differ from those on the CPU; optimizers choose
+  foreach/fused implementations by device (pass ``foreach=True`` to get the CUDA default).
+
+So the tensor allocations match a GPU run for ordinary dense operations only; the trace is a
+lower bound on what the GPU run allocates, exact for programs made of such operations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .trace import ALLOC, FREE, Trace, TraceWriter
+
+__all__ = ["Tracer"]
+
+_now = time.perf_counter_ns
+
+
+class _Live:
+    """One live allocation: the storage it stands for is alive."""
+
+    __slots__ = ("ident", "size", "stream", "device", "finalizer")
+
+    def __init__(self, ident: int, size: int, stream: int, device: int) -> None:
+        self.ident = ident
+        self.size = size
+        self.stream = stream
+        self.device = device
+        self.finalizer: Optional[weakref.finalize] = None
+
+
+class _Mode(TorchDispatchMode):
+    """Runs every operation, then shows its outputs to the tracer."""
+
+    def __init__(self, tracer: "Tracer") -> None:
+        super().__init__()
+        self._tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._tracer._observe(out, func)
+        return out
+
+
+class Tracer:
+    """Records storage allocations and frees of the code run inside ``with Tracer() as tr:``.
+
+    ``device``: the device type whose storages count ("cpu", "meta", "cuda", ...), or None for
+    every device. ``device_index``: the device index written into events of devices that have
+    none (cpu, meta); CUDA tensors keep their own. ``record_ops``: also remember which
+    operation made each allocation (:attr:`alloc_ops`), for looking into a trace.
+
+    A tracer records one ``with`` block; it cannot be entered twice.
+    """
+
+    def __init__(self, device: Optional[str] = None, device_index: int = 0, record_ops: bool = False) -> None:
+        self.device_type = torch.device(device).type if device is not None else None
+        self.device_index = int(device_index)
+        self.record_ops = record_ops
+        #: Events as (action, id, size, stream, device, time_ns), in order.
+        self.events: List[Tuple[int, int, int, int, int, int]] = []
+        #: id -> name of the operation that made the allocation (with ``record_ops``).
+        self.alloc_ops: Dict[int, str] = {}
+        self._live: Dict[int, _Live] = {}  # storage key (its C++ address) -> live allocation
+        self._next_id = 1
+        self._stream = 0
+        self._mode: Optional[_Mode] = None
+        self._state = "new"  # new -> tracing -> done
+        self._lock = threading.RLock()
+        self._live_bytes = 0
+        self._peak_bytes = 0
+
+    # ---- the with block -------------------------------------------------------------------
+
+    def __enter__(self) -> "Tracer":
+        if self._state != "new":
+            raise RuntimeError("a Tracer records one with block; make a new one")
+        self._state = "tracing"
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        mode, self._mode = self._mode, None
+        try:
+            if mode is not None:
+                mode.__exit__(*exc)
+        finally:
+            with self._lock:
+                self._state = "done"
+                for live in self._live.values():
+                    if live.finalizer is not None:
+                        live.finalizer.detach()
+                        live.finalizer = None
+
+    @contextlib.contextmanager
+    def stream(self, n: int) -> Iterator[None]:
+        """Allocations made inside are on virtual stream ``n`` (nesting restores the outer one)."""
+        if n < 0:
+            raise ValueError(f"stream must be >= 0, not {n}")
+        outer, self._stream = self._stream, int(n)
+        try:
+            yield
+        finally:
+            self._stream = outer
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def trace(self, meta: Optional[Dict[str, Any]] = None) -> Trace:
+        """The events recorded so far as a :class:`cudapool.trace.Trace`."""
+        w = TraceWriter()
+        with self._lock:
+            events = list(self.events)
+        for action, ident, size, stream, device, time_ns in events:
+            w.add(action, ident, size, stream, device, time_ns)
+        full_meta = {"tracer": "cudapool.tracer", "torch": torch.__version__, "traced_device": self.device_type}
+        full_meta.update(meta or {})
+        return w.trace(meta=full_meta)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of recorded allocations not freed yet."""
+        return self._live_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most :attr:`live_bytes` has been."""
+        return self._peak_bytes
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    # ---- tensors made before the with block ---------------------------------------------------
+
+    def watch(self, *objs: Any) -> int:
+        """Record tensors that exist already (made before the ``with`` block) as allocations now.
+
+        Takes tensors, ``nn.Module`` (parameters, buffers and gradients), optimizers (their
+        state) and iterables of these. Storages already recorded are skipped. Returns the number
+        of new allocations.
+        """
+        if self._state != "tracing":
+            raise RuntimeError("watch() works inside the with block")
+        before = self._next_id
+        tensors: List[torch.Tensor] = []
+        for obj in objs:
+            self._collect(obj, tensors)
+        self._observe(tensors, "watch")
+        return self._next_id - before
+
+    def _collect(self, obj: Any, into: List[torch.Tensor]) -> None:
+        if isinstance(obj, torch.Tensor):
+            into.append(obj)
+            if obj.grad is not None:
+                into.append(obj.grad)
+        elif isinstance(obj, torch.nn.Module):
+            for t in obj.parameters():
+                self._collect(t, into)
+            into.extend(obj.buffers())
+        elif isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                for p in group["params"]:
+                    self._collect(p, into)
+            for state in obj.state.values():
+                into.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                self._collect(v, into)
+        elif isinstance(obj, (list, tuple, set)):
+            for v in obj:
+                self._collect(v, into)
+        else:
+            raise TypeError(f"watch() takes tensors, modules, optimizers and collections, not {type(obj).__name__}")
+
+    # ---- the work ------------------------------------------------------------------------------
+
+    def _observe(self, out: Any, func: Any) -> None:
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._see(t, func)
+
+    def _see(self, t: torch.Tensor, func: Any) -> None:
+        if t.layout != torch.strided:
+            return  # sparse and other layouts: no single dense storage
+        if self.device_type is not None and t.device.type != self.device_type:
+            return
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return  # a tensor without a storage of its own (some subclasses)
+        key = storage._cdata
+        size = storage.nbytes()
+        with self._lock:
+            if self._state != "tracing":
+                return
+            live = self._live.get(key)
+            if live is not None:
+                if size > live.size:
+                    # Grown in place (resize_, out= with a larger result): CUDA allocates the
+                    # new size, copies, then frees the old block.
+                    self._realloc(key, live, size, storage, func)
+                return
+            if size == 0:
+                return
+            device = t.device.index if t.device.index is not None else self.device_index
+            self._alloc(key, size, device, storage, func)
+
+    def _alloc(self, key: int, size: int, device: int, storage: Any, func: Any) -> None:
+        ident = self._next_id
+        self._next_id += 1
+        live = _Live(ident, size, self._stream, device)
+        self._live[key] = live
+        self.events.append((ALLOC, ident, size, live.stream, device, _now()))
+        if self.record_ops:
+            self.alloc_ops[ident] = str(func)
+        self._live_bytes += size
+        if self._live_bytes > self._peak_bytes:
+            self._peak_bytes = self._live_bytes
+        live.finalizer = weakref.finalize(storage, self._freed, key, ident)
+        live.finalizer.atexit = False
+
+    def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
+        if old.finalizer is not None:
+            old.finalizer.detach()
+        del self._live[key]
+        self._alloc(key, size, old.device, storage, func)
+        self._record_free(old)
+
+    def _record_free(self, live: _Live) -> None:
+        self.events.append((FREE, live.ident, live.size, live.stream, live.device, _now()))
+        self._live_bytes -= live.size
+
+    def _freed(self, key: int, ident: int) -> None:
+        """The storage behind allocation ``ident`` died (weakref.finalize callback)."""
+        with self._lock:
+            live = self._live.get(key)
+            if live is None or live.ident != ident or self._state != "tracing":
+                return
+            del self._live[key]
+            live.finalizer = None
+            self._record_free(live)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tracer(device={self.device_type!r}, state={self._state}, events={len(self.events)}, "
+            f"live={len(self._live)} ({self._live_bytes} B), peak={self._peak_bytes} B)"
+        )
