@@ -9,14 +9,18 @@
 # 3. runs the GPU tests: pytest -m gpu                                   -> $OUT/pytest-gpu.log,
 #                                                                           $OUT/pytest-gpu.xml
 # 4. runs the A/B benchmark, built-in allocator vs cudapool              -> $OUT/ab.txt, ab.json
-# 5. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
+# 5. checks the `builtin` replay policy against the real built-in allocator: records three
+#    workloads' memory snapshots under it and replays them (benchmarks/builtin_fidelity.py)
+#                                                                        -> $OUT/fidelity.txt,
+#                                                                           fidelity.json
+# 6. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
 #                                                                           bench-micro.json
 # then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
 # the build or the GPU tests fail; a benchmark failure shows in the summary only.
 #
 # Budget: about 8 minutes on one H200. Every stage runs under a time cap, and the run as a
 # whole under GPU_CHECK_BUDGET_S (default 480 s): a stage that would start with too little
-# time left is skipped, and the summary says so. The expected run is 4-5 minutes.
+# time left is skipped, and the summary says so. The expected run is 5-6 minutes.
 #
 # Settings (environment): OUT, PYTHON (default python3), GPU_CHECK_BUDGET_S,
 # CUDAPOOL_NO_WERROR (default 1 here: another compiler's new warnings must not cost the run).
@@ -75,6 +79,7 @@ info_line=""
 tests_status="not run"
 tests_line=""
 ab_status="not run"
+fidelity_status="not run"
 micro_status="not run"
 tests_rc=1
 
@@ -156,9 +161,25 @@ for i in range(torch.cuda.device_count()):
     ab_status=$(status_of "$ab_rc" "$t")
     if [ "$ab_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/ab.txt"; then ab_status="skipped (no CUDA GPU)"; fi
   fi
+
+  # -- 5. fidelity of the builtin replay policy -------------------------------------------------
+  # About a minute: three recorded runs (a third of the cap each at most), then CPU replays.
+  section "builtin replay fidelity: $PYTHON benchmarks/builtin_fidelity.py --json $OUT/fidelity.json"
+  t=$(stage_time 150)
+  if [ "$t" -eq 0 ]; then
+    fidelity_status="SKIPPED (out of time)"
+  else
+    fidelity_rc=0
+    with_timeout "$t" "$PYTHON" benchmarks/builtin_fidelity.py --json "$OUT/fidelity.json" --timeout $((t / 3)) 2>&1 \
+      | tee "$OUT/fidelity.txt" || fidelity_rc=$?
+    fidelity_status=$(status_of "$fidelity_rc" "$t")
+    if [ "$fidelity_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/fidelity.txt"; then
+      fidelity_status="skipped (no CUDA GPU)"
+    fi
+  fi
 fi
 
-# -- 5. C micro-benchmark ---------------------------------------------------------------------
+# -- 6. C micro-benchmark ---------------------------------------------------------------------
 if command -v make >/dev/null 2>&1; then
   section "micro-benchmark: make bench-micro"
   t=$(stage_time 90)
@@ -185,8 +206,22 @@ if [ -f "$OUT/pytest-gpu.log" ]; then
 fi
 echo "a/b benchmark: $ab_status"
 if [ -f "$OUT/ab.txt" ]; then grep '^|' "$OUT/ab.txt" | sed 's/^/               /' || true; fi
+echo "fidelity     : $fidelity_status"
+if [ -f "$OUT/fidelity.txt" ]; then
+  grep -E '^(\||largest |note: |FAILED: )' "$OUT/fidelity.txt" | sed 's/^/               /' || true
+fi
 echo "micro bench  : $micro_status"
 echo "time         : ${SECONDS}s of a ${BUDGET_S}s budget"
+
+# The device tool brings back at most 8 files: the logs go into one archive, the figures stay.
+(
+  cd "$OUT"
+  logs=$(ls -1 | grep -E '\.(log|txt|xml)$' || true)
+  if [ -n "$logs" ]; then
+    # shellcheck disable=SC2086
+    tar czf logs.tgz $logs && rm -f $logs
+  fi
+)
 echo "files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 
 if [ "$build_rc" -ne 0 ]; then exit 1; fi

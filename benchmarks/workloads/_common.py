@@ -103,7 +103,9 @@ def main(
     secs = time.perf_counter() - t0
     allocs, frees = counts(trace)
     peak = peak_live_bytes(trace)
-    print(f"{name}: scale={args.scale} seed={args.seed} events={len(trace)} allocs={allocs} frees={frees}")
+    changed = " ".join(f"{k}={v}" for k, v in kw.items() if scales[args.scale].get(k) != v)
+    print(f"{name}: scale={args.scale}{' ' + changed if changed else ''} seed={args.seed} "
+          f"events={len(trace)} allocs={allocs} frees={frees}")
     print(f"{name}: peak live bytes={peak} ({fmt_bytes(peak)}) capture_s={secs:.2f}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

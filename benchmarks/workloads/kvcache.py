@@ -18,7 +18,7 @@ Cache policies (``cache``):
     python benchmarks/workloads/kvcache.py --out build/traces/kvcache-small.cptrace
     python benchmarks/workloads/kvcache.py --cache chunked --chunk 128 --requests 20
 
-Scales: ``small`` (4 layers, d_model 256, 6 requests, prompts 16..256, 16..96 new tokens;
+Scales: ``small`` (4 layers, d_model 256, 5 requests, prompts 16..256, 8..48 new tokens;
 seconds on the meta device), ``medium`` (12 layers, d_model 768, 16 requests), ``large``
 (24 layers, d_model 1024, 32 requests, prompts up to 1536).
 """
@@ -38,8 +38,8 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 SCALES = {
-    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, requests=6, min_prompt=16, max_prompt=256,
-                  min_new=16, max_new=96, min_batch=1, max_batch=8, cache="cat", chunk=64, device="meta"),
+    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, requests=5, min_prompt=16, max_prompt=256,
+                  min_new=8, max_new=48, min_batch=1, max_batch=8, cache="cat", chunk=64, device="meta"),
     "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, requests=16, min_prompt=32, max_prompt=768,
                    min_new=32, max_new=256, min_batch=1, max_batch=16, cache="cat", chunk=128, device="meta"),
     "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, requests=32, min_prompt=64, max_prompt=1536,

@@ -228,8 +228,6 @@ def _want_progress(progress: Union[bool, str], n_events: int, stream: IO[str]) -
         return False
     if progress == "force":
         return True
-    if progress is not True:
-        raise ValueError(f"progress must be True, False or 'force', not {progress!r}")
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())
@@ -377,6 +375,8 @@ def replay(
         raise ValueError(f"capacity must be positive, not {cap}")
     if curve_points < 0:
         raise ValueError(f"curve_points must be >= 0, not {curve_points}")
+    if progress not in (True, False, "force"):
+        raise ValueError(f"progress must be True, False or 'force', not {progress!r}")
     stream = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.perf_counter()
 

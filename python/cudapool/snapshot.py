@@ -201,7 +201,7 @@ def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str,
     return out
 
 
-def _segment_end_bytes(segments: Any, n_devices: int, source: str) -> Dict[int, int]:
+def _segment_end_bytes(segments: Any, source: str) -> Dict[int, int]:
     if segments is None:
         return {}
     if not isinstance(segments, list):
@@ -239,7 +239,7 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
 
     # Reserved bytes at the start of the window, per device: the dump-time segments with the
     # trace's segment changes undone; at least what keeps the curve non-negative.
-    end = _segment_end_bytes(snapshot.get("segments"), len(traces), source)
+    end = _segment_end_bytes(snapshot.get("segments"), source)
     start: Dict[int, int] = {}
     adjusted: List[int] = []
     for dev, items in enumerate(per_device):

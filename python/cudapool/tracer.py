@@ -33,6 +33,12 @@ program marks work with ``tr.stream(n)`` (a "virtual stream": on the CPU there a
 streams). Allocations still live when the ``with`` block ends stay without a free; a replay
 deals with them.
 
+Build the model and optimizer inside the ``with`` block so that their allocations are in the
+trace. A storage an operation reads that the tracer has not seen (a tensor made before the
+block, or made below the dispatcher, as ``torch.tensor(data, device="meta")`` is) is recorded
+as allocated at its first use; :meth:`Tracer.watch` records existing tensors, modules and
+optimizers at once instead.
+
 ``device`` chooses which storages count: with ``Tracer(device="meta")`` only meta storages
 are recorded, so host-side tensors that a GPU run also keeps on the CPU (AdamW's ``step``
 counters, Python scalars wrapped by ``torch.tensor``) are left out, as they should be. A
@@ -103,7 +109,10 @@ class _Mode(TorchDispatchMode):
         self._tracer = tracer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if self._tracer.adopt_inputs:
+            self._tracer._observe((args, kwargs), "first use")
+        out = func(*args, **kwargs)
         self._tracer._observe(out, func)
         return out
 
@@ -113,15 +122,25 @@ class Tracer:
 
     ``device``: the device type whose storages count ("cpu", "meta", "cuda", ...), or None for
     every device. ``device_index``: the device index written into events of devices that have
-    none (cpu, meta); CUDA tensors keep their own. ``record_ops``: also remember which
-    operation made each allocation (:attr:`alloc_ops`), for looking into a trace.
+    none (cpu, meta); CUDA tensors keep their own. ``adopt_inputs``: a storage an operation
+    reads that the tracer has not seen (made before the ``with`` block, or outside the
+    dispatcher, as ``torch.tensor(data, device="meta")`` is) is recorded as allocated at its
+    first use; with False such storages are ignored (:meth:`watch` records them explicitly).
+    ``record_ops``: also remember which operation made each allocation (:attr:`alloc_ops`).
 
     A tracer records one ``with`` block; it cannot be entered twice.
     """
 
-    def __init__(self, device: Optional[str] = None, device_index: int = 0, record_ops: bool = False) -> None:
+    def __init__(
+        self,
+        device: Optional[str] = None,
+        device_index: int = 0,
+        adopt_inputs: bool = True,
+        record_ops: bool = False,
+    ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
+        self.adopt_inputs = adopt_inputs
         self.record_ops = record_ops
         #: Events as (action, id, size, stream, device, time_ns), in order.
         self.events: List[Tuple[int, int, int, int, int, int]] = []
@@ -195,7 +214,18 @@ class Tracer:
 
     @property
     def live_count(self) -> int:
+        """Recorded allocations not freed yet."""
         return len(self._live)
+
+    def ident_of(self, t: torch.Tensor) -> Optional[int]:
+        """The id of the live allocation holding ``t``'s storage, or None when not recorded."""
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            return None
+        with self._lock:
+            live = self._live.get(key)
+            return live.ident if live is not None else None
 
     # ---- tensors made before the with block ---------------------------------------------------
 

@@ -1,0 +1,307 @@
+"""Replay every workload's trace under the built-in allocator's rules and under cudapool's.
+
+    python benchmarks/replay_all.py [--scale small|medium|large] [--workloads gpt,cnn]
+                                    [--json PATH] [--plot PATH | --no-plot] [--recapture]
+
+For each workload of ``benchmarks/workloads`` (``WORKLOADS``): load its trace from
+``build/traces/<workload>-<scale>.cptrace``, capturing and saving it first when it is missing
+(or unreadable, or with --recapture); replay it through the pool on a simulated device under
+the ``builtin`` policy and under ``cudapool``; then print one markdown table, write the
+results as JSON (default ``build/replay-all.json``:
+``{"scale": ..., "rows": [{"workload", "events", "policies": {"builtin": {...},
+"cudapool": {...}}, "targets": {...}}], "errors": [...]}``, the policies' dicts holding
+cudapool.replay's keys less the curve) and draw the gpt workload's allocated and reserved
+memory over the trace under both policies (default ``build/replay-gpt.png``; needs
+matplotlib: ``pip install -e '.[bench]'``).
+
+The targets are checked and reported, not enforced: cudapool reserves no more than the
+built-in rules, and strictly less where those use less than 95 % of what they reserve;
+cudapool's utilization is at least 90 % on gpt; both replays run at 1 M events/s or more.
+The exit status is non-zero only when something failed to run (a capture, a replay, the
+plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+try:
+    import cudapool  # noqa: F401
+except ImportError:  # not installed: the in-place build
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from cudapool.replay import format_bytes, replay  # noqa: E402
+from cudapool.trace import load, save  # noqa: E402
+
+POLICIES = ("builtin", "cudapool")
+SCALES = ("small", "medium", "large")
+PLOT_WORKLOAD = "gpt"
+CURVE_POINTS = 2000
+
+#: Target figures (reported, not enforced).
+STRICT_BELOW_UTILIZATION = 0.95
+GPT_UTILIZATION = 0.90
+EVENTS_PER_S = 1_000_000
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _err(message: str) -> None:
+    print(f"replay_all: {message}", file=sys.stderr)
+
+
+def _load_registry(module_name: str) -> Dict[str, Any]:
+    """The registry's WORKLOADS: name -> capture callable (or a module with capture())."""
+    for path in (HERE, ROOT):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    module = importlib.import_module(module_name)
+    workloads = getattr(module, "WORKLOADS", None)
+    if not isinstance(workloads, dict):
+        raise ImportError(f"{module_name} has no WORKLOADS dict")
+    return workloads
+
+
+def _capture_fn(entry: Any) -> Any:
+    if callable(entry):
+        return entry
+    fn = getattr(entry, "capture", None)
+    if callable(fn):
+        return fn
+    raise TypeError(f"a workload must be a capture callable or have capture(), not {entry!r}")
+
+
+def get_trace(name: str, entry: Any, scale: str, trace_dir: str, recapture: bool) -> Dict[str, Any]:
+    """The workload's trace: from the cache, else captured and cached."""
+    path = os.path.join(trace_dir, f"{name}-{scale}.cptrace")
+    if os.path.isfile(path) and not recapture:
+        try:
+            return {"trace": load(path), "path": path, "captured": False, "capture_s": None}
+        except (OSError, EOFError, ValueError) as exc:
+            _err(f"{path}: {exc}; capturing it again")
+    print(f"capturing {name} ({scale}) ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    trace = _capture_fn(entry)(scale=scale, seed=0)
+    capture_s = time.perf_counter() - t0
+    os.makedirs(trace_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    save(trace, tmp)
+    os.replace(tmp, path)
+    return {"trace": trace, "path": path, "captured": True, "capture_s": capture_s}
+
+
+def check_targets(name: str, b: Dict[str, Any], c: Dict[str, Any]) -> Dict[str, Any]:
+    """Each target: {"ok": bool, "why": text}; "ok" overall."""
+    targets: Dict[str, Any] = {}
+    strict = b["utilization"] < STRICT_BELOW_UTILIZATION
+    ok = c["peak_reserved"] < b["peak_reserved"] if strict else c["peak_reserved"] <= b["peak_reserved"]
+    why = (
+        f"cudapool's peak reserved ({format_bytes(c['peak_reserved'])}) must be "
+        + ("below" if strict else "at most")
+        + f" builtin's ({format_bytes(b['peak_reserved'])})"
+        + (f" where builtin's utilization ({b['utilization'] * 100:.1f} %) is under 95 %" if strict else "")
+    )
+    targets["reserved"] = {"ok": ok, "why": why, "strict": strict}
+    if name == PLOT_WORKLOAD:
+        targets["utilization"] = {
+            "ok": c["utilization"] >= GPT_UTILIZATION,
+            "why": f"cudapool's utilization ({c['utilization'] * 100:.1f} %) must be at least 90 %",
+        }
+    slowest = min(b["events_per_s"], c["events_per_s"])
+    targets["speed"] = {
+        "ok": slowest >= EVENTS_PER_S,
+        "why": f"the slower replay ({slowest / 1e6:.2f} M events/s) must reach 1 M events/s",
+    }
+    targets["ok"] = all(t["ok"] for t in targets.values() if isinstance(t, dict))
+    return targets
+
+
+def _targets_cell(targets: Dict[str, Any]) -> str:
+    marks = []
+    for key, label in (("reserved", "reserved"), ("utilization", "util ≥ 90 %"), ("speed", "≥ 1 M ev/s")):
+        t = targets.get(key)
+        if t is None:
+            continue
+        if key == "reserved":
+            label = "reserved <" if t["strict"] else "reserved ≤"
+        marks.append(f"{'✓' if t['ok'] else '✗'} {label}")
+    return ", ".join(marks)
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    head = [
+        "workload", "events", "builtin peak reserved", "cudapool peak reserved", "builtin util",
+        "cudapool util", "builtin ns/op", "cudapool ns/op", "builtin dev allocs",
+        "cudapool dev allocs", "targets",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        b, c = row["policies"]["builtin"], row["policies"]["cudapool"]
+        cells = [
+            row["workload"],
+            f"{row['events']:,}",
+            format_bytes(b["peak_reserved"]),
+            format_bytes(c["peak_reserved"]),
+            f"{b['utilization'] * 100:.1f} %",
+            f"{c['utilization'] * 100:.1f} %",
+            f"{b['ns_per_op']:.0f}",
+            f"{c['ns_per_op']:.0f}",
+            f"{b['device_allocs']:,}",
+            f"{c['device_allocs']:,}",
+            _targets_cell(row["targets"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(row: Dict[str, Any], curves: Dict[str, List[List[int]]], builtin_reserved: Any, path: str, scale: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peak = max((p[2] for curve in curves.values() for p in curve), default=0)
+    unit, div = ("GiB", 1 << 30) if peak >= 1 << 30 else ("MiB", 1 << 20)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colors = {"builtin": "tab:red", "cudapool": "tab:blue"}
+    for policy, curve in curves.items():
+        xs = [p[0] for p in curve]
+        res = row["policies"][policy]
+        ax.plot(xs, [p[2] / div for p in curve], color=colors.get(policy), lw=1.6,
+                label=f"{policy} reserved (peak {format_bytes(res['peak_reserved'])})")
+        ax.plot(xs, [p[1] / div for p in curve], color=colors.get(policy), lw=1.0, ls="--",
+                label=f"{policy} allocated (peak {format_bytes(res['peak_allocated'])})")
+    if builtin_reserved:
+        ax.step([p[0] for p in builtin_reserved], [p[1] / div for p in builtin_reserved], where="post",
+                color="black", lw=1.0, alpha=0.6, label="built-in allocator, recorded run")
+    ax.set_xlabel("event index")
+    ax.set_ylabel(unit)
+    ax.set_title(f"{row['workload']} ({scale}, {row['events']:,} events): allocated and reserved memory "
+                 f"(maxima per window)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Replay every workload under the built-in allocator's rules and under cudapool's; "
+        "print one markdown table, write JSON and a plot of the gpt workload."
+    )
+    parser.add_argument("--scale", choices=SCALES, default="small")
+    parser.add_argument("--workloads", metavar="A,B", help="only these workloads (default: all registered)")
+    parser.add_argument("--json", metavar="PATH", default=os.path.join(ROOT, "build", "replay-all.json"))
+    parser.add_argument("--plot", metavar="PATH", default=os.path.join(ROOT, "build", f"replay-{PLOT_WORKLOAD}.png"))
+    parser.add_argument("--no-plot", action="store_true", help="draw no plot (matplotlib not needed)")
+    parser.add_argument("--recapture", action="store_true", help="capture every trace again")
+    parser.add_argument("--trace-dir", metavar="DIR", default=os.path.join(ROOT, "build", "traces"))
+    parser.add_argument("--registry", metavar="MODULE", default="workloads",
+                        help="the module whose WORKLOADS to run (default: benchmarks/workloads)")
+    args = parser.parse_args(argv)
+
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _err("matplotlib is needed for the plot: pip install -e '.[bench]' (or pass --no-plot)")
+            return EXIT_USAGE
+
+    try:
+        registry = _load_registry(args.registry)
+    except ImportError as exc:
+        _err(f"cannot load the workloads ({args.registry}): {exc}")
+        return EXIT_FAILED
+    names = list(registry)
+    if args.workloads:
+        names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            _err(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(registry) or 'none'})")
+            return EXIT_USAGE
+    if not names:
+        print("no workloads registered: nothing to replay")
+
+    rows: List[Dict[str, Any]] = []
+    errors: List[Dict[str, str]] = []
+    plot_data = None
+    for name in names:
+        try:
+            got = get_trace(name, registry[name], args.scale, args.trace_dir, args.recapture)
+            trace = got["trace"]
+            want_curve = not args.no_plot and name == PLOT_WORKLOAD
+            results = {}
+            for policy in POLICIES:
+                results[policy] = replay(trace, policy=policy, progress=True,
+                                         curve_points=CURVE_POINTS if want_curve else 0)
+            curves = {p: r.pop("curve") for p, r in results.items() if "curve" in r}
+            row = {
+                "workload": name,
+                "events": len(trace),
+                "trace": os.path.relpath(got["path"], ROOT),
+                "captured": got["captured"],
+                "capture_s": got["capture_s"],
+                "trace_builtin_peak_reserved": trace.builtin_peak_reserved,
+                "policies": results,
+                "targets": check_targets(name, results["builtin"], results["cudapool"]),
+            }
+            rows.append(row)
+            if curves:
+                plot_data = (row, curves, trace.builtin_reserved)
+        except Exception as exc:  # report it, go on with the others
+            traceback.print_exc()
+            errors.append({"workload": name, "error": f"{exc.__class__.__name__}: {exc}"})
+
+    print(f"replay of the {args.scale} workloads on a simulated device "
+          f"(peak reserved: lower is better; util = peak allocated / peak reserved)\n")
+    print(format_table(rows))
+    met = sum(1 for r in rows if r["targets"]["ok"])
+    print(f"targets met on {met} of {len(rows)} workload(s); replay speed (min over policies): "
+          + ", ".join(f"{r['workload']} {min(p['events_per_s'] for p in r['policies'].values()) / 1e6:.2f} M ev/s" for r in rows))
+    for r in rows:
+        if r["trace_builtin_peak_reserved"]:
+            print(f"{r['workload']}: the trace records the built-in allocator's peak reserved in the real run: "
+                  f"{format_bytes(r['trace_builtin_peak_reserved'])}")
+        for key, t in r["targets"].items():
+            if isinstance(t, dict) and not t["ok"]:
+                print(f"{r['workload']}: target missed: {t['why']}")
+    for e in errors:
+        print(f"{e['workload']}: FAILED: {e['error']}")
+
+    status = EXIT_FAILED if errors else 0
+    if not args.no_plot:
+        if plot_data is not None:
+            try:
+                plot(*plot_data, path=args.plot, scale=args.scale)
+                print(f"plot: {args.plot}")
+            except Exception as exc:
+                traceback.print_exc()
+                _err(f"cannot draw {args.plot}: {exc}")
+                status = EXIT_FAILED
+        else:
+            print(f"plot: none ({PLOT_WORKLOAD} was not replayed)")
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"scale": args.scale, "rows": rows, "errors": errors}, f, indent=1)
+        f.write("\n")
+    print(f"json: {args.json}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Allocation workloads: programs whose allocation traces we replay through the pool.
+
+Each module has ``capture(scale="small", seed=0, **settings) -> cudapool.trace.Trace`` and a
+command line (``python benchmarks/workloads/<name>.py --out PATH``) that writes the trace
+(.cptrace) and prints its event count and peak live bytes. The torch workloads run the real
+PyTorch program under :class:`cudapool.tracer.Tracer`, on the meta device by default (sizes
+exact, no math, no memory; ``device="cpu"`` does the math); ``rmm_random`` is generated
+directly and needs no torch. Importing this package does not import torch.
+
+| workload | what | small | medium | large |
+|---|---|---|---|---|
+| ``gpt`` | GPT decoder, AdamW, varying seq length and batch | 4 layers, d 256, 20 steps, seq 32..512 | 12 layers, d 768, 50 steps, seq ..1024 | 24 layers, d 1024, 100 steps, seq ..2048 |
+| ``cnn`` | ResNet, SGD, random images | batch 16, 64 px, widths 32..128, 4 steps | ResNet-18, batch 64, 224 px, 10 steps | ResNet-34, batch 128, 224 px, 20 steps |
+| ``kvcache`` | inference with a growing KV cache | 5 requests, 4 layers, d 256 | 16 requests, 12 layers, d 768 | 32 requests, 24 layers, d 1024 |
+| ``rmm_random`` | random alloc (p=0.73) / free, 16 GiB cap | 1 000 allocations | 10 000 | 100 000 |
+
+``small`` is the CI scale: each small capture takes seconds on two cores and its trace is
+well under 2 MB compressed. Every setting of a scale can be overridden by keyword (or by the
+matching command-line flag), e.g. ``WORKLOADS["gpt"](scale="small", steps=50, layers=8)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+try:
+    from . import cnn, gpt, kvcache, rmm_random
+except ImportError:  # the directory itself is on sys.path
+    import cnn  # type: ignore[no-redef]
+    import gpt  # type: ignore[no-redef]
+    import kvcache  # type: ignore[no-redef]
+    import rmm_random  # type: ignore[no-redef]
+
+from cudapool.trace import Trace
+
+__all__ = ["WORKLOADS", "SCALES"]
+
+#: name -> capture(scale="small", seed=0, **settings) -> Trace
+WORKLOADS: Dict[str, Callable[..., Trace]] = {
+    "gpt": gpt.capture,
+    "cnn": cnn.capture,
+    "kvcache": kvcache.capture,
+    "rmm_random": rmm_random.capture,
+}
+
+#: name -> {scale: settings}
+SCALES = {
+    "gpt": gpt.SCALES,
+    "cnn": cnn.SCALES,
+    "kvcache": kvcache.SCALES,
+    "rmm_random": rmm_random.SCALES,
+}
