@@ -44,7 +44,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c test-tsan test-release test-py bench-micro clean
+.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean
 
 all: $(ASAN_TESTS)
 
@@ -121,12 +121,21 @@ bench-micro:
 TORCH_SPEC ?= torch==2.14.1
 PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip
 
-test-py:
+# Python dependencies of the torch tests and the lab (a CUDA build of torch when none is there).
+deps-py:
 	@if [ -n "$(TORCH_SPEC)" ] && ! $(PYTHON) -c 'import torch, sys; sys.exit(not hasattr(torch._C, "_cuda_customAllocator"))' 2>/dev/null; then \
-	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests)"; \
+	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests and the workloads)"; \
 	  $(PIP) install -q '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,bench]'
+
+# The lab report: capture every workload, replay it under builtin and cudapool, print the
+# table, write build/replay-all.json and build/replay-gpt.png. LAB_SCALE=medium for bigger runs.
+LAB_SCALE ?= small
+lab: deps-py
+	$(PYTHON) benchmarks/replay_all.py --scale $(LAB_SCALE)
+
+test-py: deps-py
 	$(PYTHON) -m pytest -q -rs tests
 
 clean:

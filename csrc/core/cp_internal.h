@@ -240,6 +240,7 @@ struct cp_pool_s {
   size_t detached_entries;  /* pending entries taken out for synchronizing */
 
   size_t inflight_bytes;    /* reserves under way without the lock (counted against the cap) */
+  size_t high_water;        /* the most ever reserved (+ in flight); never reset */
   size_t cap_bytes;         /* effective cap, 0 = none */
   size_t device_total;      /* from the backend at creation, 0 when unknown */
 };

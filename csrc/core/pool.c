@@ -335,6 +335,7 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
     return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
   }
   pool->inflight_bytes += seg_size;
+  if (reserved + seg_size > pool->high_water) pool->high_water = reserved + seg_size;
   pthread_mutex_unlock(&pool->lock);
   uintptr_t addr = 0;
   int rc = CP_OK;
@@ -374,8 +375,12 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
  * garbage_collection_threshold of the limit, give back free segments until under it. */
 static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
   if (pool->cfg.release_before_grow) {
+    /* Growing below the high-water mark costs no peak: keep the cache. Past it, give back
+     * (oldest first) what keeps the mark where it is, if the cache holds that much. */
+    size_t after = cp_reserved_locked(pool) + pool->inflight_bytes + seg_size;
+    if (after <= pool->high_water) return;
     cp_segment_t *list = NULL;
-    cp_detach_free_segments_locked(pool, 0, &list);
+    cp_detach_free_segments_locked(pool, after - pool->high_water, &list);
     cp_release_segments_locked(pool, list);
     return;
   }

@@ -404,6 +404,29 @@ TEST(release_before_grow) {
   fx_close(&fx);
 }
 
+TEST(release_before_grow_keeps_cache_below_high_water) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, "release_before_grow:True") == 0);
+  void *x = must_alloc(&fx, 40 * MiB, 0); /* high-water mark: 40 MiB */
+  CHECK(cp_free(fx.pool, x) == CP_OK);
+  void *y = must_alloc(&fx, 30 * MiB, 1); /* 40 + 30 > 40: x's segment goes */
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_free, 1);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 30 * MiB);
+  CHECK(cp_free(fx.pool, y) == CP_OK);
+  void *z = must_alloc(&fx, 1000, 2); /* 30 + 2 <= 40: the cache stays */
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_free, 1);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 32 * MiB);
+  void *w = must_alloc(&fx, 12 * MiB, 3); /* 32 + 12 > 40: the oldest free segment (y's) goes */
+  s = stats_of(&fx);
+  CHECK_EQ_U(s.num_device_free, 2);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 2 * MiB + 12 * MiB);
+  CHECK(cp_free(fx.pool, z) == CP_OK);
+  CHECK(cp_free(fx.pool, w) == CP_OK);
+  fx_close(&fx);
+}
+
 TEST(live_ranges_never_overlap) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 512 * MiB, NULL) == 0);
@@ -669,6 +692,7 @@ int main(void) {
   RUN(empty_cache_returns_free_segments_only);
   RUN(garbage_collection_threshold);
   RUN(release_before_grow);
+  RUN(release_before_grow_keeps_cache_below_high_water);
   RUN(live_ranges_never_overlap);
   RUN(blocks_stay_on_their_stream);
   RUN(record_stream_waits_for_event);
