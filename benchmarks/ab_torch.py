@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_common import gpu_skip_reason, tail as _tail, write_json  # noqa: E402
+
 MODES = ("builtin", "cudapool")
 RESULT_PREFIX = "AB_RESULT "
 MiB = 1 << 20
@@ -146,20 +149,6 @@ def run_worker(args: argparse.Namespace) -> int:
 # The driver (parent process)
 # --------------------------------------------------------------------------------------------
 
-def gpu_skip_reason() -> str | None:
-    """Why the benchmark cannot run here, or None. Never initialises CUDA in this process."""
-    try:
-        import torch
-    except Exception as exc:  # not installed, or broken
-        return f"torch is not importable ({exc.__class__.__name__}: {exc})"
-    if not torch.cuda.is_available():
-        return (
-            f"torch.cuda.is_available() is False "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
-        )
-    return None
-
-
 def workload_args(args: argparse.Namespace) -> list[str]:
     out = [
         "--steps", str(args.steps), "--seed", str(args.seed), "--batch", str(args.batch),
@@ -197,14 +186,6 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
             f"\n--- stderr ---\n{_tail(proc.stderr)}"
         )
     return json.loads(lines[-1][len(RESULT_PREFIX):])
-
-
-def _tail(data, limit: int = 6000) -> str:
-    if data is None:
-        return ""
-    if isinstance(data, bytes):
-        data = data.decode(errors="replace")
-    return data[-limit:]
 
 
 def summarize(run: dict, warmup: int) -> dict:
@@ -258,14 +239,6 @@ def markdown_table(summary: dict) -> str:
         ratio = f"{vb / va:.3f}" if numbers and va else "—"
         lines.append(f"| {label} | {_cell(fmt, va)} | {_cell(fmt, vb)} | {ratio} |")
     return "\n".join(lines)
-
-
-def write_json(path: str | None, payload: dict) -> None:
-    if not path:
-        return
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -49,6 +49,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_common import gpu_skip_reason, tail as _tail, write_json  # noqa: E402
+
 WORKLOADS = ("transformer", "cnn", "random")
 RESULT_PREFIX = "FIDELITY_RESULT "
 MiB = 1 << 20
@@ -286,30 +289,8 @@ def run_worker(args: argparse.Namespace) -> int:
 # The driver (parent process)
 # --------------------------------------------------------------------------------------------
 
-def gpu_skip_reason() -> Optional[str]:
-    """Why the check cannot run here, or None. Never initialises CUDA in this process."""
-    try:
-        import torch
-    except Exception as exc:  # not installed, or broken
-        return f"torch is not importable ({exc.__class__.__name__}: {exc})"
-    if not torch.cuda.is_available():
-        return (
-            f"torch.cuda.is_available() is False "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
-        )
-    return None
-
-
 class RunFailed(Exception):
     pass
-
-
-def _tail(data, limit: int = 6000) -> str:
-    if data is None:
-        return ""
-    if isinstance(data, bytes):
-        data = data.decode(errors="replace")
-    return data[-limit:]
 
 
 def child_env() -> Dict[str, str]:
@@ -432,14 +413,6 @@ def notes(rows: List[Dict[str, Any]], runs: Dict[str, Dict[str, Any]]) -> List[s
         if run.get("num_alloc_retries") or run.get("num_ooms"):
             out.append(f"{name}: the real run had {run['num_alloc_retries']} alloc retries and {run['num_ooms']} OOMs")
     return out
-
-
-def write_json(path: Optional[str], payload: Dict[str, Any]) -> None:
-    if not path:
-        return
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
