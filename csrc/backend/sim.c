@@ -549,6 +549,15 @@ void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream) {
   sim_unlock(sim); /* an unknown stream has nothing recorded, so nothing to complete */
 }
 
+int cp_sim_stream_idle(cp_sim_t *sim, cp_stream_t stream) {
+  if (sim == NULL) return 1;
+  sim_lock(sim);
+  sim_slot_t *st = sim_table_find(&sim->streams, stream);
+  int idle = st == NULL || st->value.stream.completed_seq >= st->value.stream.recorded_seq;
+  sim_unlock(sim);
+  return idle;
+}
+
 void cp_sim_complete_all(cp_sim_t *sim) {
   if (sim == NULL) return;
   sim_lock(sim);

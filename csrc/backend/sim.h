@@ -50,6 +50,8 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out);
 void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream);
 void cp_sim_complete_all(cp_sim_t *sim);
 void cp_sim_set_auto_complete(cp_sim_t *sim, int on);
+/* 1 when every event recorded on `stream` so far has completed (or none was recorded). */
+int cp_sim_stream_idle(cp_sim_t *sim, cp_stream_t stream);
 
 /* Make the n-th next call of `kind` fail with `status` (CP_ERR_OOM or CP_ERR_BACKEND):
  * n = 1 fails the very next one. n = 0 disarms. One armed failure per kind. */

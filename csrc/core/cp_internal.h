@@ -129,6 +129,7 @@ int cp_ptrmap_reserve(cp_ptrmap_t *m, size_t extra);
 typedef struct cp_pending_s {
   cp_event_t event;
   cp_block_t *block;
+  cp_stream_state_t *stream; /* the stream the event was recorded on */
 } cp_pending_t;
 
 struct cp_stream_state_s {

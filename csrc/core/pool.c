@@ -296,22 +296,37 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
   return first_rc;
 }
 
-/* Wait (without the lock) for every pending free, then return those blocks to the index. */
+/* Wait (without the lock) for every pending free, then return those blocks to the index.
+ * An event the device failed to wait for goes back on its stream's queue: its block is not
+ * known to be done, so it must not be reused (polling will ask again). Should even that
+ * fail for want of host memory, the entry stays detached and its block is never reused. */
 static int cp_synchronize_pending_locked(cp_pool_t *pool) {
   cp_pending_t *entries;
   size_t n;
   int rc = cp_streams_take_all_locked(pool, &entries, &n);
   if (rc != CP_OK || n == 0) return rc;
-  pool->stats.num_sync_all_streams++;
-  pthread_mutex_unlock(&pool->lock);
-  int first_rc = CP_OK;
-  for (size_t i = 0; i < n; i++) {
-    int r = pool->backend.event_synchronize(pool->backend.ctx, entries[i].event);
-    if (r != CP_OK && first_rc == CP_OK) first_rc = r;
+  unsigned char *done = calloc(n, 1);
+  int first_rc = done != NULL ? CP_OK : cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to synchronize events");
+  if (done != NULL) {
+    pool->stats.num_sync_all_streams++;
+    pthread_mutex_unlock(&pool->lock);
+    for (size_t i = 0; i < n; i++) {
+      int r = pool->backend.event_synchronize(pool->backend.ctx, entries[i].event);
+      done[i] = r == CP_OK;
+      if (r != CP_OK && first_rc == CP_OK) first_rc = r;
+    }
+    pthread_mutex_lock(&pool->lock);
   }
-  pthread_mutex_lock(&pool->lock);
-  pool->detached_entries -= n;
-  for (size_t i = 0; i < n; i++) cp_pending_done_locked(pool, &entries[i]);
+  for (size_t i = 0; i < n; i++) {
+    cp_pending_t *e = &entries[i];
+    if (done != NULL && done[i]) {
+      pool->detached_entries--;
+      cp_pending_done_locked(pool, e);
+    } else if (cp_stream_queue_push_locked(pool, e->stream, e->event, e->block) == CP_OK) {
+      pool->detached_entries--;
+    }
+  }
+  free(done);
   free(entries);
   return first_rc;
 }

@@ -105,7 +105,7 @@ int cp_stream_queue_push_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_event
     st->queue_head = 0;
     st->queue_cap = cap;
   }
-  st->queue[(st->queue_head + st->queue_len) & (st->queue_cap - 1)] = (cp_pending_t){event, block};
+  st->queue[(st->queue_head + st->queue_len) & (st->queue_cap - 1)] = (cp_pending_t){event, block, st};
   st->queue_len++;
   pool->pending_entries++;
   return CP_OK;

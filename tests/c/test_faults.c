@@ -1,0 +1,406 @@
+/* test_faults.c — one realistic sequence of pool operations on the simulated device, rerun
+ * with a single backend failure injected at every call of every kind it makes. After each
+ * step the pool must be whole, a failing call must say why, the statistics must match what
+ * the caller really holds, and at the end nothing may be left on the device. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/sim.h"
+#include "check.h"
+#include "core/cp.h"
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+
+#define CAPACITY (64 * MiB)
+#define NSLOTS 16
+
+enum { S1 = 1, S2 = 2, S3 = 3 };
+
+typedef enum op_e {
+  OP_ALLOC,       /* slot := alloc(size, stream) */
+  OP_FREE,        /* free(slot) */
+  OP_RECORD,      /* record_stream(slot, stream) */
+  OP_COMPLETE,    /* cp_sim_complete(stream) */
+  OP_EMPTY_CACHE, /* cp_empty_cache */
+  OP_SET_CAP      /* cp_pool_set_memory_cap(size) */
+} op_t;
+
+typedef struct step_s {
+  op_t op;
+  int slot;
+  size_t size;
+  cp_stream_t stream;
+} step_t;
+
+/* The sequence. Large requests are multiples of 2 MiB so that a large block is always split
+ * exactly (every remainder is 0 or at least 2 MiB): a live block is then exactly its rounded
+ * request, which lets the test predict allocated_bytes from what it holds. */
+static const step_t steps[] = {
+    {OP_ALLOC, 0, 1000, S1},          /*  0: small segment on S1 */
+    {OP_ALLOC, 1, 200 * KiB, S1},     /*  1: same segment */
+    {OP_ALLOC, 2, 4 * MiB, S1},       /*  2: 20 MiB segment on S1 */
+    {OP_ALLOC, 3, 3000, S2},          /*  3: small segment on S2 */
+    {OP_ALLOC, 4, 12 * MiB, S2},      /*  4: a 12 MiB segment of its own */
+    {OP_ALLOC, 5, 6 * MiB, S3},       /*  5: 20 MiB segment on S3; 56 MiB reserved */
+    {OP_RECORD, 2, 0, S2},            /*  6 */
+    {OP_RECORD, 2, 0, S3},            /*  7 */
+    {OP_FREE, 2, 0, 0},               /*  8: two events; the block stays pending */
+    {OP_FREE, 1, 0, 0},               /*  9: plain free */
+    {OP_ALLOC, 6, 2 * MiB, S1},       /* 10: from the free rest of S1's large segment */
+    {OP_COMPLETE, 0, 0, S2},          /* 11: one of the two events completes */
+    {OP_ALLOC, 7, 512, S1},           /* 12: polls: S2's event done, S3's not */
+    {OP_FREE, 7, 0, 0},               /* 13 */
+    {OP_RECORD, 4, 0, S1},            /* 14 */
+    {OP_FREE, 4, 0, 0},               /* 15: 12 MiB pending on S1's event */
+    {OP_FREE, 5, 0, 0},               /* 16: S3's segment is wholly free, cached */
+    {OP_ALLOC, 8, 16 * MiB, S2},      /* 17: no room: retry syncs and releases cached segments */
+    {OP_FREE, 0, 0, 0},               /* 18 */
+    {OP_ALLOC, 13, 4 * MiB, S1},      /* 19: where slot 2 was: its events are waited for */
+    {OP_EMPTY_CACHE, 0, 0, 0},        /* 20 */
+    {OP_SET_CAP, 0, 40 * MiB, 0},     /* 21 */
+    {OP_ALLOC, 9, 8 * MiB, S3},       /* 22: OOM: the cap */
+    {OP_SET_CAP, 0, 0, 0},            /* 23 */
+    {OP_ALLOC, 9, 8 * MiB, S3},       /* 24 */
+    {OP_RECORD, 8, 0, S3},            /* 25 */
+    {OP_FREE, 8, 0, 0},               /* 26: pending on S3 */
+    {OP_ALLOC, 10, 40 * MiB, S1},     /* 27: OOM: the device, after the retry */
+    {OP_COMPLETE, 0, 0, S3},          /* 28 */
+    {OP_ALLOC, 11, 700 * KiB, S3},    /* 29 */
+    {OP_FREE, 3, 0, 0},               /* 30 */
+    {OP_ALLOC, 12, 10 * MiB, S2},     /* 31 */
+    {OP_RECORD, 12, 0, S1},           /* 32 */
+    {OP_RECORD, 12, 0, S3},           /* 33 */
+    {OP_FREE, 12, 0, 0},              /* 34: pending on two streams until the end */
+    {OP_FREE, 6, 0, 0},               /* 35 */
+    {OP_EMPTY_CACHE, 0, 0, 0},        /* 36: waits for the pending block */
+};
+#define NSTEPS ((int)(sizeof steps / sizeof *steps))
+
+/* Steps that fail without any injected failure: both run out of memory. */
+static int step_fails_by_design(int i) { return i == 22 || i == 27; }
+
+/* Which sweep point a run belongs to (all zero: the run without faults). */
+typedef struct sweep_point_s {
+  cp_sim_call_t kind;
+  uint64_t nth; /* 0 = no fault */
+  int status;
+} sweep_point_t;
+
+typedef struct run_result_s {
+  uint64_t calls[CP_SIM_CALL_COUNT];
+  uint64_t faults;
+  int step_rc[NSTEPS];
+} run_result_t;
+
+typedef struct slot_s {
+  void *ptr;
+  size_t rounded;
+  /* After a free with recorded streams: the range stays the other streams' until each of
+   * them has completed (mask of S1..S3); 0 = not guarded. */
+  unsigned recorded; /* streams recorded on the live block (mask of S1..S3) */
+  uintptr_t guard_addr;
+  size_t guard_size;
+  unsigned guard_streams;
+} slot_t;
+
+#define STREAM_BIT(s) (1u << (unsigned)(s))
+
+
+static const sweep_point_t *cur_point;
+static int cur_step;
+
+#define FCHECK(cond)                                                                              \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      fprintf(stderr, "%s:%d: CHECK failed: %s [fault: %s #%" PRIu64 " -> %s, step %d]\n",       \
+              __FILE__, __LINE__, #cond, cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", \
+              cur_point->nth, cp_status_name(cur_point->status), cur_step);                       \
+      check_failures_++;                                                                          \
+    }                                                                                             \
+  } while (0)
+
+/* Segment size the default configuration reserves for a request. */
+static size_t segment_for(const cp_config_t *cfg, size_t rounded) {
+  if (rounded <= cfg->small_size) return cfg->small_segment;
+  if (rounded < cfg->min_large_alloc) return cfg->large_segment;
+  return (rounded + cfg->round_large - 1) / cfg->round_large * cfg->round_large;
+}
+
+/* The pool is whole and its statistics agree with what the caller holds. */
+static void check_pool(cp_pool_t *pool, const slot_t *slots) {
+  FCHECK(cp_pool_check(pool, stderr) == 0);
+  size_t held_bytes = 0, held = 0;
+  for (int i = 0; i < NSLOTS; i++) {
+    if (slots[i].ptr != NULL) {
+      held_bytes += slots[i].rounded;
+      held++;
+    }
+  }
+  cp_stats_t s;
+  cp_pool_stats(pool, &s);
+  FCHECK(s.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current == (int64_t)held_bytes);
+  FCHECK(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current == (int64_t)held);
+}
+
+/* A failing call explains itself. */
+static void check_failure_reported(int rc) {
+  FCHECK(rc != CP_OK);
+  FCHECK(cp_last_error()[0] != '\0');
+}
+
+/* Run the whole sequence once on a fresh device and pool with the failure of `pt` armed. */
+static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
+  cur_point = pt;
+  cur_step = -1;
+  memset(res, 0, sizeof *res);
+  cp_sim_t *sim = NULL;
+  cp_backend_t backend;
+  cp_pool_t *pool = NULL;
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  if (cp_sim_create(CAPACITY, 0, &sim) != CP_OK) {
+    FCHECK(!"cp_sim_create");
+    return;
+  }
+  cp_sim_backend(sim, &backend);
+  if (pt->nth != 0) cp_sim_fail_nth(sim, pt->kind, pt->nth, pt->status);
+  int rc = cp_pool_create(&cfg, &backend, &pool);
+  FCHECK(rc == CP_OK); /* a failed mem_info leaves the device total unknown, nothing more */
+  if (rc != CP_OK) {
+    cp_sim_destroy(sim);
+    return;
+  }
+
+  slot_t slots[NSLOTS];
+  memset(slots, 0, sizeof slots);
+  size_t cap = 0;
+  for (int i = 0; i < NSTEPS; i++) {
+    const step_t *st = &steps[i];
+    cur_step = i;
+    uint64_t faults_before = cp_sim_faults_injected(sim);
+    cp_clear_error();
+    rc = CP_OK;
+    int ran = 1;
+    slot_t *sl = &slots[st->slot];
+    switch (st->op) {
+      case OP_ALLOC: {
+        FCHECK(sl->ptr == NULL);
+        void *p = NULL;
+        rc = cp_alloc(pool, st->size, st->stream, &p);
+        if (rc == CP_OK) {
+          FCHECK(p != NULL);
+          sl->ptr = p;
+          sl->rounded = cp_round_size(&cfg, st->size);
+          sl->recorded = 0;
+        }
+        break;
+      }
+      case OP_FREE:
+        if (sl->ptr == NULL) { /* its allocation failed: nothing to free */
+          ran = 0;
+          break;
+        }
+        rc = cp_free(pool, sl->ptr);
+        if (rc == CP_OK) { /* else the caller still holds it */
+          sl->guard_addr = (uintptr_t)sl->ptr;
+          sl->guard_size = sl->rounded;
+          sl->guard_streams = sl->recorded;
+          sl->ptr = NULL;
+        }
+        break;
+      case OP_RECORD:
+        if (sl->ptr == NULL) {
+          ran = 0;
+          break;
+        }
+        rc = cp_record_stream(pool, sl->ptr, st->stream);
+        if (rc == CP_OK) sl->recorded |= STREAM_BIT(st->stream);
+        break;
+      case OP_COMPLETE:
+        cp_sim_complete(sim, st->stream);
+        for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams &= ~STREAM_BIT(st->stream);
+        break;
+      case OP_EMPTY_CACHE:
+        rc = cp_empty_cache(pool);
+        break;
+      case OP_SET_CAP:
+        cap = st->size;
+        rc = cp_pool_set_memory_cap(pool, cap);
+        break;
+    }
+    int fired = cp_sim_faults_injected(sim) != faults_before;
+    /* A freed block's address is guarded while a stream that used it is still busy. The
+     * pool's waits (cp_empty_cache, the OOM retry) finish streams on the simulated device;
+     * a wait that failed leaves its stream busy. */
+    for (cp_stream_t s = S1; s <= S3; s++) {
+      if (!cp_sim_stream_idle(sim, s)) continue;
+      for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams &= ~STREAM_BIT(s);
+    }
+    /* Stream ordering: no address is handed out while streams that used it before its free
+     * may still run. */
+    if (st->op == OP_ALLOC && rc == CP_OK) {
+      for (int j = 0; j < NSLOTS; j++) {
+        const slot_t *g = &slots[j];
+        if (g->guard_streams == 0) continue;
+        int overlap = (uintptr_t)sl->ptr < g->guard_addr + g->guard_size &&
+                      g->guard_addr < (uintptr_t)sl->ptr + sl->rounded;
+        if (!overlap) continue;
+        FCHECK(!"reused before the recorded streams completed");
+      }
+    }
+    res->step_rc[i] = ran ? rc : -1;
+    if (rc != CP_OK) {
+      check_failure_reported(rc);
+      if (st->op == OP_ALLOC) {
+        /* OOM only when memory really is exhausted: no room on the device or under the cap
+         * for the segment this request needs (every cached segment was offered back first),
+         * or the device itself said OOM (an injected OOM on reserve). */
+        size_t seg = segment_for(&cfg, cp_round_size(&cfg, st->size));
+        size_t pool_alloc = 0, pool_reserved = 0;
+        cp_pool_usage(pool, &pool_alloc, &pool_reserved);
+        int exhausted = seg > CAPACITY - cp_sim_reserved_bytes(sim) ||
+                        (cap != 0 && pool_reserved + seg > cap);
+        int injected_oom = fired && pt->status == CP_ERR_OOM;
+        if (rc == CP_ERR_OOM) FCHECK(exhausted || injected_oom);
+        else FCHECK(rc == CP_ERR_BACKEND && fired);
+      } else {
+        /* Other calls fail only when the device failed them. */
+        FCHECK(fired);
+        FCHECK(rc == CP_ERR_BACKEND);
+      }
+      if (pt->nth == 0) FCHECK(step_fails_by_design(i));
+    } else if (pt->nth == 0) {
+      FCHECK(!step_fails_by_design(i));
+    }
+    check_pool(pool, slots);
+  }
+
+  /* The pool keeps serving. */
+  cur_step = NSTEPS;
+  {
+    void *p = NULL;
+    uint64_t faults_before = cp_sim_faults_injected(sim);
+    rc = cp_alloc(pool, 4096, S2, &p);
+    if (rc != CP_OK && cp_sim_faults_injected(sim) != faults_before) {
+      check_failure_reported(rc); /* the armed call was this one: once more */
+      rc = cp_alloc(pool, 4096, S2, &p);
+    }
+    if (rc != CP_OK) fprintf(stderr, "serving after the sequence: %s\n", cp_last_error());
+    FCHECK(rc == CP_OK && p != NULL);
+    if (rc == CP_OK) FCHECK(cp_free(pool, p) == CP_OK);
+    check_pool(pool, slots);
+  }
+
+  /* Give everything back. A call the device fails once must work when repeated. */
+  cur_step = NSTEPS + 1;
+  for (int i = 0; i < NSLOTS; i++) {
+    if (slots[i].ptr == NULL) continue;
+    cp_clear_error();
+    rc = cp_free(pool, slots[i].ptr);
+    if (rc != CP_OK) {
+      check_failure_reported(rc);
+      rc = cp_free(pool, slots[i].ptr);
+    }
+    FCHECK(rc == CP_OK);
+    if (rc == CP_OK) slots[i].ptr = NULL;
+    check_pool(pool, slots);
+  }
+  cp_sim_complete_all(sim);
+  for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams = 0;
+  cp_clear_error();
+  rc = cp_empty_cache(pool);
+  if (rc != CP_OK) {
+    check_failure_reported(rc);
+    rc = cp_empty_cache(pool);
+  }
+  FCHECK(rc == CP_OK);
+  check_pool(pool, slots);
+  {
+    size_t pool_alloc = 1, pool_reserved = 1;
+    cp_pool_usage(pool, &pool_alloc, &pool_reserved);
+    FCHECK(pool_alloc == 0);
+    FCHECK(pool_reserved == 0);
+    cp_pool_info_t in;
+    cp_pool_info(pool, &in);
+    FCHECK(in.segments == 0 && in.live_blocks == 0 && in.pending_blocks == 0);
+  }
+
+  /* Destroy: nothing may stay on the device but what the device itself refused to free. */
+  cur_step = NSTEPS + 2;
+  uint64_t faults_before = cp_sim_faults_injected(sim);
+  cp_pool_destroy(pool);
+  uint64_t refused = cp_sim_faults_injected(sim) - faults_before;
+  FCHECK(cp_sim_reserved_bytes(sim) == 0);
+  FCHECK(cp_sim_live_reservations(sim) == 0);
+  if (refused != 0) {
+    /* Only event_destroy reaches the device in destroy here (the cache is already empty):
+     * an event the device refuses to destroy is the device's to keep. */
+    FCHECK(pt->kind == CP_SIM_EVENT_DESTROY);
+    FCHECK(cp_sim_live_events(sim) == refused);
+  } else {
+    FCHECK(cp_sim_live_events(sim) == 0);
+  }
+
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) res->calls[k] = cp_sim_calls(sim, (cp_sim_call_t)k);
+  res->faults = cp_sim_faults_injected(sim);
+  cp_sim_destroy(sim);
+}
+
+TEST(sequence_without_faults) {
+  sweep_point_t none = {CP_SIM_RESERVE, 0, CP_OK};
+  run_result_t res;
+  run_sequence(&none, &res);
+  CHECK_EQ_U(res.faults, 0);
+  CHECK(res.step_rc[17] == CP_OK); /* served after the retry */
+  CHECK(res.step_rc[22] == CP_ERR_OOM);
+  CHECK(res.step_rc[27] == CP_ERR_OOM);
+  /* The sequence reaches every path the sweep is meant to cover. */
+  CHECK(res.calls[CP_SIM_RESERVE] >= 8);
+  CHECK(res.calls[CP_SIM_RELEASE] >= 4);
+  CHECK(res.calls[CP_SIM_EVENT_CREATE] >= 2);
+  CHECK(res.calls[CP_SIM_EVENT_RECORD] >= 5);
+  CHECK(res.calls[CP_SIM_EVENT_QUERY] >= 1);
+  CHECK(res.calls[CP_SIM_EVENT_SYNCHRONIZE] >= 3);
+  CHECK(res.calls[CP_SIM_EVENT_DESTROY] >= 2);
+  CHECK(res.calls[CP_SIM_MEM_INFO] >= 2);
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) {
+    printf("test_faults: %-18s %" PRIu64 " calls\n", cp_sim_call_name((cp_sim_call_t)k), res.calls[k]);
+  }
+}
+
+TEST(one_fault_at_every_call) {
+  sweep_point_t none = {CP_SIM_RESERVE, 0, CP_OK};
+  run_result_t base;
+  run_sequence(&none, &base);
+  REQUIRE(check_failures_ == 0);
+  uint64_t points = 0, injected = 0;
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) {
+    const int statuses[2] = {CP_ERR_BACKEND, CP_ERR_OOM};
+    int nstatus = k == CP_SIM_RESERVE ? 2 : 1; /* only reserve can mean "no memory" */
+    for (int s = 0; s < nstatus; s++) {
+      for (uint64_t n = 1; n <= base.calls[k]; n++) {
+        sweep_point_t pt = {(cp_sim_call_t)k, n, statuses[s]};
+        run_result_t res;
+        run_sequence(&pt, &res);
+        cur_point = &pt;
+        cur_step = -1;
+        /* Until the armed call the run is the fault-free one, so the failure always fires. */
+        FCHECK(res.faults == 1);
+        points++;
+        injected += res.faults;
+      }
+    }
+  }
+  printf("test_faults: %" PRIu64 " faults injected over %" PRIu64 " sweep points\n", injected, points);
+  CHECK(points > 0);
+  CHECK_EQ_U(injected, points);
+}
+
+int main(void) {
+  RUN(sequence_without_faults);
+  RUN(one_fault_at_every_call);
+  return check_summary("test_faults");
+}
