@@ -44,7 +44,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean
+.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke
 
 all: $(ASAN_TESTS)
 
@@ -70,22 +70,30 @@ test-c: $(ASAN_TESTS)
 	  echo "== $$t"; \
 	  $(ASAN_ENV) ./$$t || { echo "test-c: $$t FAILED" >&2; exit 1; }; \
 	done
+	@$(MAKE) --no-print-directory fuzz-corpus
 
 # ---- ThreadSanitizer: the threaded stress test ----------------------------------------------
 build/tsan/obj/%.o: %.c $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) -c $< -o $@
 
-build/tsan/test_stress: build/tsan/obj/tests/c/test_stress.o $(call lib_objs,tsan)
+# The threaded tests: the stress test, and fork() while other threads are inside the pool.
+TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork
+
+$(TSAN_TESTS): build/tsan/%: build/tsan/obj/tests/c/%.o $(call lib_objs,tsan)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
 tests/c/test_stress.c benchmarks/bench_micro.c:
 	@echo "$@ is missing" >&2; exit 1
 
-test-tsan: build/tsan/test_stress
+test-tsan: $(TSAN_TESTS)
 	@echo "== build/tsan/test_stress $(TSAN_ARGS)"
 	$(TSAN_ENV) ./build/tsan/test_stress $(TSAN_ARGS)
+	@echo "== build/tsan/test_fork"
+	@# A forked child inherits ThreadSanitizer's records of the parent's other threads, which do
+	@# not exist in it; without this it reports them as leaked when the child exits.
+	$(TSAN_ENV):report_thread_leaks=0 ./build/tsan/test_fork
 
 # ---- Release: optimised, no sanitizer, no per-op check --------------------------------------
 build/release/obj/%.o: %.c $(HEADERS) Makefile
@@ -114,6 +122,50 @@ build/bench_micro: build/bench/obj/benchmarks/bench_micro.o $(call lib_objs,benc
 
 bench-micro:
 	$(MAKE) build/bench_micro && $(PYTHON) benchmarks/run_bench_micro.py
+
+# ---- Fuzzing ----------------------------------------------------------------------------------
+# tests/fuzz/fuzz_<name>.c are libFuzzer harnesses (pool: operations on a simulated device
+# against a shadow model; config: the configuration parser), with a committed corpus each in
+# tests/fuzz/corpus/<name>/.
+#   fuzz-corpus: the harnesses linked with replay_main.c (no libFuzzer, any compiler) under
+#                ASan+UBSan with the per-op invariant check; every committed input runs once.
+#                Part of test-c.
+#   fuzz-smoke:  the harnesses built with FUZZ_CC -fsanitize=fuzzer (objects in build/fuzz/):
+#                the committed corpus replayed, then FUZZ_SECONDS of fuzzing per harness from a
+#                copy of it under build/fuzz/<name>/; fails on any crash, leak or timeout.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 30
+FUZZ_NAMES := pool config
+FUZZ_LIB_SRC := $(CORE_SRC) $(SIM_SRC)
+FUZZ_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_REPLAYS := $(patsubst %,build/asan/fuzz_%_replay,$(FUZZ_NAMES))
+FUZZERS := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_NAMES))
+
+$(FUZZ_REPLAYS): build/asan/fuzz_%_replay: build/asan/obj/tests/fuzz/fuzz_%.o build/asan/obj/tests/fuzz/replay_main.o \
+                 $(patsubst %.c,build/asan/obj/%.o,$(FUZZ_LIB_SRC))
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
+
+fuzz-corpus: $(FUZZ_REPLAYS)
+	@for n in $(FUZZ_NAMES); do \
+	  echo "== build/asan/fuzz_$${n}_replay tests/fuzz/corpus/$$n"; \
+	  $(ASAN_ENV) ./build/asan/fuzz_$${n}_replay tests/fuzz/corpus/$$n || { echo "fuzz-corpus: $$n FAILED" >&2; exit 1; }; \
+	done
+
+# CFLAGS is left out on purpose: it is meant for CC, which need not be clang.
+build/fuzz/obj/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CFLAGS_BASE) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZERS): build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(patsubst %.c,build/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CFLAGS_BASE) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LIB_LDLIBS)
+
+fuzz-smoke: $(FUZZERS)
+	@for n in $(FUZZ_NAMES); do \
+	  dict=; if [ -f tests/fuzz/$$n.dict ]; then dict=tests/fuzz/$$n.dict; fi; \
+	  sh tests/fuzz/smoke.sh build/fuzz/fuzz_$$n tests/fuzz/corpus/$$n build/fuzz/$$n $(FUZZ_SECONDS) $$dict || exit 1; \
+	done
 
 # ---- Python package ---------------------------------------------------------------------------
 # The torch tests need a CUDA build of torch (it imports and swaps allocators without a GPU).

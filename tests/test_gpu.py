@@ -626,3 +626,79 @@ def test_multi_gpu_pool_per_device(child_env):
         pytest.skip(f"needs 2 CUDA devices, found {count}")
     r = run_scenario(child_env, MULTI_GPU)
     assert 0 in r["devices"] and 1 in r["devices"]
+
+
+# -- h. lifecycle: exit with live tensors, fork, threads -----------------------------------------
+
+EXIT_WITH_LIVE_TENSORS = """
+side = torch.cuda.Stream()
+keep = [torch.randn(1 << 20, device="cuda") for _ in range(8)]   # live at exit
+with torch.cuda.stream(side):
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(4):
+        busy = busy @ busy                                        # still running at exit
+moved = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+moved.record_stream(side)                                         # its free needs an event
+check_pool()
+result(live=_C.device_info(0)["live_blocks"])
+# no synchronize, no empty_cache: the interpreter exits with all of it live
+"""
+
+
+def test_exit_with_live_tensors_and_busy_streams_is_clean(child_env):
+    code = PRELUDE + ENABLE + textwrap.dedent(EXIT_WITH_LIVE_TENSORS)
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "cudapool:" not in proc.stderr, proc.stderr[-4000:]   # no failed frees reported
+    assert "RESULT" in proc.stdout
+
+
+FORK_AND_THREADS = """
+import threading, time
+stop = threading.Event()
+errors = []
+
+def worker(k):
+    torch.cuda.set_device(0)
+    s = torch.cuda.Stream()
+    try:
+        while not stop.is_set():
+            with torch.cuda.stream(s):
+                xs = [torch.empty((k + 1) * 3 * MiB, dtype=torch.uint8, device="cuda") for _ in range(4)]
+                del xs
+    except Exception as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+children = []
+for _ in range(10):
+    time.sleep(0.01)
+    pid = os.fork()          # a CPU-only child, like a DataLoader worker
+    if pid == 0:
+        import cudapool as cp
+        _ = cp.memory_stats(0)   # the pool's lock is free in the child
+        os._exit(0)
+    end = time.monotonic() + 30
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            children.append(os.waitstatus_to_exitcode(status))
+            break
+        if time.monotonic() > end:
+            os.kill(pid, 9); os.waitpid(pid, 0); children.append("deadlocked"); break
+        time.sleep(0.005)
+stop.set()
+for t in threads: t.join()
+torch.cuda.synchronize()
+check_pool()
+assert not errors, errors
+result(children=children, allocated=cudapool.memory_allocated(0))
+"""
+
+
+def test_fork_while_threads_allocate_on_the_gpu(child_env):
+    r = run_scenario(child_env, FORK_AND_THREADS, extra_env={"PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    assert r["children"] == [0] * 10, r
+    assert r["allocated"] == 0

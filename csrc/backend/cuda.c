@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../core/cp_fork.h"
+
 /* ------------------------------------------------------------------------------------------
  * Driver types and constants. cuda.h of the toolkit is not included (it is not needed to build,
  * and a machine without CUDA has none); the few declarations used here follow the CUDA driver
@@ -547,6 +549,7 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
                         "cudapool serves", device, CP_CUDA_MAX_DEVICES);
 
   cuda_device_t *d = &cuda_devices[device];
+  cp_fork_register_outer(&cuda_devices_lock); /* after the device table's: it nests inside */
   pthread_mutex_lock(&cuda_devices_lock);
   if (!atomic_load_explicit(&d->live, memory_order_relaxed)) {
     CUdevice dev = 0;

@@ -4,8 +4,12 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "../core/cp_fork.h"
 
 /* ------------------------------------------------------------------------------------------
  * Constants
@@ -33,6 +37,7 @@ typedef union sim_value_u {
   struct {
     uint64_t recorded_seq;   /* sequence number of the last event_record on this stream */
     uint64_t completed_seq;  /* every record with seq <= this has completed */
+    int invalid;             /* cp_sim_invalidate_stream: records and waits on it fail */
   } stream;
   struct {
     cp_stream_t stream;      /* stream of the last record (meaningless while seq == 0) */
@@ -61,6 +66,11 @@ typedef struct sim_table_s {
  * The device
  * ---------------------------------------------------------------------------------------- */
 
+typedef struct sim_delay_s {
+  uint64_t countdown;        /* calls left until the delayed one; 0 = disarmed */
+  unsigned ms;               /* how long it sleeps, with the device lock held */
+} sim_delay_t;
+
 typedef struct sim_fault_s {
   uint64_t countdown;        /* calls left until the injected failure; 0 = disarmed */
   int status;                /* what the failing call returns */
@@ -74,6 +84,7 @@ typedef struct sim_fault_s {
  *    every address handed out so far (addresses are never reused). */
 struct cp_sim_s {
   pthread_mutex_t lock;
+  cp_fork_lock_t fork_node;       /* `lock` is held across fork() */
   size_t capacity_bytes;
   size_t used_bytes;
   unsigned flags;                 /* CP_SIM_* given at create */
@@ -86,6 +97,9 @@ struct cp_sim_s {
   uint64_t calls[CP_SIM_CALL_COUNT];
   sim_fault_t faults[CP_SIM_CALL_COUNT];
   uint64_t faults_injected;
+  sim_delay_t delays[CP_SIM_CALL_COUNT];
+  atomic_uint_fast64_t delays_entered; /* read without the lock, while a delay holds it */
+  int lost;                       /* every call fails: the driver is gone */
 };
 
 static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
@@ -215,6 +229,17 @@ static int sim_kind_valid(cp_sim_call_t kind) {
  * injected status (last error set). Called with the lock held, before any side effect. */
 static int sim_enter(cp_sim_t *sim, cp_sim_call_t kind) {
   const uint64_t call_no = ++sim->calls[kind];
+  sim_delay_t *d = &sim->delays[kind];
+  if (d->countdown != 0 && --d->countdown == 0) {
+    atomic_fetch_add_explicit(&sim->delays_entered, 1, memory_order_release);
+    struct timespec ts = {(time_t)(d->ms / 1000u), (long)(d->ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+  }
+  if (sim->lost) {
+    return cp_set_error(CP_ERR_BACKEND, "sim: %s: device lost (the driver has shut down)",
+                        sim_call_names[kind]);
+  }
   sim_fault_t *f = &sim->faults[kind];
   if (f->countdown == 0) return CP_OK;
   if (--f->countdown != 0) return CP_OK;
@@ -380,6 +405,11 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
                       "): host memory for the stream table is short", event, stream);
     goto out;
   }
+  if (st->value.stream.invalid) {
+    rc = cp_set_error(CP_ERR_BACKEND, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
+                      "): invalid resource handle (the stream is invalid)", event, stream);
+    goto out;
+  }
   const uint64_t seq = ++st->value.stream.recorded_seq;
   ev->value.event.stream = stream;
   ev->value.event.seq = seq;
@@ -444,6 +474,12 @@ static int sim_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event
                       "): unknown event", stream, event);
     goto out;
   }
+  const sim_slot_t *st = sim_table_find(&sim->streams, stream);
+  if (st != NULL && st->value.stream.invalid) {
+    rc = cp_set_error(CP_ERR_BACKEND, "sim: stream_wait_event(stream 0x%" PRIxPTR ", 0x%" PRIxPTR
+                      "): invalid resource handle (the stream is invalid)", stream, event);
+    goto out;
+  }
 out:
   sim_unlock(sim);
   return rc;
@@ -487,6 +523,7 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
     free(sim);
     return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_create: pthread_mutex_init failed");
   }
+  cp_fork_register(&sim->fork_node, &sim->lock, CP_FORK_LEVEL_BACKEND);
   sim->capacity_bytes = capacity;
   sim->flags = flags;
   sim->auto_complete = (flags & CP_SIM_AUTO_COMPLETE) != 0;
@@ -507,6 +544,7 @@ no_host_memory:
 
 void cp_sim_destroy(cp_sim_t *sim) {
   if (sim == NULL) return;
+  cp_fork_unregister(&sim->fork_node);
   if (!(sim->flags & CP_SIM_NO_TOUCH)) {
     for (size_t i = 0; i < sim->reservations.slot_count; i++) {
       const sim_slot_t *s = &sim->reservations.slots[i];
@@ -581,6 +619,39 @@ void cp_sim_fail_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, int status) 
   sim->faults[kind].countdown = n;
   sim->faults[kind].status = status == CP_ERR_OOM ? CP_ERR_OOM : CP_ERR_BACKEND;
   sim_unlock(sim);
+}
+
+void cp_sim_delay_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, unsigned ms) {
+  if (sim == NULL || !sim_kind_valid(kind)) return;
+  sim_lock(sim);
+  sim->delays[kind].countdown = n;
+  sim->delays[kind].ms = ms;
+  sim_unlock(sim);
+}
+
+uint64_t cp_sim_delays_entered(const cp_sim_t *sim) {
+  if (sim == NULL) return 0;
+  return atomic_load_explicit(&sim->delays_entered, memory_order_acquire);
+}
+
+void cp_sim_set_lost(cp_sim_t *sim, int lost) {
+  if (sim == NULL) return;
+  sim_lock(sim);
+  sim->lost = lost != 0;
+  sim_unlock(sim);
+}
+
+int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
+  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_invalidate_stream: no device");
+  sim_lock(sim);
+  sim_slot_t *st = sim_stream_get_or_add(sim, stream);
+  if (st != NULL) st->value.stream.invalid = 1;
+  sim_unlock(sim);
+  if (st == NULL) {
+    return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_invalidate_stream(0x%" PRIxPTR "): host memory for the "
+                        "stream table is short", stream);
+  }
+  return CP_OK;
 }
 
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind) {

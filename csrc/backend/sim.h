@@ -57,6 +57,24 @@ int cp_sim_stream_idle(cp_sim_t *sim, cp_stream_t stream);
  * n = 1 fails the very next one. n = 0 disarms. One armed failure per kind. */
 void cp_sim_fail_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, int status);
 
+/* Make the n-th next call of `kind` sleep `ms` milliseconds with the device lock held (and
+ * whatever lock its caller holds: the pool's, for event calls). n = 0 disarms. For tests of
+ * what happens while a lock is held, e.g. fork(). */
+void cp_sim_delay_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, unsigned ms);
+/* How many delays have started so far; safe to poll while one is under way. */
+uint64_t cp_sim_delays_entered(const cp_sim_t *sim);
+
+/* Lose the device (lost = 1): from now on every call fails with CP_ERR_BACKEND, as the
+ * driver's calls do once it has shut down at process exit. Host memory is still freed by
+ * cp_sim_destroy. lost = 0 brings it back. */
+void cp_sim_set_lost(cp_sim_t *sim, int lost);
+
+/* Make `stream` invalid, as a destroyed stream is: from now on every event_record and
+ * stream_wait_event on it fails with CP_ERR_BACKEND and the driver's words "invalid resource
+ * handle". Events recorded on it before stay as they are (they complete when told to).
+ * CP_ERR_HOST_OOM when the stream table cannot grow. */
+int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
+
 /* Calls of `kind` made so far (failed ones included), and the failures injected. */
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind);
 uint64_t cp_sim_faults_injected(const cp_sim_t *sim);

@@ -137,18 +137,34 @@ void cp_pool_destroy(cp_pool_t *pool);
 int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr);
 
 /* Free a pointer returned by cp_alloc. NULL is a no-op. An unknown pointer (or a double
- * free) is CP_ERR_INVALID and changes nothing. */
+ * free) is CP_ERR_INVALID and changes nothing. When an event cannot be recorded on a stream
+ * the block was used on (record_stream; e.g. a destroyed stream), CP_ERR_BACKEND and the
+ * block stays allocated: nothing could tell when that stream's work ends. */
 int cp_free(cp_pool_t *pool, void *ptr);
 
+/* cp_free for callers that also know the size they asked for: when `size` is not the size
+ * given to cp_alloc, CP_ERR_INVALID naming both, and the block stays allocated. A mismatch
+ * means the caller's record of the pointer is not the pool's, most likely a stale pointer
+ * whose address now belongs to a newer allocation; freeing that would hand memory still in
+ * use to the next request, so refusing (a visible leak) is the safe side. */
+int cp_free_sized(cp_pool_t *pool, void *ptr, size_t size);
+
+/* 1 when `ptr` is a live allocation of `pool` (then *out_size, unless NULL, is the size it
+ * was allocated with), else 0. Changes nothing. */
+int cp_pool_lookup(cp_pool_t *pool, void *ptr, size_t *out_size);
+
 /* Mark `ptr` as used on `stream` too: at free, an event is recorded there and the block
- * is reused only once it completes. Recording the allocation stream is a no-op. */
+ * is reused only once it completes. Recording the allocation stream is a no-op. No device
+ * call is made here, so a bad stream shows only at cp_free. */
 int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream);
 
 /* Return every wholly free segment to the backend (after reclaiming completed frees). */
 int cp_empty_cache(cp_pool_t *pool);
 
 /* Set the memory cap in bytes (0 = none), or as a fraction of the device's total memory
- * (0 = unset). Existing memory is not released. */
+ * (0 = unset; NaN or outside [0, 1] is CP_ERR_INVALID; a fraction worth less than one byte
+ * caps at one byte). Existing memory is not released: a cap below what is reserved only
+ * stops growth. */
 int cp_pool_set_memory_cap(cp_pool_t *pool, size_t bytes);
 int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction);
 

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "cp.h"
+#include "cp_fork.h"
 
 typedef struct cp_block_s cp_block_t;
 typedef struct cp_segment_s cp_segment_t;
@@ -210,6 +211,7 @@ typedef struct cp_block_slab_s {
 
 struct cp_pool_s {
   pthread_mutex_t lock;    /* guards everything below; never held across a blocking call */
+  cp_fork_lock_t fork_node; /* `lock` is held across fork() (Note [Locks across fork]) */
   cp_config_t cfg;
   cp_backend_t backend;
   cp_stats_t stats;
@@ -241,7 +243,7 @@ struct cp_pool_s {
   size_t detached_entries;  /* pending entries taken out for synchronizing */
 
   size_t inflight_bytes;    /* reserves under way without the lock (counted against the cap) */
-  size_t high_water;        /* the most ever reserved (+ in flight); never reset */
+  size_t high_water;        /* the most ever reserved (+ in flight then); never reset */
   size_t cap_bytes;         /* effective cap, 0 = none */
   size_t device_total;      /* from the backend at creation, 0 when unknown */
 };

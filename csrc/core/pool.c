@@ -336,6 +336,8 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
   size_t cap = cfg->memory_cap;
   if (cfg->memory_fraction > 0 && device_total > 0) {
     size_t f = (size_t)(cfg->memory_fraction * (double)device_total);
+    /* A fraction too small for one byte still caps: 0 would read as "no cap". */
+    if (f == 0) f = 1;
     if (cap == 0 || f < cap) cap = f;
   }
   return cap;
@@ -349,8 +351,12 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   if (pool->cap_bytes != 0 && (seg_size > pool->cap_bytes || reserved > pool->cap_bytes - seg_size)) {
     return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
   }
+  /* No device holds such a segment, and counting it in flight would wrap the sums. */
+  if (seg_size > SIZE_MAX - reserved) {
+    return cp_set_error(CP_ERR_OOM, "cudapool: a segment of %zu bytes does not fit beside the %zu reserved",
+                        seg_size, reserved);
+  }
   pool->inflight_bytes += seg_size;
-  if (reserved + seg_size > pool->high_water) pool->high_water = reserved + seg_size;
   pthread_mutex_unlock(&pool->lock);
   uintptr_t addr = 0;
   int rc = CP_OK;
@@ -381,6 +387,10 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   head->state = CP_BLOCK_FREE;
   seg->head = head;
   cp_segment_link_locked(pool, seg);
+  /* The mark moves only for memory really had: a refused request (a huge one from bad input,
+   * say) must not raise it and so switch release_before_grow off for good. */
+  size_t held = cp_reserved_locked(pool) + pool->inflight_bytes;
+  if (held > pool->high_water) pool->high_water = held;
   *out_ptr = cp_take_locked(pool, head, size, requested);
   return CP_OK;
 }
@@ -389,6 +399,9 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
  * them could serve this request: the index was searched); else, past
  * garbage_collection_threshold of the limit, give back free segments until under it. */
 static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
+  /* A segment that cannot even be added to what is reserved is refused by cp_grow_locked
+   * (the retry then gives the cache back): nothing to compute, and nothing may wrap below. */
+  if (seg_size > SIZE_MAX - (cp_reserved_locked(pool) + pool->inflight_bytes)) return;
   if (pool->cfg.release_before_grow) {
     /* Growing below the high-water mark costs no peak: keep the cache. Past it, give back
      * (oldest first) what keeps the mark where it is, if the cache holds that much. */
@@ -430,6 +443,7 @@ int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_
     return CP_ERR_HOST_OOM;
   }
   pthread_mutex_init(&pool->lock, NULL);
+  cp_fork_register(&pool->fork_node, &pool->lock, CP_FORK_LEVEL_POOL);
   size_t dev_free = 0, dev_total = 0;
   if (pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total) == CP_OK) pool->device_total = dev_total;
   pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
@@ -441,6 +455,7 @@ int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_
 
 void cp_pool_destroy(cp_pool_t *pool) {
   if (pool == NULL) return;
+  cp_fork_unregister(&pool->fork_node); /* before the pool lock: the registry's is outer */
   pthread_mutex_lock(&pool->lock);
   for (cp_segment_t *seg = pool->segments, *next; seg != NULL; seg = next) {
     next = seg->next;
@@ -567,16 +582,28 @@ static int cp_free_with_events_locked(cp_pool_t *pool, cp_block_t *b) {
   return CP_OK;
 }
 
-int cp_free(cp_pool_t *pool, void *ptr) {
+/* cp_free and cp_free_sized: `expect_size` NULL means "any size". */
+static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, const char *who) {
   if (ptr == NULL) return CP_OK;
-  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_free: NULL pool");
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "%s: NULL pool", who);
   pthread_mutex_lock(&pool->lock);
   cp_block_t *b = cp_ptrmap_get(&pool->live, (uintptr_t)ptr);
   int rc = CP_OK;
   if (b == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "cp_free: %p was not allocated by this pool, or was already freed", ptr);
+    rc = cp_set_error(CP_ERR_INVALID, "%s: %p was not allocated by this pool, or was already freed", who, ptr);
+  } else if (expect_size != NULL && *expect_size != b->requested) {
+    rc = cp_set_error(CP_ERR_INVALID,
+                      "%s: %p was allocated with %zu bytes, not %zu: not freed (the block stays allocated)", who,
+                      ptr, b->requested, *expect_size);
+    b = NULL;
   } else if (b->use_count > 0) {
     rc = cp_free_with_events_locked(pool, b);
+    if (rc != CP_OK) {
+      char why[1024];
+      snprintf(why, sizeof why, "%s", cp_last_error());
+      cp_set_error(rc, "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
+                   "cannot be tracked)", who, ptr, why);
+    }
   }
   if (b != NULL && rc == CP_OK) {
     cp_ptrmap_remove(&pool->live, b->addr);
@@ -589,6 +616,19 @@ int cp_free(cp_pool_t *pool, void *ptr) {
   CP_DEBUG_CHECK(pool, "cp_free");
   pthread_mutex_unlock(&pool->lock);
   return rc;
+}
+
+int cp_free(cp_pool_t *pool, void *ptr) { return cp_free_impl(pool, ptr, NULL, "cp_free"); }
+
+int cp_free_sized(cp_pool_t *pool, void *ptr, size_t size) { return cp_free_impl(pool, ptr, &size, "cp_free_sized"); }
+
+int cp_pool_lookup(cp_pool_t *pool, void *ptr, size_t *out_size) {
+  if (pool == NULL || ptr == NULL) return 0;
+  pthread_mutex_lock(&pool->lock);
+  const cp_block_t *b = cp_ptrmap_get(&pool->live, (uintptr_t)ptr);
+  if (b != NULL && out_size != NULL) *out_size = b->requested;
+  pthread_mutex_unlock(&pool->lock);
+  return b != NULL;
 }
 
 int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {

@@ -3,6 +3,7 @@
 #include "devices.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "../backend/cuda.h"
 #include "../backend/sim.h"
+#include "../core/cp_fork.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
@@ -28,6 +30,16 @@ static int cpd_sim_mode;
 static size_t cpd_sim_capacity;
 static int cpd_sim_count;
 static unsigned cpd_sim_flags;
+static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
+
+static void cpd_register_for_fork(void) { cp_fork_register_outer(&cpd_lock); }
+
+/* Every taker of the table lock comes through here, so the lock is known to the fork handlers
+ * (Note [Locks across fork]) before anyone can hold it. */
+static void cpd_table_lock(void) {
+  pthread_once(&cpd_fork_once, cpd_register_for_fork);
+  pthread_mutex_lock(&cpd_lock);
+}
 
 static void cpd_config_locked(cp_config_t *out) {
   if (!cpd_cfg_set) {
@@ -40,7 +52,7 @@ static void cpd_config_locked(cp_config_t *out) {
 int cpd_configure(const cp_config_t *cfg) {
   int rc = cp_config_validate(cfg);
   if (rc != CP_OK) return rc;
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   if (cpd_pool_count > 0) {
     rc = cp_set_error(CP_ERR_STATE, "cudapool: the configuration cannot change once a device pool exists "
                                     "(configure before the first CUDA allocation)");
@@ -53,7 +65,7 @@ int cpd_configure(const cp_config_t *cfg) {
 }
 
 void cpd_config(cp_config_t *out_cfg) {
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   cpd_config_locked(out_cfg);
   pthread_mutex_unlock(&cpd_lock);
 }
@@ -63,7 +75,7 @@ int cpd_use_sim(size_t capacity, int count, unsigned sim_flags) {
     return cp_set_error(CP_ERR_INVALID, "cudapool: simulated devices need a capacity > 0 and 1..%d devices",
                         CPD_MAX_DEVICES);
   }
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   int rc = CP_OK;
   if (cpd_pool_count > 0) {
     rc = cp_set_error(CP_ERR_STATE, "cudapool: cannot switch to simulated devices once a device pool exists");
@@ -78,7 +90,7 @@ int cpd_use_sim(size_t capacity, int count, unsigned sim_flags) {
 }
 
 int cpd_using_sim(void) {
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   int on = cpd_sim_mode;
   pthread_mutex_unlock(&cpd_lock);
   return on;
@@ -86,14 +98,14 @@ int cpd_using_sim(void) {
 
 cp_sim_t *cpd_sim(int device) {
   if (device < 0 || device >= CPD_MAX_DEVICES) return NULL;
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   cp_sim_t *sim = cpd_sim_mode ? cpd_sims[device] : NULL;
   pthread_mutex_unlock(&cpd_lock);
   return sim;
 }
 
 int cpd_device_count(int *out_count) {
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   int rc = CP_OK;
   if (cpd_sim_mode) {
     *out_count = cpd_sim_count;
@@ -139,7 +151,7 @@ int cpd_pool(int device, cp_pool_t **out_pool) {
     *out_pool = pool;
     return CP_OK;
   }
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   int rc = CP_OK;
   pool = atomic_load_explicit(&cpd_pools[device], memory_order_relaxed);
   if (pool == NULL) {
@@ -160,7 +172,7 @@ cp_pool_t *cpd_pool_if_created(int device) {
 }
 
 void cpd_shutdown(void) {
-  pthread_mutex_lock(&cpd_lock);
+  cpd_table_lock();
   for (int d = 0; d < CPD_MAX_DEVICES; d++) {
     cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
     if (pool != NULL) cp_pool_destroy(pool);
@@ -178,6 +190,36 @@ void cpd_shutdown(void) {
 /* ------------------------------------------------------------------------------------------
  * Entry points
  * ---------------------------------------------------------------------------------------- */
+
+/* Note [Failures at exit]
+ * The deleters torch calls cannot return an error, so a failed free or record_stream is
+ * reported on stderr. Once the interpreter has begun to exit (cpd_set_exiting, from an atexit
+ * handler) tensors are freed in no particular order and the CUDA driver may already have shut
+ * down, so every event call fails: such failures are expected, change nothing in the pool
+ * (a block whose event could not be recorded stays allocated, which the process's end makes
+ * moot) and are counted instead of printed. */
+static atomic_int cpd_exiting;
+static atomic_ulong cpd_quiet_failures;
+
+void cpd_set_exiting(void) { atomic_store_explicit(&cpd_exiting, 1, memory_order_relaxed); }
+
+unsigned long cpd_failures_at_exit(void) { return atomic_load_explicit(&cpd_quiet_failures, memory_order_relaxed); }
+
+static void cpd_report(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void cpd_report(const char *fmt, ...) {
+  if (atomic_load_explicit(&cpd_exiting, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&cpd_quiet_failures, 1, memory_order_relaxed);
+    return;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
 
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   cp_pool_t *pool;
@@ -199,14 +241,45 @@ int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size
                   cp_status_name(status), cp_last_error());
 }
 
+/* The device other than `except` whose pool holds `ptr` as a live allocation, or -1. */
+static int cpd_owner_of(void *ptr, int except) {
+  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+    cp_pool_t *pool = d != except ? cpd_pool_if_created(d) : NULL;
+    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) return d;
+  }
+  return -1;
+}
+
+/* Note [Frees that do not match]
+ * torch hands back exactly the size and device it allocated with (the stream too, which the
+ * block already knows, so it is ignored). A free whose size or device differs from the
+ * pool's record therefore comes from a caller that lost track of the pointer: most likely a
+ * stale copy whose address a newer allocation now holds. Freeing would give memory still in
+ * use to the next request, silently; refusing leaves one block allocated and says so on
+ * stderr. The refusal is the one that cannot corrupt anything, so it is what happens: the
+ * pool changes nothing (cp_free_sized), and a pointer that another device's pool holds is
+ * named with that device. */
 void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   (void)stream; /* the block remembers its allocation stream */
   if (ptr == NULL) return;
   cp_pool_t *pool = cpd_pool_if_created(device);
-  int rc = pool != NULL ? cp_free(pool, ptr) : cp_set_error(CP_ERR_INVALID, "no pool for device %d", device);
+  int rc;
+  if (pool != NULL) {
+    rc = cp_free_sized(pool, ptr, size);
+  } else if (device < 0 || device >= CPD_MAX_DEVICES) {
+    rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CPD_MAX_DEVICES - 1);
+  } else {
+    rc = cp_set_error(CP_ERR_INVALID, "device %d has no cudapool pool", device);
+  }
   if (rc != CP_OK) {
     /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
-    fprintf(stderr, "cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
+    int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
+    if (owner >= 0) {
+      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
+                 "not of device %d: not freed\n", ptr, size, device, owner, device);
+    } else {
+      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
+    }
   }
 }
 
@@ -216,23 +289,33 @@ void cudapool_record_stream(void *ptr, void *stream) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
   }
-  fprintf(stderr, "cudapool: record_stream(%p): not a live allocation of cudapool\n", ptr);
+  cpd_report("cudapool: record_stream(%p): not a live allocation of cudapool\n", ptr);
 }
 
 void cudapool_empty_cache(void) {
   for (int d = 0; d < CPD_MAX_DEVICES; d++) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_empty_cache(pool) != CP_OK) {
-      fprintf(stderr, "cudapool: empty_cache on device %d: %s\n", d, cp_last_error());
+      cpd_report("cudapool: empty_cache on device %d: %s\n", d, cp_last_error());
     }
   }
 }
 
-void cudapool_set_memory_fraction(double fraction, int device) {
+int cpd_set_memory_fraction(double fraction, int device) {
+  /* Checked before the pool is looked up: a refused call must not create the device's pool
+   * (which would also fix the configuration for good). */
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return cp_set_error(CP_ERR_INVALID, "memory fraction %g is outside [0, 1]", fraction);
+  }
   cp_pool_t *pool;
   int rc = cpd_pool(device, &pool);
   if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
-  if (rc != CP_OK) fprintf(stderr, "cudapool: set_memory_fraction(%g, %d): %s\n", fraction, device, cp_last_error());
+  return rc;
+}
+
+void cudapool_set_memory_fraction(double fraction, int device) {
+  int rc = cpd_set_memory_fraction(fraction, device);
+  if (rc != CP_OK) cpd_report("cudapool: set_memory_fraction(%g, %d): %s\n", fraction, device, cp_last_error());
 }
 
 void cudapool_init(int device_count) {

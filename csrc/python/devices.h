@@ -33,6 +33,15 @@ int cpd_device_count(int *out_count);
  * fresh pools. Used at interpreter exit and by tests. */
 void cpd_shutdown(void);
 
+/* The interpreter is exiting: from now on the entry points count their failures instead of
+ * printing them (Note [Failures at exit]). cpd_failures_at_exit: how many were counted. */
+void cpd_set_exiting(void);
+unsigned long cpd_failures_at_exit(void);
+
+/* Cap `device`'s pool at `fraction` of its total memory (creating the pool). A fraction
+ * outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
+int cpd_set_memory_fraction(double fraction, int device);
+
 /* The entry points torch's CUDAPluggableAllocator calls (exported, C ABI). cudapool_alloc
  * itself is in entry.cpp: it throws on failure. */
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);

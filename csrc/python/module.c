@@ -16,6 +16,7 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "core/cp.h"
+#include "core/cp_fork.h"
 #include "python/devices.h"
 
 /* ------------------------------------------------------------------------------------------
@@ -243,6 +244,10 @@ static PyObject *SimPool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
   }
   size_t capacity;
   if (as_size(capacity_obj, "capacity", &capacity) < 0) return NULL;
+  if (capacity == 0) {
+    PyErr_SetString(PyExc_ValueError, "capacity must be > 0");
+    return NULL;
+  }
 
   module_state *st = (module_state *)PyType_GetModuleState(type);
   if (st == NULL) return NULL;
@@ -637,6 +642,27 @@ static PyObject *SimPool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored
   return d;
 }
 
+/* A backend call kind by its name ("reserve", "event_record", ...); ValueError listing the
+ * names otherwise. */
+static int parse_call_kind(const char *kind_name, cp_sim_call_t *out) {
+  for (int i = 0; i < (int)CP_SIM_CALL_COUNT; i++) {
+    if (strcmp(cp_sim_call_name((cp_sim_call_t)i), kind_name) == 0) {
+      *out = (cp_sim_call_t)i;
+      return 0;
+    }
+  }
+  char valid[512];
+  size_t used = 0;
+  valid[0] = '\0';
+  for (int i = 0; i < (int)CP_SIM_CALL_COUNT && used < sizeof valid; i++) {
+    int w = snprintf(valid + used, sizeof valid - used, "%s%s", i ? ", " : "", cp_sim_call_name((cp_sim_call_t)i));
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+  PyErr_Format(PyExc_ValueError, "unknown backend call '%s' (one of: %s)", kind_name, valid);
+  return -1;
+}
+
 static PyObject *SimPool_fail_nth(PyObject *op, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"kind", "n", "oom", NULL};
   const char *kind_name = NULL;
@@ -647,29 +673,11 @@ static PyObject *SimPool_fail_nth(PyObject *op, PyObject *args, PyObject *kwds) 
                                    &oom)) {
     return NULL;
   }
-  int found = -1;
-  for (int i = 0; i < (int)CP_SIM_CALL_COUNT; i++) {
-    if (strcmp(cp_sim_call_name((cp_sim_call_t)i), kind_name) == 0) {
-      found = i;
-      break;
-    }
-  }
-  if (found < 0) {
-    char valid[512];
-    size_t used = 0;
-    valid[0] = '\0';
-    for (int i = 0; i < (int)CP_SIM_CALL_COUNT && used < sizeof valid; i++) {
-      int w = snprintf(valid + used, sizeof valid - used, "%s%s", i ? ", " : "",
-                       cp_sim_call_name((cp_sim_call_t)i));
-      if (w < 0) break;
-      used += (size_t)w;
-    }
-    PyErr_Format(PyExc_ValueError, "unknown backend call '%s' (one of: %s)", kind_name, valid);
-    return NULL;
-  }
+  cp_sim_call_t found = CP_SIM_RESERVE;
+  if (parse_call_kind(kind_name, &found) < 0) return NULL;
   unsigned long long n;
   if (as_unsigned(n_obj, "n", UINT64_MAX, &n) < 0) return NULL;
-  cp_sim_fail_nth(self->sim, (cp_sim_call_t)found, (uint64_t)n, oom ? CP_ERR_OOM : CP_ERR_BACKEND);
+  cp_sim_fail_nth(self->sim, found, (uint64_t)n, oom ? CP_ERR_OOM : CP_ERR_BACKEND);
   Py_RETURN_NONE;
 }
 
@@ -686,6 +694,16 @@ static PyObject *SimPool_sim_live_reservations(PyObject *op, PyObject *Py_UNUSED
 static PyObject *SimPool_sim_live_events(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   SIM_POOL_OPEN(op, self);
   return from_size(cp_sim_live_events(self->sim));
+}
+
+static PyObject *SimPool_invalidate_stream(PyObject *op, PyObject *stream_obj) {
+  SIM_POOL_OPEN(op, self);
+  uintptr_t stream;
+  if (as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
+  cp_clear_error();
+  int rc = cp_sim_invalidate_stream(self->sim, (cp_stream_t)stream);
+  if (rc != CP_OK) return raise_status(sim_pool_state(op), rc);
+  Py_RETURN_NONE;
 }
 
 static PyObject *SimPool_close(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -740,6 +758,9 @@ static PyMethodDef SimPool_methods[] = {
      "Reservations live on the simulated device."},
     {"sim_live_events", SimPool_sim_live_events, METH_NOARGS,
      "Events live on the simulated device."},
+    {"invalidate_stream", SimPool_invalidate_stream, METH_O,
+     "invalidate_stream(stream)\n\nMake stream invalid, as a destroyed one: recording an event "
+     "on it fails from now on."},
     {"replay_start", SimPool_replay_start, METH_VARARGS,
      "replay_start(device=-1)\n\nBegin replaying a trace into this pool (device -1: all)."},
     {"replay_feed", SimPool_replay_feed, METH_VARARGS,
@@ -815,8 +836,13 @@ static PyObject *mod_parse_config(PyObject *Py_UNUSED(module), PyObject *args) {
  * ---------------------------------------------------------------------------------------- */
 
 static int parse_device(PyObject *obj, int *out) {
-  long d = PyLong_AsLong(obj);
+  int overflow = 0;
+  long d = PyLong_AsLongAndOverflow(obj, &overflow);
   if (d == -1 && PyErr_Occurred()) return -1;
+  if (overflow != 0) {
+    PyErr_Format(PyExc_ValueError, "invalid device %S (expected 0..%d)", obj, CPD_MAX_DEVICES - 1);
+    return -1;
+  }
   if (d < 0 || d >= CPD_MAX_DEVICES) {
     PyErr_Format(PyExc_ValueError, "invalid device %ld (expected 0..%d)", d, CPD_MAX_DEVICES - 1);
     return -1;
@@ -973,10 +999,8 @@ static PyObject *mod_device_set_memory_fraction(PyObject *module, PyObject *args
   int d;
   if (!PyArg_ParseTuple(args, "dO:device_set_memory_fraction", &fraction, &dev)) return NULL;
   if (parse_device(dev, &d) < 0) return NULL;
-  cp_pool_t *pool;
   cp_clear_error();
-  int rc = cpd_pool(d, &pool);
-  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
+  int rc = cpd_set_memory_fraction(fraction, d);
   if (rc != CP_OK) return raise_status(module_get_state(module), rc);
   Py_RETURN_NONE;
 }
@@ -1007,6 +1031,79 @@ static PyObject *mod_sim_complete_all(PyObject *Py_UNUSED(module), PyObject *dev
   cp_sim_t *sim = cpd_sim(d);
   if (sim != NULL) cp_sim_complete_all(sim);
   Py_RETURN_NONE;
+}
+
+/* The simulated device behind `device`'s pool; RuntimeError when there is none (not in sim
+ * mode, or the device has not allocated yet). */
+static cp_sim_t *existing_sim(int device) {
+  cp_sim_t *sim = cpd_sim(device);
+  if (sim == NULL) {
+    PyErr_Format(PyExc_RuntimeError, "device %d has no simulated device yet (use_sim_devices, then allocate)",
+                 device);
+  }
+  return sim;
+}
+
+static PyObject *mod_sim_delay_nth(PyObject *Py_UNUSED(module), PyObject *args) {
+  PyObject *dev, *n_obj, *ms_obj;
+  const char *kind_name;
+  if (!PyArg_ParseTuple(args, "OsOO:sim_delay_nth", &dev, &kind_name, &n_obj, &ms_obj)) return NULL;
+  int d;
+  cp_sim_call_t kind = CP_SIM_RESERVE;
+  unsigned long long n, ms;
+  if (parse_device(dev, &d) < 0 || parse_call_kind(kind_name, &kind) < 0) return NULL;
+  if (as_unsigned(n_obj, "n", UINT64_MAX, &n) < 0 || as_unsigned(ms_obj, "ms", 60000, &ms) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(d);
+  if (sim == NULL) return NULL;
+  cp_sim_delay_nth(sim, kind, (uint64_t)n, (unsigned)ms);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_sim_delays_entered(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(d);
+  if (sim == NULL) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)cp_sim_delays_entered(sim));
+}
+
+static PyObject *mod_sim_set_lost(PyObject *Py_UNUSED(module), PyObject *args) {
+  PyObject *dev;
+  int lost = 1;
+  if (!PyArg_ParseTuple(args, "O|p:sim_set_lost", &dev, &lost)) return NULL;
+  int d;
+  if (parse_device(dev, &d) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(d);
+  if (sim == NULL) return NULL;
+  cp_sim_set_lost(sim, lost);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_sim_invalidate_stream(PyObject *module, PyObject *args) {
+  PyObject *dev, *stream_obj;
+  if (!PyArg_ParseTuple(args, "OO:sim_invalidate_stream", &dev, &stream_obj)) return NULL;
+  int d;
+  uintptr_t stream;
+  if (parse_device(dev, &d) < 0 || as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(d);
+  if (sim == NULL) return NULL;
+  cp_clear_error();
+  int rc = cp_sim_invalidate_stream(sim, (cp_stream_t)stream);
+  if (rc != CP_OK) return raise_status(module_get_state(module), rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_interpreter_exiting(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  cpd_set_exiting();
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_failures_at_exit(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  return PyLong_FromUnsignedLong(cpd_failures_at_exit());
+}
+
+static PyObject *mod_fork_count(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  return PyLong_FromUnsignedLong(cp_fork_count());
 }
 
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
@@ -1071,6 +1168,21 @@ static PyMethodDef module_methods[] = {
      "alloc_catching(size, device, stream) -> (ptr, status, message)\n\nThe allocation entry "
      "point torch calls, with its exception caught: for tests."},
     {"sim_complete_all", mod_sim_complete_all, METH_O, "Finish all work of a simulated device."},
+    {"sim_delay_nth", mod_sim_delay_nth, METH_VARARGS,
+     "sim_delay_nth(device, kind, n, ms)\n\nMake the n-th next backend call of kind on a simulated "
+     "device sleep ms milliseconds with its locks held (n = 0 disarms)."},
+    {"sim_delays_entered", mod_sim_delays_entered, METH_O, "How many delays have started on the device."},
+    {"sim_set_lost", mod_sim_set_lost, METH_VARARGS,
+     "sim_set_lost(device, lost=True)\n\nEvery backend call of the simulated device fails from "
+     "now on, as after the driver shut down."},
+    {"sim_invalidate_stream", mod_sim_invalidate_stream, METH_VARARGS,
+     "sim_invalidate_stream(device, stream)\n\nMake a stream of the simulated device invalid, as a "
+     "destroyed one: recording an event on it fails from now on."},
+    {"interpreter_exiting", mod_interpreter_exiting, METH_NOARGS,
+     "Called at interpreter exit: from now on failed frees are counted, not printed."},
+    {"failures_at_exit", mod_failures_at_exit, METH_NOARGS,
+     "How many entry-point failures were counted silently since interpreter_exiting()."},
+    {"fork_count", mod_fork_count, METH_NOARGS, "How many fork() calls cudapool's handlers saw."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},

@@ -11,10 +11,15 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 :mod:`cudapool.sim`; it needs neither a GPU nor torch.
 """
 
+import atexit
 from typing import Any, Dict
 
-from . import _torch
+from . import _C, _torch
 from ._version import __version__
+
+# Frees that arrive while the interpreter exits (tensors dropped during teardown, possibly
+# after the CUDA driver shut down) cannot fail loudly: they are counted instead.
+atexit.register(_C.interpreter_exiting)
 
 __all__ = [
     "__version__",

@@ -76,12 +76,34 @@ def entries_from_text(text: str, source: str = ENV_VAR) -> "OrderedDict[str, Ent
     return out
 
 
+def _has_top_level_comma(text: str) -> bool:
+    """Whether ``text`` has a ',' outside brackets: where the parser starts a new entry."""
+    depth = 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth > 0:
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return True
+    return False
+
+
 def entries_from_mapping(config: Mapping[str, Any]) -> "OrderedDict[str, Entry]":
-    """The entries of keyword options, in their order."""
-    return OrderedDict(
-        (key, Entry(key, value, f"{key}:{format_value(value)}", _FROM_KWARGS))
-        for key, value in config.items()
-    )
+    """The entries of keyword options, in their order.
+
+    A keyword option is one entry: a key or value whose text holds a ',' outside brackets
+    would smuggle further entries into the configuration, so it is a ValueError."""
+    out: "OrderedDict[str, Entry]" = OrderedDict()
+    for key, value in config.items():
+        text = f"{key}:{format_value(value)}"
+        if _has_top_level_comma(text):
+            raise ValueError(
+                f"invalid config option {key!r} = {value!r}: one keyword is one key:value entry; "
+                "a ',' outside [...] would start another (pass each key as its own keyword)"
+            )
+        out[key] = Entry(key, value, text, _FROM_KWARGS)
+    return out
 
 
 def merge(env_text: Optional[str], config: Mapping[str, Any], use_policy: bool = False) -> "OrderedDict[str, Entry]":

@@ -80,6 +80,11 @@ class Pool:
         """Calls made to the simulated device so far, by kind."""
         return self._pool.backend_calls()
 
+    def invalidate_stream(self, stream: int) -> None:
+        """Make ``stream`` invalid, as a destroyed stream is: recording an event on it fails
+        from now on, so freeing a block used there (:meth:`record_stream`) raises."""
+        self._pool.invalidate_stream(stream)
+
     def sim_reserved_bytes(self) -> int:
         """Bytes the simulated device has handed out to the pool."""
         return self._pool.sim_reserved_bytes()

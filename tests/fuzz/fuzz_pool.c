@@ -1,0 +1,890 @@
+/* fuzz_pool.c — libFuzzer harness: input bytes become a sequence of pool operations on a
+ * simulated device (allocations of every size class and absurd sizes, frees, bad frees,
+ * stream switches, record_stream, event completions, empty_cache, cap and fraction changes,
+ * injected device failures), each followed by the pool's own invariant check and a shadow
+ * model that knows what the caller holds.
+ *
+ * The shadow model asserts, after every operation:
+ *   - live blocks never overlap (each live block's exact size is read from the
+ *     allocated_bytes delta of its allocation, and checked against the rounding rules);
+ *   - every live allocation still holds the byte pattern written into it at allocation
+ *     (head, tail and spread samples), so a block handed out twice is caught by its bytes;
+ *   - a block freed with recorded streams is not handed out again before the events the free
+ *     recorded on those streams have completed. The harness sits between the pool and the
+ *     simulated device (a pass-through backend) and mirrors each stream's recorded and
+ *     completed event sequence numbers, so it knows exactly which events guard which range;
+ *   - every byte is accounted for: allocated bytes and allocation counts equal what the
+ *     caller holds (per size class), allocated + cached free + pending free == reserved ==
+ *     what the device has handed out <= capacity, the effective cap is what was set;
+ *   - a failing call explains itself (non-empty last error) and fails only for a reason:
+ *     an injected device failure, a bad pointer, or memory that really is exhausted;
+ *   - cp_pool_lookup knows every live allocation and its size, and nothing else;
+ *   - a free, sized free or record_stream of a pointer that is not live, and a sized free
+ *     with the wrong size, fail with CP_ERR_INVALID and change nothing.
+ * At the end of the input everything is freed and given back (or, in some inputs, the pool is
+ * destroyed with allocations still live and frees still pending): the device must hold
+ * nothing, no reservation and no event, once the pool is destroyed. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/sim.h"
+#include "core/cp.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MiB ((size_t)1024 * 1024)
+
+#define NSLOTS 24
+#define NSTREAMS 4     /* stream handles 0 (the default stream) .. 3 */
+#define MAX_OPS 400
+#define MAX_GUARDS (MAX_OPS + 8)
+#define HEAD_BYTES 16  /* pattern bytes written at each end of an allocation */
+#define SPREAD 8       /* and at this many places in between */
+
+/* ------------------------------------------------------------------------------------------
+ * Reading the input
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct reader_s {
+  const uint8_t *p;
+  size_t n;
+} reader_t;
+
+static uint8_t rd_u8(reader_t *r) {
+  if (r->n == 0) return 0;
+  r->n--;
+  return *r->p++;
+}
+
+static uint32_t rd_u16(reader_t *r) {
+  uint32_t lo = rd_u8(r);
+  return lo | (uint32_t)rd_u8(r) << 8;
+}
+
+static uint32_t rd_u32(reader_t *r) {
+  uint32_t lo = rd_u16(r);
+  return lo | rd_u16(r) << 16;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The pass-through backend: forwards every call to the simulated device and mirrors the
+ * stream and event sequence numbers, so that the model knows which event completions a
+ * pending range waits for.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct mirror_event_s {
+  uint8_t stream;
+  uint64_t seq; /* 0 = never recorded (or destroyed) */
+} mirror_event_t;
+
+typedef struct capture_s {
+  uint8_t stream;
+  uint64_t seq;
+} capture_t;
+
+typedef struct dev_s {
+  cp_sim_t *sim;
+  cp_backend_t real;
+  uint64_t recorded[NSTREAMS];  /* last sequence number recorded on the stream */
+  uint64_t completed[NSTREAMS]; /* every record up to this one has completed */
+  mirror_event_t *events;       /* indexed by the device's event handle */
+  size_t events_cap;
+  capture_t captured[3 * NSTREAMS]; /* records made during the current operation */
+  size_t ncaptured;
+  int overflow;                 /* more records in one operation than fit above */
+} dev_t;
+
+static int op_index = -1; /* for messages only; reset at the start of every input */
+
+#define FZ_ASSERT(cond, ...)                                                                \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      fprintf(stderr, "fuzz_pool: %s:%d: assertion failed: %s (op %d)\n  ", __FILE__,      \
+              __LINE__, #cond, op_index);                                                   \
+      fprintf(stderr, __VA_ARGS__);                                                         \
+      fprintf(stderr, "\n  last error: %s\n", cp_last_error());                            \
+      abort();                                                                              \
+    }                                                                                       \
+  } while (0)
+
+static mirror_event_t *dev_event(dev_t *d, cp_event_t ev) {
+  FZ_ASSERT(ev < ((cp_event_t)1 << 24), "event handle %" PRIuPTR " out of the expected range", ev);
+  if (ev >= d->events_cap) {
+    size_t cap = d->events_cap ? d->events_cap : 64;
+    while (cap <= ev) cap *= 2;
+    mirror_event_t *grown = realloc(d->events, cap * sizeof *grown);
+    FZ_ASSERT(grown != NULL, "no host memory for the event mirror");
+    memset(grown + d->events_cap, 0, (cap - d->events_cap) * sizeof *grown);
+    d->events = grown;
+    d->events_cap = cap;
+  }
+  return &d->events[ev];
+}
+
+static int dev_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
+  dev_t *d = ctx;
+  return d->real.reserve(d->real.ctx, size, out_addr);
+}
+
+static int dev_release(void *ctx, uintptr_t addr, size_t size) {
+  dev_t *d = ctx;
+  return d->real.release(d->real.ctx, addr, size);
+}
+
+static int dev_event_create(void *ctx, cp_event_t *out_event) {
+  dev_t *d = ctx;
+  int rc = d->real.event_create(d->real.ctx, out_event);
+  if (rc == CP_OK) *dev_event(d, *out_event) = (mirror_event_t){0, 0};
+  return rc;
+}
+
+static int dev_event_destroy(void *ctx, cp_event_t event) {
+  dev_t *d = ctx;
+  int rc = d->real.event_destroy(d->real.ctx, event);
+  if (rc == CP_OK) *dev_event(d, event) = (mirror_event_t){0, 0};
+  return rc;
+}
+
+static int dev_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
+  dev_t *d = ctx;
+  int rc = d->real.event_record(d->real.ctx, event, stream);
+  if (rc != CP_OK) return rc;
+  FZ_ASSERT(stream < NSTREAMS, "the pool recorded an event on stream %" PRIuPTR ", never used", stream);
+  uint64_t seq = ++d->recorded[stream];
+  *dev_event(d, event) = (mirror_event_t){(uint8_t)stream, seq};
+  if (d->ncaptured < sizeof d->captured / sizeof d->captured[0]) {
+    d->captured[d->ncaptured++] = (capture_t){(uint8_t)stream, seq};
+  } else {
+    d->overflow = 1;
+  }
+  return rc;
+}
+
+static int dev_event_query(void *ctx, cp_event_t event, int *out_done) {
+  dev_t *d = ctx;
+  int rc = d->real.event_query(d->real.ctx, event, out_done);
+  if (rc == CP_OK) {
+    const mirror_event_t *m = dev_event(d, event);
+    int expect = m->seq == 0 || d->completed[m->stream] >= m->seq;
+    FZ_ASSERT(*out_done == expect, "event %" PRIuPTR ": device says done=%d, mirror says %d", event,
+              *out_done, expect);
+  }
+  return rc;
+}
+
+static int dev_event_synchronize(void *ctx, cp_event_t event) {
+  dev_t *d = ctx;
+  int rc = d->real.event_synchronize(d->real.ctx, event);
+  if (rc == CP_OK) {
+    const mirror_event_t *m = dev_event(d, event);
+    if (m->seq != 0 && d->completed[m->stream] < m->seq) d->completed[m->stream] = m->seq;
+  }
+  return rc;
+}
+
+static int dev_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
+  dev_t *d = ctx;
+  return d->real.stream_wait_event(d->real.ctx, stream, event);
+}
+
+static int dev_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
+  dev_t *d = ctx;
+  return d->real.mem_info(d->real.ctx, out_free, out_total);
+}
+
+static void dev_backend(dev_t *d, cp_backend_t *out) {
+  *out = d->real;
+  out->ctx = d;
+  out->reserve = dev_reserve;
+  out->release = dev_release;
+  out->event_create = dev_event_create;
+  out->event_destroy = dev_event_destroy;
+  out->event_record = dev_event_record;
+  out->event_query = dev_event_query;
+  out->event_synchronize = dev_event_synchronize;
+  out->stream_wait_event = dev_stream_wait_event;
+  out->mem_info = dev_mem_info;
+}
+
+static void dev_complete(dev_t *d, unsigned stream) {
+  cp_sim_complete(d->sim, stream);
+  d->completed[stream] = d->recorded[stream];
+}
+
+static void dev_complete_all(dev_t *d) {
+  cp_sim_complete_all(d->sim);
+  for (unsigned s = 0; s < NSTREAMS; s++) d->completed[s] = d->recorded[s];
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The shadow model
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct slot_s {
+  uint8_t *ptr;      /* NULL: the slot holds nothing */
+  size_t requested;
+  size_t rounded;    /* cp_round_size */
+  size_t block;      /* the block's real size (allocated_bytes grew by this much) */
+  int small;         /* served from the small pool */
+  unsigned stream;   /* allocation stream */
+  unsigned recorded; /* other streams recorded on it (bit per stream) */
+  uint32_t seed;     /* of its byte pattern */
+} slot_t;
+
+/* A range freed with recorded streams: not to be handed out while any of its events runs. */
+typedef struct guard_s {
+  uintptr_t addr;
+  size_t size;
+  size_t nev;
+  capture_t ev[3 * NSTREAMS];
+} guard_t;
+
+typedef struct model_s {
+  cp_config_t cfg;
+  size_t capacity;
+  size_t memory_cap;      /* as set: bytes, 0 = none */
+  double memory_fraction; /* as set: 0 = unset */
+  int total_known;        /* the pool knows the device's total (a fraction applies) */
+  unsigned stream;        /* current stream */
+  uint32_t next_seed;
+  slot_t slot[NSLOTS];
+  guard_t guard[MAX_GUARDS];
+  size_t nguards;
+  uintptr_t stale[8];     /* recently freed addresses, for double frees */
+  size_t nstale;
+} model_t;
+
+static uint8_t pattern_byte(uint32_t seed, size_t off) {
+  uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)off * 0xc2b2ae3d27d4eb4full;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return (uint8_t)x;
+}
+
+/* Visit the sampled offsets of an allocation: both ends and SPREAD places in between. */
+#define FOR_EACH_SAMPLE(len, off, body)                                        \
+  do {                                                                         \
+    size_t len_ = (len);                                                       \
+    for (size_t i_ = 0; i_ < 2 * HEAD_BYTES + SPREAD; i_++) {                  \
+      size_t off;                                                              \
+      if (i_ < HEAD_BYTES) off = i_;                                           \
+      else if (i_ < 2 * HEAD_BYTES) off = len_ - 1 - (i_ - HEAD_BYTES);        \
+      else off = len_ / (SPREAD + 1) * (i_ - 2 * HEAD_BYTES + 1);              \
+      if (off >= len_) continue;                                               \
+      body;                                                                    \
+    }                                                                          \
+  } while (0)
+
+static void fill_slot(const slot_t *s) {
+  FOR_EACH_SAMPLE(s->requested, off, s->ptr[off] = pattern_byte(s->seed, off));
+}
+
+static void verify_slot(const slot_t *s, int index) {
+  FOR_EACH_SAMPLE(s->requested, off, {
+    FZ_ASSERT(s->ptr[off] == pattern_byte(s->seed, off),
+              "slot %d (%p, %zu bytes): byte %zu is %#x, expected %#x: someone else wrote here", index,
+              (void *)s->ptr, s->requested, off, s->ptr[off], pattern_byte(s->seed, off));
+  });
+}
+
+static int guard_active(const dev_t *d, const guard_t *g) {
+  for (size_t i = 0; i < g->nev; i++) {
+    if (d->completed[g->ev[i].stream] < g->ev[i].seq) return 1;
+  }
+  return 0;
+}
+
+static void prune_guards(model_t *m, const dev_t *d) {
+  size_t w = 0;
+  for (size_t i = 0; i < m->nguards; i++) {
+    if (guard_active(d, &m->guard[i])) m->guard[w++] = m->guard[i];
+  }
+  m->nguards = w;
+}
+
+static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+/* What the pool's configuration makes of a request: the segment it would reserve (0 when
+ * that overflows, as for a request whose rounding overflows). */
+static size_t segment_for(const cp_config_t *cfg, size_t rounded) {
+  if (rounded == 0) return 0;
+  if (rounded <= cfg->small_size) return cfg->small_segment;
+  if (rounded < cfg->min_large_alloc) return cfg->large_segment;
+  if (rounded > SIZE_MAX - (cfg->round_large - 1)) return 0;
+  return (rounded + cfg->round_large - 1) / cfg->round_large * cfg->round_large;
+}
+
+static size_t expected_cap(const model_t *m) {
+  size_t cap = m->memory_cap;
+  if (m->memory_fraction > 0 && m->total_known) {
+    size_t f = (size_t)(m->memory_fraction * (double)m->capacity);
+    if (f == 0) f = 1; /* a fraction too small for one byte still caps */
+    if (cap == 0 || f < cap) cap = f;
+  }
+  return cap;
+}
+
+static int64_t cur(const cp_stats_t *s, cp_stat_family_t fam, int kind) { return s->family[fam][kind].current; }
+
+/* Everything the model can say about the pool now. */
+static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
+  FZ_ASSERT(cp_pool_check(pool, stderr) == 0, "the pool's invariant check failed (see above)");
+  size_t bytes[CP_KIND_COUNT] = {0}, count[CP_KIND_COUNT] = {0};
+  for (int i = 0; i < NSLOTS; i++) {
+    const slot_t *s = &m->slot[i];
+    if (s->ptr == NULL) continue;
+    int kind = s->small ? CP_KIND_SMALL : CP_KIND_LARGE;
+    bytes[kind] += s->block;
+    count[kind]++;
+    verify_slot(s, i);
+    size_t looked = 0;
+    FZ_ASSERT(cp_pool_lookup(pool, s->ptr, &looked) == 1 && looked == s->requested,
+              "lookup of live slot %d (%p, %zu bytes) gave size %zu", i, (void *)s->ptr, s->requested, looked);
+    for (int j = i + 1; j < NSLOTS; j++) {
+      const slot_t *t = &m->slot[j];
+      if (t->ptr == NULL) continue;
+      FZ_ASSERT(!overlaps((uintptr_t)s->ptr, s->block, (uintptr_t)t->ptr, t->block),
+                "live blocks overlap: slot %d [%p, +%zu) and slot %d [%p, +%zu)", i, (void *)s->ptr,
+                s->block, j, (void *)t->ptr, t->block);
+    }
+  }
+  bytes[CP_KIND_ALL] = bytes[CP_KIND_SMALL] + bytes[CP_KIND_LARGE];
+  count[CP_KIND_ALL] = count[CP_KIND_SMALL] + count[CP_KIND_LARGE];
+
+  cp_stats_t st;
+  cp_pool_stats(pool, &st);
+  for (int k = 0; k < CP_KIND_COUNT; k++) {
+    FZ_ASSERT(cur(&st, CP_STAT_ALLOCATED_BYTES, k) == (int64_t)bytes[k],
+              "allocated_bytes.%s is %" PRId64 ", the caller holds %zu", cp_pool_kind_names[k],
+              cur(&st, CP_STAT_ALLOCATED_BYTES, k), bytes[k]);
+    FZ_ASSERT(cur(&st, CP_STAT_ALLOCATION, k) == (int64_t)count[k], "allocation.%s is %" PRId64 ", the caller holds %zu",
+              cp_pool_kind_names[k], cur(&st, CP_STAT_ALLOCATION, k), count[k]);
+  }
+
+  cp_pool_info_t in;
+  cp_pool_info(pool, &in);
+  size_t dev_reserved = cp_sim_reserved_bytes(d->sim);
+  FZ_ASSERT(in.allocated == bytes[CP_KIND_ALL], "info: allocated %zu, the caller holds %zu", in.allocated,
+            bytes[CP_KIND_ALL]);
+  FZ_ASSERT(in.allocated + in.cached_free + in.pending_free == in.reserved,
+            "info: allocated %zu + cached %zu + pending %zu != reserved %zu", in.allocated, in.cached_free,
+            in.pending_free, in.reserved);
+  FZ_ASSERT(in.reserved == dev_reserved, "the pool says %zu bytes reserved, the device %zu", in.reserved, dev_reserved);
+  FZ_ASSERT(in.reserved == (size_t)cur(&st, CP_STAT_RESERVED_BYTES, CP_KIND_ALL), "info and stats disagree on reserved");
+  FZ_ASSERT(dev_reserved <= m->capacity, "device holds %zu of %zu bytes", dev_reserved, m->capacity);
+  FZ_ASSERT(in.live_blocks == count[CP_KIND_ALL], "info: %zu live blocks, the caller holds %zu", in.live_blocks,
+            count[CP_KIND_ALL]);
+  FZ_ASSERT(in.memory_cap == expected_cap(m), "effective cap %zu, expected %zu", in.memory_cap, expected_cap(m));
+
+  /* The mirror agrees with the device. */
+  for (unsigned s = 0; s < NSTREAMS; s++) {
+    int idle = d->completed[s] >= d->recorded[s];
+    FZ_ASSERT(cp_sim_stream_idle(d->sim, s) == idle, "stream %u: device idle=%d, mirror %d", s,
+              cp_sim_stream_idle(d->sim, s), idle);
+  }
+}
+
+/* Compare the pool's figures before and after a call that must change nothing. */
+typedef struct snapshot_s {
+  cp_stats_t stats;
+  cp_pool_info_t info;
+} snapshot_t;
+
+static void take_snapshot(cp_pool_t *pool, snapshot_t *s) {
+  memset(s, 0, sizeof *s);
+  cp_pool_stats(pool, &s->stats);
+  cp_pool_info(pool, &s->info);
+  s->info.device_free = 0; /* the device's own figures are not the pool's */
+  s->info.device_total = 0;
+  s->info.streams = 0;     /* a failed free may have met a stream for the first time */
+}
+
+static void expect_unchanged(cp_pool_t *pool, const snapshot_t *before, const char *what) {
+  snapshot_t after;
+  take_snapshot(pool, &after);
+  FZ_ASSERT(memcmp(&before->stats, &after.stats, sizeof after.stats) == 0, "%s changed the statistics", what);
+  FZ_ASSERT(memcmp(&before->info, &after.info, sizeof after.info) == 0, "%s changed the pool", what);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Operations
+ * ---------------------------------------------------------------------------------------- */
+
+enum {
+  OP_ALLOC_A, OP_ALLOC_B, OP_ALLOC_C, OP_ALLOC_D,
+  OP_FREE_A, OP_FREE_B, OP_FREE_C,
+  OP_RECORD, OP_STREAM, OP_COMPLETE, OP_MISC, OP_CAP, OP_FRACTION, OP_FAULT, OP_BAD_POINTER,
+  OP_COUNT
+};
+
+/* Sizes of every kind the pool distinguishes, absurd ones included. */
+static size_t pick_size(reader_t *r, const model_t *m) {
+  const cp_config_t *c = &m->cfg;
+  size_t cap = m->capacity;
+  switch (rd_u8(r) % 10) {
+    case 0: return 1 + rd_u32(r) % c->small_size;                       /* small */
+    case 1: return 1 + rd_u8(r);                                       /* tiny, odd */
+    case 2: return c->granule * (1 + rd_u16(r) % (c->small_size / c->granule)); /* exact */
+    case 3: return c->small_size + 1 + rd_u32(r) % (c->min_large_alloc - c->small_size); /* large */
+    case 4: return (size_t)(1 + rd_u8(r) % 12) * 2 * MiB;              /* whole 2 MiB steps */
+    case 5: return c->min_large_alloc + rd_u32(r) % (40 * MiB);        /* big, maybe oversize */
+    case 6: {
+      const size_t edge[] = {c->granule - 1,         c->granule,          c->granule + 1,
+                             c->small_size - 1,      c->small_size,       c->small_size + 1,
+                             c->min_large_alloc - 1, c->min_large_alloc,  c->min_large_alloc + 1,
+                             c->large_segment,       c->large_segment + 1, c->max_split_size - 1,
+                             c->max_split_size,      cap / 2,              cap - c->granule,
+                             cap,                    cap + 1};
+      return edge[rd_u8(r) % (sizeof edge / sizeof edge[0])];
+    }
+    case 7: {
+      const size_t absurd[] = {SIZE_MAX,         SIZE_MAX - 1,           SIZE_MAX - c->granule + 2,
+                               SIZE_MAX / 2 + 1, (size_t)1 << 62,        (size_t)1 << 40,
+                               4 * cap,          SIZE_MAX - 40 * MiB};
+      return absurd[rd_u8(r) % (sizeof absurd / sizeof absurd[0])];
+    }
+    case 8: return 0;
+    default: return 1 + rd_u32(r) % cap;                               /* anything */
+  }
+}
+
+/* What every operation works on. */
+typedef struct ctx_s {
+  cp_pool_t *pool;
+  dev_t *dev;
+  model_t *m;
+} ctx_t;
+
+/* A failing call leaves a message. */
+static void expect_failure_explained(int rc) {
+  if (rc != CP_OK) FZ_ASSERT(cp_last_error()[0] != '\0', "call failed with %s but left no message", cp_status_name(rc));
+}
+
+static void do_alloc(ctx_t *x, int si, size_t size) {
+  model_t *m = x->m;
+  slot_t *s = &m->slot[si];
+  cp_stats_t before;
+  cp_pool_stats(x->pool, &before);
+  uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  void *p = (void *)(uintptr_t)1; /* must be overwritten on success */
+  int rc = cp_alloc(x->pool, size, m->stream, &p);
+  int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  size_t rounded = cp_round_size(&m->cfg, size);
+  size_t seg = segment_for(&m->cfg, rounded);
+  if (rc != CP_OK) {
+    FZ_ASSERT(rc == CP_ERR_OOM || (rc == CP_ERR_INVALID && (seg == 0 || size > m->capacity)) ||
+                  (fired && rc == CP_ERR_BACKEND),
+              "alloc(%zu) failed with %s", size, cp_status_name(rc));
+    if (rc == CP_ERR_OOM && !fired && seg != 0) {
+      /* No injected failure: every cached segment was offered back and every pending free
+       * waited for, so the segment this request needs really does not fit. */
+      size_t dev_reserved = cp_sim_reserved_bytes(x->dev->sim);
+      size_t pool_alloc = 0, pool_reserved = 0;
+      cp_pool_usage(x->pool, &pool_alloc, &pool_reserved);
+      size_t cap = expected_cap(m);
+      int exhausted = seg > m->capacity - dev_reserved || (cap != 0 && (seg > cap || pool_reserved > cap - seg));
+      FZ_ASSERT(exhausted, "alloc(%zu): out of memory for a %zu-byte segment with %zu of %zu bytes reserved (cap %zu)",
+                size, seg, dev_reserved, m->capacity, cap);
+    }
+    if (seg == 0) FZ_ASSERT(rc == CP_ERR_OOM || rc == CP_ERR_INVALID, "absurd alloc(%zu): %s", size, cp_status_name(rc));
+    return;
+  }
+  if (size == 0) {
+    FZ_ASSERT(p == NULL, "alloc(0) gave %p", p);
+    return;
+  }
+  /* Segments are 512-aligned; blocks start at multiples of the granule inside them. */
+  size_t align = m->cfg.granule < 512 ? m->cfg.granule : 512;
+  FZ_ASSERT(p != NULL && (uintptr_t)p % align == 0, "alloc(%zu) gave %p", size, p);
+  FZ_ASSERT(rounded >= size && rounded != 0 && size <= m->capacity, "alloc(%zu) served, rounded %zu", size, rounded);
+  cp_stats_t after;
+  cp_pool_stats(x->pool, &after);
+  int64_t grew = cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&before, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
+  int small = rounded <= m->cfg.small_size;
+  FZ_ASSERT(grew >= (int64_t)rounded, "alloc(%zu, rounded %zu) added only %" PRId64 " allocated bytes", size, rounded, grew);
+  size_t block = (size_t)grew;
+  size_t slack = block - rounded;
+  if (small) {
+    FZ_ASSERT(slack == 0, "small alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
+  } else if (rounded < m->cfg.max_split_size) {
+    FZ_ASSERT(slack <= m->cfg.small_size, "alloc(%zu): block of %zu for %zu rounded: should have been split", size,
+              block, rounded);
+  } else {
+    size_t bound = m->cfg.max_non_split_rounding > m->cfg.round_large ? m->cfg.max_non_split_rounding : m->cfg.round_large;
+    FZ_ASSERT(slack < bound, "oversize alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
+  }
+  /* Never on top of a live block, nor on a range still waited for. */
+  for (int j = 0; j < NSLOTS; j++) {
+    const slot_t *t = &m->slot[j];
+    if (t->ptr == NULL) continue;
+    FZ_ASSERT(!overlaps((uintptr_t)p, block, (uintptr_t)t->ptr, t->block),
+              "alloc(%zu) = [%p, +%zu) overlaps live slot %d [%p, +%zu)", size, p, block, j, (void *)t->ptr, t->block);
+  }
+  for (size_t g = 0; g < m->nguards; g++) {
+    const guard_t *gd = &m->guard[g];
+    if (!guard_active(x->dev, gd)) continue;
+    FZ_ASSERT(!overlaps((uintptr_t)p, block, gd->addr, gd->size),
+              "alloc(%zu) on stream %u = [%p, +%zu) reuses [%#" PRIxPTR ", +%zu) before the events of its free completed",
+              size, m->stream, p, block, gd->addr, gd->size);
+  }
+  /* If it grew the pool, the cap held at that moment, and nothing was reserved since. */
+  size_t cap = expected_cap(m);
+  if (after.num_device_alloc != before.num_device_alloc && cap != 0) {
+    FZ_ASSERT((size_t)cur(&after, CP_STAT_RESERVED_BYTES, CP_KIND_ALL) <= cap, "grew past the cap of %zu bytes", cap);
+  }
+  *s = (slot_t){(uint8_t *)p, size, rounded, block, small, m->stream, 0, m->next_seed++};
+  fill_slot(s);
+}
+
+static void remember_stale(model_t *m, uintptr_t addr) {
+  m->stale[m->nstale % (sizeof m->stale / sizeof m->stale[0])] = addr;
+  m->nstale++;
+}
+
+/* cp_free, or cp_free_sized with the size asked for (`sized`). */
+static void do_free(ctx_t *x, int si, int sized) {
+  model_t *m = x->m;
+  slot_t *s = &m->slot[si];
+  verify_slot(s, si);
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  x->dev->ncaptured = 0;
+  x->dev->overflow = 0;
+  int rc = sized ? cp_free_sized(x->pool, s->ptr, s->requested) : cp_free(x->pool, s->ptr);
+  int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  if (rc != CP_OK) {
+    FZ_ASSERT(fired, "free(%p) failed with %s without a device failure", (void *)s->ptr, cp_status_name(rc));
+    expect_unchanged(x->pool, &before, "a failed free");
+    return;
+  }
+  unsigned others = s->recorded & ~(1u << s->stream);
+  size_t want = 0;
+  for (unsigned b = 0; b < NSTREAMS; b++) want += (others >> b) & 1u;
+  FZ_ASSERT(!x->dev->overflow && x->dev->ncaptured == want, "free recorded %zu events for %zu other streams",
+            x->dev->ncaptured, want);
+  cp_stats_t after;
+  cp_pool_stats(x->pool, &after);
+  int64_t dropped = cur(&before.stats, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
+  FZ_ASSERT(dropped == (int64_t)s->block, "free of a %zu-byte block took %" PRId64 " allocated bytes", s->block, dropped);
+  if (want > 0) {
+    FZ_ASSERT(m->nguards < MAX_GUARDS, "guard table full");
+    guard_t *g = &m->guard[m->nguards++];
+    g->addr = (uintptr_t)s->ptr;
+    g->size = s->block;
+    g->nev = x->dev->ncaptured;
+    memcpy(g->ev, x->dev->captured, g->nev * sizeof g->ev[0]);
+  }
+  remember_stale(m, (uintptr_t)s->ptr);
+  memset(s, 0, sizeof *s);
+}
+
+static int is_live_address(const model_t *m, uintptr_t a) {
+  for (int i = 0; i < NSLOTS; i++) {
+    if ((uintptr_t)m->slot[i].ptr == a && m->slot[i].ptr != NULL) return 1;
+  }
+  return 0;
+}
+
+/* A free of a live allocation with the wrong size: refused, and the block stays allocated. */
+static void do_wrong_size_free(ctx_t *x, int si, uint32_t delta) {
+  const slot_t *s = &x->m->slot[si];
+  if (s->ptr == NULL) return;
+  size_t wrong = delta % 2 ? s->requested + 1 + delta % 4096 : delta % s->requested; /* != requested */
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  cp_clear_error();
+  int rc = cp_free_sized(x->pool, s->ptr, wrong);
+  FZ_ASSERT(rc == CP_ERR_INVALID, "free_sized(%p, %zu) of a %zu-byte allocation gave %s", (void *)s->ptr, wrong,
+            s->requested, cp_status_name(rc));
+  expect_failure_explained(rc);
+  expect_unchanged(x->pool, &before, "a free with the wrong size");
+}
+
+/* A free, sized free or record_stream of something that is not a live allocation. */
+static void do_bad_pointer(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  uint8_t how = rd_u8(r);
+  uint8_t which = rd_u8(r);
+  uintptr_t a = 0;
+  if (how % 5 == 4) {
+    do_wrong_size_free(x, which % NSLOTS, rd_u32(r));
+    return;
+  }
+  switch (how % 5) {
+    case 0: { /* inside a live block */
+      const slot_t *s = &m->slot[which % NSLOTS];
+      if (s->ptr == NULL || s->block < 2) return;
+      a = (uintptr_t)s->ptr + 1 + rd_u32(r) % (s->block - 1);
+      break;
+    }
+    case 1: /* freed before: a double free, unless the address was handed out again */
+      if (m->nstale == 0) return;
+      a = m->stale[which % (m->nstale < 8 ? m->nstale : 8)];
+      break;
+    case 2: a = (uintptr_t)4096 * (1 + which); break;
+    default: a = ~(uintptr_t)0 - 511 - which; break;
+  }
+  if (is_live_address(m, a)) return;
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  cp_clear_error();
+  size_t looked = 12345;
+  FZ_ASSERT(cp_pool_lookup(x->pool, (void *)a, &looked) == 0 && looked == 12345, "lookup of %#" PRIxPTR " (not live)", a);
+  int rc;
+  const char *what;
+  switch ((how / 5) % 3) {
+    case 0: what = "free"; rc = cp_free(x->pool, (void *)a); break;
+    case 1: what = "free_sized"; rc = cp_free_sized(x->pool, (void *)a, rd_u32(r)); break;
+    default: what = "record_stream"; rc = cp_record_stream(x->pool, (void *)a, which % NSTREAMS); break;
+  }
+  FZ_ASSERT(rc == CP_ERR_INVALID, "%s of %#" PRIxPTR " (not live) gave %s", what, a, cp_status_name(rc));
+  expect_failure_explained(rc);
+  expect_unchanged(x->pool, &before, "a bad pointer");
+}
+
+static void do_record(ctx_t *x, int si, unsigned stream) {
+  slot_t *s = &x->m->slot[si];
+  int rc = cp_record_stream(x->pool, s->ptr, stream);
+  FZ_ASSERT(rc == CP_OK, "record_stream(%p, %u) gave %s", (void *)s->ptr, stream, cp_status_name(rc));
+  if (stream != s->stream) s->recorded |= 1u << stream;
+}
+
+static void do_empty_cache(ctx_t *x) {
+  uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  size_t reserved_before = cp_sim_reserved_bytes(x->dev->sim);
+  int rc = cp_empty_cache(x->pool);
+  int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  FZ_ASSERT(rc == CP_OK || fired, "empty_cache failed with %s without a device failure", cp_status_name(rc));
+  FZ_ASSERT(cp_sim_reserved_bytes(x->dev->sim) <= reserved_before, "empty_cache reserved memory");
+  if (!fired) {
+    /* Every pending free was waited for. */
+    cp_pool_info_t in;
+    cp_pool_info(x->pool, &in);
+    FZ_ASSERT(in.pending_free == 0 && in.pending_blocks == 0, "empty_cache left %zu bytes pending", in.pending_free);
+    prune_guards(x->m, x->dev);
+    FZ_ASSERT(x->m->nguards == 0, "empty_cache returned with %zu freed ranges still waited for", x->m->nguards);
+  }
+}
+
+static void do_cap(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  const size_t caps[] = {0, 8 * MiB, 20 * MiB, 30 * MiB, 48 * MiB, m->capacity, 2 * m->capacity, 1, 0};
+  const size_t ncaps = sizeof caps / sizeof caps[0];
+  uint8_t k = rd_u8(r) % (ncaps + 2);
+  size_t cap = k < ncaps ? caps[k] : 1 + (size_t)rd_u16(r) * 1000; /* anything, also odd */
+  int rc = cp_pool_set_memory_cap(x->pool, cap);
+  FZ_ASSERT(rc == CP_OK, "set_memory_cap(%zu) gave %s", cap, cp_status_name(rc));
+  m->memory_cap = cap;
+}
+
+static void do_fraction(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  const double fr[] = {0.0, 0.1, 0.25, 0.5, 0.75, 0.99, 1.0, 1.5, -0.25, NAN, 1e-9, 0.0};
+  double f = fr[rd_u8(r) % (sizeof fr / sizeof fr[0])];
+  int valid = f >= 0.0 && f <= 1.0;
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  cp_clear_error();
+  uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  int rc = cp_pool_set_memory_fraction(x->pool, f);
+  int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  if (!valid) {
+    FZ_ASSERT(rc == CP_ERR_INVALID, "set_memory_fraction(%g) gave %s", f, cp_status_name(rc));
+    expect_unchanged(x->pool, &before, "an invalid memory fraction");
+    return;
+  }
+  /* It asks the device for its total first; the only failure is a positive fraction while
+   * the total has never been known. */
+  if (!fired) m->total_known = 1;
+  if (f > 0 && !m->total_known) {
+    FZ_ASSERT(rc == CP_ERR_BACKEND, "set_memory_fraction(%g) with the device total unknown gave %s", f,
+              cp_status_name(rc));
+    expect_unchanged(x->pool, &before, "a memory fraction that cannot apply");
+    return;
+  }
+  FZ_ASSERT(rc == CP_OK, "set_memory_fraction(%g) gave %s", f, cp_status_name(rc));
+  m->memory_fraction = f;
+}
+
+static void do_fault(ctx_t *x, reader_t *r) {
+  uint8_t k = rd_u8(r);
+  uint8_t n = rd_u8(r);
+  cp_sim_call_t kind = (cp_sim_call_t)(k % CP_SIM_CALL_COUNT);
+  int status = (k / CP_SIM_CALL_COUNT) % 2 ? CP_ERR_OOM : CP_ERR_BACKEND;
+  cp_sim_fail_nth(x->dev->sim, kind, 1 + n % 4, status);
+}
+
+static void do_misc(ctx_t *x, reader_t *r) {
+  switch (rd_u8(r) % 8) {
+    case 0: dev_complete_all(x->dev); break;
+    case 1: do_empty_cache(x); break;
+    case 2: cp_pool_reset_peak_stats(x->pool); break;
+    case 3: cp_pool_reset_accumulated_stats(x->pool); break;
+    case 4: {
+      char buf[256];
+      int n = cp_pool_oom_report(x->pool, 123456789, buf, sizeof buf);
+      FZ_ASSERT(n > 0 && buf[0] != '\0', "empty OOM report");
+      break;
+    }
+    case 5: { /* size 0 and NULL: no-ops */
+      snapshot_t before;
+      take_snapshot(x->pool, &before);
+      void *p = &before;
+      FZ_ASSERT(cp_alloc(x->pool, 0, x->m->stream, &p) == CP_OK && p == NULL, "alloc(0)");
+      FZ_ASSERT(cp_free(x->pool, NULL) == CP_OK, "free(NULL)");
+      expect_unchanged(x->pool, &before, "alloc(0) / free(NULL)");
+      break;
+    }
+    case 6: {
+      cp_config_t c;
+      cp_pool_config(x->pool, &c);
+      FZ_ASSERT(c.memory_cap == x->m->memory_cap && c.memory_fraction == x->m->memory_fraction &&
+                    c.granule == x->m->cfg.granule && c.max_split_size == x->m->cfg.max_split_size,
+                "cp_pool_config does not give back what was set");
+      break;
+    }
+    default: { /* disarm every injected failure */
+      for (int k = 0; k < CP_SIM_CALL_COUNT; k++) cp_sim_fail_nth(x->dev->sim, (cp_sim_call_t)k, 0, CP_OK);
+      break;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * One input
+ * ---------------------------------------------------------------------------------------- */
+
+/* Configurations the first byte picks from: each one reaches a different policy. */
+static const char *const configs[] = {
+    "",
+    "max_split_size_mb:32",
+    "release_before_grow:True",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[1:1,2:2,8:4,>:8]",
+    "garbage_collection_threshold:0.5",
+    "max_split_size_mb:24,max_non_split_rounding_mb:1,garbage_collection_threshold:0.8",
+    "granule_bytes:1024,small_size_mb:0.5,small_segment_mb:1,large_segment_mb:8,min_large_alloc_mb:4,round_large_mb:1",
+    "memory_cap_mb:48",
+    "memory_fraction:0.75,release_before_grow:True",
+    "max_split_size_mb:21,max_non_split_rounding_mb:0,roundup_power2_divisions:2",
+    "granule_bytes:256,garbage_collection_threshold:0.3,max_split_size_mb:40",
+};
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  reader_t r = {data, size};
+  op_index = -1;
+  cp_clear_error();
+  uint8_t b0 = rd_u8(&r);
+  uint8_t b1 = rd_u8(&r);
+
+  model_t *m = calloc(1, sizeof *m);
+  FZ_ASSERT(m != NULL, "no host memory for the model");
+  cp_config_default(&m->cfg);
+  const char *conf = configs[b0 % (sizeof configs / sizeof configs[0])];
+  FZ_ASSERT(cp_config_parse(&m->cfg, conf) == CP_OK, "config '%s' refused", conf);
+  /* The second byte: capacity, how the input ends, whether mem_info fails at creation. */
+  m->capacity = (64 + 16 * (size_t)(b1 % 3)) * MiB;
+  int abrupt_end = (b1 >> 2) & 1;
+  int no_total = ((b1 >> 3) & 3) == 3;
+  m->memory_cap = m->cfg.memory_cap;
+  m->memory_fraction = m->cfg.memory_fraction;
+  m->next_seed = 1;
+
+  dev_t dev;
+  memset(&dev, 0, sizeof dev);
+  FZ_ASSERT(cp_sim_create(m->capacity, 0, &dev.sim) == CP_OK, "cp_sim_create");
+  cp_sim_backend(dev.sim, &dev.real);
+  cp_backend_t backend;
+  dev_backend(&dev, &backend);
+  cp_pool_t *pool = NULL;
+  if (no_total) cp_sim_fail_nth(dev.sim, CP_SIM_MEM_INFO, 1, CP_ERR_BACKEND);
+  FZ_ASSERT(cp_pool_create(&m->cfg, &backend, &pool) == CP_OK, "cp_pool_create");
+  m->total_known = cp_sim_faults_injected(dev.sim) == 0;
+  FZ_ASSERT(m->total_known == !no_total, "mem_info at creation");
+  ctx_t x = {pool, &dev, m};
+
+  for (op_index = 0; op_index < MAX_OPS && r.n > 0; op_index++) {
+    cp_clear_error();
+    uint8_t op = rd_u8(&r) % OP_COUNT;
+    switch (op) {
+      case OP_ALLOC_A: case OP_ALLOC_B: case OP_ALLOC_C: case OP_ALLOC_D: {
+        int si = rd_u8(&r) % NSLOTS;
+        if (m->slot[si].ptr != NULL) do_free(&x, si, 0); /* make room in the slot first */
+        else do_alloc(&x, si, pick_size(&r, m));
+        break;
+      }
+      case OP_FREE_A: case OP_FREE_B: case OP_FREE_C: {
+        uint8_t sb = rd_u8(&r);
+        int si = sb % NSLOTS;
+        if (m->slot[si].ptr != NULL) do_free(&x, si, sb >= 128);
+        break;
+      }
+      case OP_RECORD: {
+        int si = rd_u8(&r) % NSLOTS;
+        uint8_t sb = rd_u8(&r);
+        if (m->slot[si].ptr == NULL) break;
+        if (sb & 0x80) { /* used on every stream */
+          for (unsigned st = 0; st < NSTREAMS; st++) do_record(&x, si, st);
+        } else {
+          do_record(&x, si, sb % NSTREAMS);
+        }
+        break;
+      }
+      case OP_STREAM: m->stream = rd_u8(&r) % NSTREAMS; break;
+      case OP_COMPLETE: dev_complete(&dev, rd_u8(&r) % NSTREAMS); break;
+      case OP_MISC: do_misc(&x, &r); break;
+      case OP_CAP: do_cap(&x, &r); break;
+      case OP_FRACTION: do_fraction(&x, &r); break;
+      case OP_FAULT: do_fault(&x, &r); break;
+      default: do_bad_pointer(&x, &r); break;
+    }
+    prune_guards(m, &dev);
+    check_all(pool, m, &dev);
+  }
+
+  op_index = -2;
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) cp_sim_fail_nth(dev.sim, (cp_sim_call_t)k, 0, CP_OK);
+  if (abrupt_end) {
+    /* Destroy with allocations live and frees pending: the pool still gives every segment
+     * and every event back. */
+    cp_pool_destroy(pool);
+    pool = NULL;
+  }
+  /* Else give everything back, with no failure armed: every call must now succeed. */
+  for (int i = 0; i < NSLOTS && pool != NULL; i++) {
+    if (m->slot[i].ptr == NULL) continue;
+    cp_clear_error();
+    do_free(&x, i, i % 2);
+    FZ_ASSERT(m->slot[i].ptr == NULL, "final free of slot %d failed", i);
+  }
+  if (pool != NULL) {
+    dev_complete_all(&dev);
+    prune_guards(m, &dev);
+    FZ_ASSERT(cp_empty_cache(pool) == CP_OK, "final empty_cache");
+    check_all(pool, m, &dev);
+    cp_pool_info_t in;
+    cp_pool_info(pool, &in);
+    FZ_ASSERT(in.reserved == 0 && in.allocated == 0 && in.cached_free == 0 && in.pending_free == 0 && in.segments == 0,
+              "after freeing everything: %zu reserved in %zu segments (%zu cached, %zu pending)", in.reserved,
+              in.segments, in.cached_free, in.pending_free);
+    cp_pool_destroy(pool);
+  }
+  FZ_ASSERT(cp_sim_reserved_bytes(dev.sim) == 0 && cp_sim_live_reservations(dev.sim) == 0,
+            "the device still holds %zu bytes in %zu reservations", cp_sim_reserved_bytes(dev.sim),
+            cp_sim_live_reservations(dev.sim));
+  FZ_ASSERT(cp_sim_live_events(dev.sim) == 0, "the device still holds %zu events", cp_sim_live_events(dev.sim));
+  cp_sim_destroy(dev.sim);
+  free(dev.events);
+  free(m);
+  return 0;
+}
