@@ -17,8 +17,8 @@
 #include "check.h"
 #include "core/cp.h"
 #include "core/cp_fork.h"
+#include "fixture.h"
 
-#define MiB ((size_t)1 << 20)
 #define CAPACITY (256 * MiB)
 #define CHILD_DEADLINE_MS 10000
 #define HOLD_MS 300u /* how long the other thread keeps the lock */
@@ -95,14 +95,10 @@ static void *free_recorded_block(void *arg) {
 }
 
 TEST(fork_while_another_thread_holds_the_pool_lock) {
-  cp_sim_t *sim = NULL;
-  cp_pool_t *pool = NULL;
-  cp_backend_t be;
-  cp_config_t cfg;
-  cp_config_default(&cfg);
-  REQUIRE(cp_sim_create(CAPACITY, 0, &sim) == CP_OK);
-  cp_sim_backend(sim, &be);
-  REQUIRE(cp_pool_create(&cfg, &be, &pool) == CP_OK);
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, CAPACITY, NULL) == 0);
+  cp_pool_t *pool = fx.pool;
+  cp_sim_t *sim = fx.sim;
 
   holder_t h = {pool, NULL, -1};
   REQUIRE(cp_alloc(pool, 4 * MiB, S1, &h.ptr) == CP_OK);
@@ -129,10 +125,7 @@ TEST(fork_while_another_thread_holds_the_pool_lock) {
   /* The parent goes on as before. */
   cp_sim_complete_all(sim);
   CHECK(cp_empty_cache(pool) == CP_OK);
-  CHECK(cp_pool_check(pool, stderr) == 0);
-  cp_pool_destroy(pool);
-  CHECK_EQ_U(cp_sim_reserved_bytes(sim), 0);
-  cp_sim_destroy(sim);
+  fx_close(&fx);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -146,14 +139,10 @@ static void *ask_mem_info(void *arg) {
 }
 
 TEST(fork_while_another_thread_holds_the_device_lock) {
-  cp_sim_t *sim = NULL;
-  cp_pool_t *pool = NULL;
-  cp_backend_t be;
-  cp_config_t cfg;
-  cp_config_default(&cfg);
-  REQUIRE(cp_sim_create(CAPACITY, CP_SIM_AUTO_COMPLETE, &sim) == CP_OK);
-  cp_sim_backend(sim, &be);
-  REQUIRE(cp_pool_create(&cfg, &be, &pool) == CP_OK);
+  fixture_t fx;
+  REQUIRE(fx_open_sim(&fx, CAPACITY, CP_SIM_AUTO_COMPLETE, NULL) == 0);
+  cp_pool_t *pool = fx.pool;
+  cp_sim_t *sim = fx.sim;
   cp_sim_delay_nth(sim, CP_SIM_MEM_INFO, 1, HOLD_MS);
 
   pthread_t t;
@@ -164,9 +153,7 @@ TEST(fork_while_another_thread_holds_the_device_lock) {
   CHECK(pid > 0);
   if (pid > 0) CHECK_EQ_U(wait_child(pid), CHILD_OK);
   pthread_join(t, NULL);
-  cp_pool_destroy(pool);
-  CHECK_EQ_U(cp_sim_reserved_bytes(sim), 0);
-  cp_sim_destroy(sim);
+  fx_close(&fx);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -175,10 +162,10 @@ TEST(fork_while_another_thread_holds_the_device_lock) {
 
 #define HAMMER_THREADS 4
 #define HAMMER_FORKS 60
+#define HAMMER_CAPACITY (1024 * MiB) /* > HAMMER_THREADS * 8 live * 12 MiB, with rounding */
 
 typedef struct hammer_s {
   cp_pool_t *pools[2];
-  cp_sim_t *sims[2];
   atomic_int stop;
   atomic_long ops;
   atomic_long errors;
@@ -225,13 +212,11 @@ static void *hammer(void *arg) {
 TEST(forks_while_threads_allocate) {
   hammer_t hm;
   memset(&hm, 0, sizeof hm);
-  cp_config_t cfg;
-  cp_config_default(&cfg);
+  fixture_t fx[2];
   for (int i = 0; i < 2; i++) {
-    cp_backend_t be;
-    REQUIRE(cp_sim_create(CAPACITY, CP_SIM_AUTO_COMPLETE, &hm.sims[i]) == CP_OK);
-    cp_sim_backend(hm.sims[i], &be);
-    REQUIRE(cp_pool_create(&cfg, &be, &hm.pools[i]) == CP_OK);
+    /* Room for every thread's live blocks at once, so that no child meets a full device. */
+    REQUIRE(fx_open_sim(&fx[i], HAMMER_CAPACITY, CP_SIM_AUTO_COMPLETE, NULL) == 0);
+    hm.pools[i] = fx[i].pool;
   }
   pthread_t threads[HAMMER_THREADS];
   hammer_arg_t args[HAMMER_THREADS];
@@ -254,9 +239,11 @@ TEST(forks_while_threads_allocate) {
       _exit(CHILD_OK);
     }
     CHECK(pid > 0);
-    if (pid > 0 && wait_child(pid) == CHILD_OK) {
+    const int code = pid > 0 ? wait_child(pid) : -1;
+    if (code == CHILD_OK) {
       children_ok++;
     } else {
+      fprintf(stderr, "fork %d: the child ended with %d\n", f, code);
       break; /* one hung or failed child is enough */
     }
   }
@@ -268,10 +255,7 @@ TEST(forks_while_threads_allocate) {
          atomic_load(&hm.ops), HAMMER_THREADS);
   for (int i = 0; i < 2; i++) {
     CHECK(cp_empty_cache(hm.pools[i]) == CP_OK);
-    CHECK(cp_pool_check(hm.pools[i], stderr) == 0);
-    cp_pool_destroy(hm.pools[i]);
-    CHECK_EQ_U(cp_sim_reserved_bytes(hm.sims[i]), 0);
-    cp_sim_destroy(hm.sims[i]);
+    fx_close(&fx[i]);
   }
 }
 

@@ -6,55 +6,11 @@
 
 #include "backend/sim.h"
 #include "check.h"
+#include "fixture.h"
 #include "core/cp.h"
-
-#define KiB ((size_t)1024)
-#define MiB ((size_t)1024 * 1024)
-#define GiB ((size_t)1024 * 1024 * 1024)
-
-typedef struct fixture_s {
-  cp_sim_t *sim;
-  cp_backend_t backend;
-  cp_pool_t *pool;
-} fixture_t;
-
-static int fx_open(fixture_t *fx, size_t capacity, const char *conf) {
-  cp_config_t cfg;
-  cp_config_default(&cfg);
-  if (cp_config_parse(&cfg, conf) != CP_OK) return -1;
-  if (cp_sim_create(capacity, 0, &fx->sim) != CP_OK) return -1;
-  cp_sim_backend(fx->sim, &fx->backend);
-  if (cp_pool_create(&cfg, &fx->backend, &fx->pool) != CP_OK) return -1;
-  return 0;
-}
-
-/* Destroying the pool must give every byte and event back to the device. */
-static void fx_close(fixture_t *fx) {
-  CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
-  cp_pool_destroy(fx->pool);
-  CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
-  cp_sim_destroy(fx->sim);
-}
-
-static cp_stats_t stats_of(fixture_t *fx) {
-  cp_stats_t s;
-  cp_pool_stats(fx->pool, &s);
-  return s;
-}
 
 #define CUR(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
 #define PEAK(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].peak)
-
-static void *must_alloc(fixture_t *fx, size_t size, cp_stream_t stream) {
-  void *p = NULL;
-  int rc = cp_alloc(fx->pool, size, stream, &p);
-  if (rc != CP_OK) fprintf(stderr, "alloc(%zu) failed: %s\n", size, cp_last_error());
-  CHECK(rc == CP_OK);
-  CHECK(p != NULL);
-  return p;
-}
 
 TEST(size_zero) {
   fixture_t fx;

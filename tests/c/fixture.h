@@ -1,0 +1,64 @@
+/* fixture.h — a pool on a simulated device, for the C tests.
+ * fx_open makes one (configuration text on the defaults); fx_close checks the pool is whole
+ * and that destroying it gives every byte and event back to the device. Include after
+ * check.h. */
+#ifndef CP_TEST_FIXTURE_H
+#define CP_TEST_FIXTURE_H
+
+#include <stdio.h>
+
+#include "backend/sim.h"
+#include "check.h"
+#include "core/cp.h"
+
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+#define GiB ((size_t)1024 * 1024 * 1024)
+
+typedef struct fixture_s {
+  cp_sim_t *sim;
+  cp_backend_t backend;
+  cp_pool_t *pool;
+} fixture_t;
+
+/* sim_flags: CP_SIM_* (0: events complete only when the test says so). */
+static inline int fx_open_sim(fixture_t *fx, size_t capacity, unsigned sim_flags, const char *conf) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  if (cp_config_parse(&cfg, conf) != CP_OK) return -1;
+  if (cp_sim_create(capacity, sim_flags, &fx->sim) != CP_OK) return -1;
+  cp_sim_backend(fx->sim, &fx->backend);
+  if (cp_pool_create(&cfg, &fx->backend, &fx->pool) != CP_OK) return -1;
+  return 0;
+}
+
+static inline int fx_open(fixture_t *fx, size_t capacity, const char *conf) {
+  return fx_open_sim(fx, capacity, 0, conf);
+}
+
+static inline void fx_close(fixture_t *fx) {
+  CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
+  cp_pool_destroy(fx->pool);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
+  cp_sim_destroy(fx->sim);
+}
+
+static inline cp_stats_t stats_of(fixture_t *fx) {
+  cp_stats_t s;
+  cp_pool_stats(fx->pool, &s);
+  return s;
+}
+
+/* An allocation that must succeed (a failure is recorded with the pool's message). */
+static inline void *must_alloc(fixture_t *fx, size_t size, cp_stream_t stream) {
+  void *p = NULL;
+  int rc = cp_alloc(fx->pool, size, stream, &p);
+  if (rc != CP_OK) fprintf(stderr, "alloc(%zu) failed: %s\n", size, cp_last_error());
+  CHECK(rc == CP_OK);
+  CHECK(p != NULL);
+  return p;
+}
+
+#endif /* CP_TEST_FIXTURE_H */
