@@ -11,12 +11,11 @@ capture around each call (``stderr_of``).
 """
 
 import math
-import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
+from scenario import ENTRY_POINTS, expect_ok, run_python
 
 import cudapool
 from cudapool import _C, _config
@@ -27,23 +26,12 @@ SIZE_MAX = (1 << 64) - 1
 TIMEOUT_S = 120
 
 # Common head of every scenario: the entry points through ctypes, on simulated devices.
-PRELUDE = """
+PRELUDE = ENTRY_POINTS + """
 import ctypes, math, os, sys, tempfile
 import cudapool
 from cudapool import _C
 MiB = 1 << 20
 SIZE_MAX = (1 << 64) - 1
-lib = ctypes.CDLL(_C.__file__)
-lib.cudapool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-lib.cudapool_free.restype = None
-lib.cudapool_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-lib.cudapool_record_stream.restype = None
-lib.cudapool_empty_cache.argtypes = []
-lib.cudapool_empty_cache.restype = None
-lib.cudapool_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
-lib.cudapool_set_memory_fraction.restype = None
-lib.cudapool_init.argtypes = [ctypes.c_int]
-lib.cudapool_init.restype = None
 
 def alloc(size, device=0, stream=0):
     ptr, status, msg = _C.alloc_catching(size, device, stream)
@@ -74,26 +62,12 @@ SIM2 = "_C.use_sim_devices(64 * MiB, count=2)\n"
 def run_py(code: str, env: dict = None) -> subprocess.CompletedProcess:
     """PRELUDE + code (after an optional SIM2 head) in a fresh interpreter."""
     head = SIM2 if code.startswith(SIM2) else ""
-    code = head + textwrap.dedent(code[len(head):])
-    environ = dict(os.environ)
-    environ.pop("CUDAPOOL_CONF", None)
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", PRELUDE + code],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=environ,
-    )
+    return run_python(PRELUDE + head + textwrap.dedent(code[len(head):]), timeout=TIMEOUT_S, env=env)
 
 
 def ok(code: str, env: dict = None) -> str:
     """Run a scenario that must print OK last and exit 0; its stdout."""
-    proc = run_py(code, env)
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), (
-        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    )
-    return proc.stdout
+    return expect_ok(run_py(code, env))
 
 
 def _torch_cuda_build() -> bool:

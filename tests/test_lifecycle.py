@@ -6,32 +6,19 @@ which releases the GIL for the call, so Python threads really run inside the poo
 Devices are simulated (no GPU needed).
 """
 
-import os
 import subprocess
-import sys
 import textwrap
 
-import pytest
+from scenario import ENTRY_POINTS, run_python
 
 DEADLINE_S = 120
 
-PRELUDE = """
+PRELUDE = ENTRY_POINTS + """
 import ctypes, os, sys, threading, time
 import cudapool
 from cudapool import _C
 
 MiB = 1 << 20
-lib = ctypes.CDLL(_C.__file__)
-lib.cudapool_alloc_catching.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
-                                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
-                                        ctypes.c_size_t]
-lib.cudapool_alloc_catching.restype = ctypes.c_int
-lib.cudapool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-lib.cudapool_free.restype = None
-lib.cudapool_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-lib.cudapool_record_stream.restype = None
-lib.cudapool_empty_cache.argtypes = []
-lib.cudapool_empty_cache.restype = None
 
 def alloc(size, device=0, stream=0):
     out = ctypes.c_void_p()
@@ -57,18 +44,7 @@ def wait_child(pid, deadline_s=20.0):
 
 def run(body: str, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:
     code = PRELUDE + textwrap.dedent(body)
-    env = dict(os.environ)
-    env.pop("CUDAPOOL_CONF", None)
-    try:
-        return subprocess.run(
-            [sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as e:  # a hang is a failure, with what it printed
-        pytest.fail(f"scenario did not finish within {timeout} s (deadlock?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
+    return run_python(code, timeout=timeout, python_args=["-W", "ignore::DeprecationWarning"])
 
 
 def ok(body: str, timeout: float = DEADLINE_S) -> str:

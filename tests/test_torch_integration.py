@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+from scenario import expect_ok, run_python
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 if not hasattr(torch._C, "_cuda_customAllocator"):
@@ -55,25 +56,12 @@ MiB = 1 << 20
 
 def run_py(code: str, env: dict = None) -> subprocess.CompletedProcess:
     """Run PRELUDE + code in a fresh interpreter; CUDAPOOL_CONF unset unless ``env`` sets it."""
-    environ = dict(os.environ)
-    environ.pop("CUDAPOOL_CONF", None)
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=environ,
-    )
+    return run_python(PRELUDE + textwrap.dedent(code), timeout=TIMEOUT_S, env=env)
 
 
 def ok(code: str, env: dict = None) -> str:
     """Run a scenario that must end by printing OK and exit 0; its stdout."""
-    proc = run_py(code, env)
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), (
-        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    )
-    return proc.stdout
+    return expect_ok(run_py(code, env))
 
 
 # -- the package without torch ------------------------------------------------------------------

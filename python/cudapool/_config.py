@@ -42,10 +42,9 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def split_entries(text: str) -> List[str]:
-    """The comma-separated entries of a configuration string, stripped, empty ones dropped.
-    Commas inside brackets ("[256:1,>:4]") do not separate entries."""
-    entries = []
+def _top_level_pieces(text: str) -> List[str]:
+    """``text`` cut at every ',' outside brackets ("[256:1,>:4]" stays whole), unstripped."""
+    pieces = []
     depth = 0
     current: List[str] = []
     for ch in text:
@@ -54,12 +53,18 @@ def split_entries(text: str) -> List[str]:
         elif ch == "]" and depth > 0:
             depth -= 1
         elif ch == "," and depth == 0:
-            entries.append("".join(current))
+            pieces.append("".join(current))
             current = []
             continue
         current.append(ch)
-    entries.append("".join(current))
-    return [e.strip() for e in entries if e.strip()]
+    pieces.append("".join(current))
+    return pieces
+
+
+def split_entries(text: str) -> List[str]:
+    """The comma-separated entries of a configuration string, stripped, empty ones dropped.
+    Commas inside brackets ("[256:1,>:4]") do not separate entries."""
+    return [e.strip() for e in _top_level_pieces(text) if e.strip()]
 
 
 def entries_from_text(text: str, source: str = ENV_VAR) -> "OrderedDict[str, Entry]":
@@ -78,15 +83,7 @@ def entries_from_text(text: str, source: str = ENV_VAR) -> "OrderedDict[str, Ent
 
 def _has_top_level_comma(text: str) -> bool:
     """Whether ``text`` has a ',' outside brackets: where the parser starts a new entry."""
-    depth = 0
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]" and depth > 0:
-            depth -= 1
-        elif ch == "," and depth == 0:
-            return True
-    return False
+    return len(_top_level_pieces(text)) > 1
 
 
 def entries_from_mapping(config: Mapping[str, Any]) -> "OrderedDict[str, Entry]":
