@@ -167,6 +167,9 @@ int cp_empty_cache(cp_pool_t *pool);
  * stops growth. */
 int cp_pool_set_memory_cap(cp_pool_t *pool, size_t bytes);
 int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction);
+/* CP_OK for a fraction cp_pool_set_memory_fraction accepts, else CP_ERR_INVALID with the
+ * message it would give (for callers that must refuse before a pool exists). */
+int cp_check_memory_fraction(double fraction);
 
 /* The configuration the pool runs with. */
 void cp_pool_config(cp_pool_t *pool, cp_config_t *out_cfg);

@@ -29,6 +29,7 @@ typedef enum cp_fork_level_e {
 /* One registered lock; lives inside the structure the lock guards. */
 typedef struct cp_fork_lock_s {
   pthread_mutex_t *mutex;
+  cp_fork_level_t level;
   struct cp_fork_lock_s *prev;
   struct cp_fork_lock_s *next;
 } cp_fork_lock_t;

@@ -40,22 +40,19 @@ static void fork_release_all(void) {
   for (size_t i = n_outer; i-- > 0;) pthread_mutex_unlock(fork_outer[i]);
 }
 
-static void fork_parent(void) {
+/* Parent and child do the same: count the fork, release every lock. */
+static void fork_after(void) {
   atomic_fetch_add_explicit(&fork_calls, 1, memory_order_relaxed);
   fork_release_all();
 }
 
-static void fork_child(void) {
-  atomic_fetch_add_explicit(&fork_calls, 1, memory_order_relaxed);
-  fork_release_all();
-}
-
-static void fork_install(void) { (void)pthread_atfork(fork_prepare, fork_parent, fork_child); }
+static void fork_install(void) { (void)pthread_atfork(fork_prepare, fork_after, fork_after); }
 
 void cp_fork_register(cp_fork_lock_t *node, pthread_mutex_t *mutex, cp_fork_level_t level) {
   if (node == NULL || mutex == NULL || (int)level < 0 || level >= CP_FORK_LEVEL_COUNT) return;
   pthread_once(&fork_once, fork_install);
   node->mutex = mutex;
+  node->level = level;
   node->prev = NULL;
   pthread_mutex_lock(&fork_registry_lock);
   node->next = fork_heads[level];
@@ -70,9 +67,7 @@ void cp_fork_unregister(cp_fork_lock_t *node) {
   if (node->prev != NULL) {
     node->prev->next = node->next;
   } else {
-    for (int level = 0; level < CP_FORK_LEVEL_COUNT; level++) {
-      if (fork_heads[level] == node) fork_heads[level] = node->next;
-    }
+    fork_heads[node->level] = node->next;
   }
   if (node->next != NULL) node->next->prev = node->prev;
   pthread_mutex_unlock(&fork_registry_lock);

@@ -219,6 +219,9 @@ static size_t cp_reserved_locked(const cp_pool_t *pool) {
   return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
 }
 
+/* Reserved, plus what is being reserved right now without the lock: what growth counts. */
+static size_t cp_held_locked(const cp_pool_t *pool) { return cp_reserved_locked(pool) + pool->inflight_bytes; }
+
 static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, int sign) {
   cp_stats_update(&pool->stats, CP_STAT_SEGMENT, seg->kind, sign);
   cp_stats_update(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, sign * (int64_t)seg->size);
@@ -347,7 +350,7 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
  * the lock held; the backend call runs without it. */
 static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size, size_t requested,
                           size_t seg_size, void **out_ptr) {
-  size_t reserved = cp_reserved_locked(pool) + pool->inflight_bytes;
+  size_t reserved = cp_held_locked(pool);
   if (pool->cap_bytes != 0 && (seg_size > pool->cap_bytes || reserved > pool->cap_bytes - seg_size)) {
     return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
   }
@@ -389,7 +392,7 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   cp_segment_link_locked(pool, seg);
   /* The mark moves only for memory really had: a refused request (a huge one from bad input,
    * say) must not raise it and so switch release_before_grow off for good. */
-  size_t held = cp_reserved_locked(pool) + pool->inflight_bytes;
+  const size_t held = cp_held_locked(pool);
   if (held > pool->high_water) pool->high_water = held;
   *out_ptr = cp_take_locked(pool, head, size, requested);
   return CP_OK;
@@ -401,11 +404,12 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
 static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
   /* A segment that cannot even be added to what is reserved is refused by cp_grow_locked
    * (the retry then gives the cache back): nothing to compute, and nothing may wrap below. */
-  if (seg_size > SIZE_MAX - (cp_reserved_locked(pool) + pool->inflight_bytes)) return;
+  const size_t held = cp_held_locked(pool);
+  if (seg_size > SIZE_MAX - held) return;
+  const size_t after = held + seg_size;
   if (pool->cfg.release_before_grow) {
     /* Growing below the high-water mark costs no peak: keep the cache. Past it, give back
      * (oldest first) what keeps the mark where it is, if the cache holds that much. */
-    size_t after = cp_reserved_locked(pool) + pool->inflight_bytes + seg_size;
     if (after <= pool->high_water) return;
     cp_segment_t *list = NULL;
     cp_detach_free_segments_locked(pool, after - pool->high_water, &list);
@@ -416,7 +420,6 @@ static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
   size_t limit = pool->cap_bytes != 0 ? pool->cap_bytes : pool->device_total;
   if (threshold <= 0 || limit == 0) return;
   size_t target = (size_t)(threshold * (double)limit);
-  size_t after = cp_reserved_locked(pool) + pool->inflight_bytes + seg_size;
   if (after <= target) return;
   cp_segment_t *list = NULL;
   cp_detach_free_segments_locked(pool, after - target, &list);
@@ -682,11 +685,16 @@ int cp_pool_set_memory_cap(cp_pool_t *pool, size_t bytes) {
   return CP_OK;
 }
 
-int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction) {
-  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_set_memory_fraction: NULL pool");
+int cp_check_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     return cp_set_error(CP_ERR_INVALID, "memory fraction %g is outside [0, 1]", fraction);
   }
+  return CP_OK;
+}
+
+int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_set_memory_fraction: NULL pool");
+  if (cp_check_memory_fraction(fraction) != CP_OK) return CP_ERR_INVALID;
   size_t dev_free = 0, dev_total = 0;
   int rc = pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total);
   pthread_mutex_lock(&pool->lock);

@@ -304,11 +304,10 @@ void cudapool_empty_cache(void) {
 int cpd_set_memory_fraction(double fraction, int device) {
   /* Checked before the pool is looked up: a refused call must not create the device's pool
    * (which would also fix the configuration for good). */
-  if (!(fraction >= 0.0 && fraction <= 1.0)) {
-    return cp_set_error(CP_ERR_INVALID, "memory fraction %g is outside [0, 1]", fraction);
-  }
+  int rc = cp_check_memory_fraction(fraction);
+  if (rc != CP_OK) return rc;
   cp_pool_t *pool;
-  int rc = cpd_pool(device, &pool);
+  rc = cpd_pool(device, &pool);
   if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
   return rc;
 }
