@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -19,6 +20,18 @@ def gpu_skip_reason() -> Optional[str]:
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
         )
     return None
+
+
+def skipped_without_gpu(name: str, json_path: Optional[str]) -> bool:
+    """True when there is no GPU to run on, after saying so: "no CUDA GPU: skipped" on stdout,
+    the reason on stderr, and {"skipped": reason} in the JSON file when one was asked for."""
+    reason = gpu_skip_reason()
+    if reason is None:
+        return False
+    print("no CUDA GPU: skipped")
+    print(f"{name}: {reason}", file=sys.stderr)
+    write_json(json_path, {"skipped": reason})
+    return True
 
 
 def tail(data: Any, limit: int = 6000) -> str:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu_common import gpu_skip_reason, tail as _tail, write_json  # noqa: E402
+from _gpu_common import skipped_without_gpu, tail as _tail, write_json  # noqa: E402
 
 MODES = ("builtin", "cudapool")
 RESULT_PREFIX = "AB_RESULT "
@@ -269,11 +269,7 @@ def main(argv=None) -> int:
     if args.worker:
         return run_worker(args)
 
-    reason = gpu_skip_reason()
-    if reason is not None:
-        print("no CUDA GPU: skipped")
-        print(f"ab_torch: {reason}", file=sys.stderr)
-        write_json(args.json, {"skipped": reason})
+    if skipped_without_gpu("ab_torch", args.json):
         return 0
 
     workload = {

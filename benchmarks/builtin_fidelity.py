@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu_common import gpu_skip_reason, tail as _tail, write_json  # noqa: E402
+from _gpu_common import skipped_without_gpu, tail as _tail, write_json  # noqa: E402
 
 WORKLOADS = ("transformer", "cnn", "random")
 RESULT_PREFIX = "FIDELITY_RESULT "
@@ -445,11 +445,7 @@ def main(argv=None) -> int:
     if args.worker:
         return run_worker(args)
 
-    reason = gpu_skip_reason()
-    if reason is not None:
-        print("no CUDA GPU: skipped")
-        print(f"builtin_fidelity: {reason}", file=sys.stderr)
-        write_json(args.json, {"skipped": reason})
+    if skipped_without_gpu("builtin_fidelity", args.json):
         return 0
 
     try:

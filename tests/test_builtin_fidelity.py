@@ -24,6 +24,7 @@ def _load_script():
 
 
 fidelity = _load_script()
+from _gpu_common import gpu_skip_reason  # noqa: E402  (the script put benchmarks/ on sys.path)
 
 SIDE = 0x7F00_1234_5000  # a second stream, as torch records it: the cudaStream_t value
 A, B, C, D = 0x7F10_0000_0000, 0x7F10_0020_0000, 0x7F10_0160_0000, 0x7F10_02A0_0000
@@ -140,7 +141,7 @@ def test_main_prints_the_table_and_writes_json(tmp_path, monkeypatch, capsys):
             pickle.dump(_handcrafted(), f, protocol=4)
         return dict(real, workload=workload)
 
-    monkeypatch.setattr(fidelity, "gpu_skip_reason", lambda: None)
+    monkeypatch.setattr(fidelity, "skipped_without_gpu", lambda name, json_path: False)
     monkeypatch.setattr(fidelity, "run_child", fake_run_child)
     out = tmp_path / "fidelity.json"
     assert fidelity.main(["--workloads", "transformer,random", "--json", str(out)]) == 0
@@ -166,7 +167,7 @@ def test_arguments():
         fidelity.parse_args(["--worker", "random"])  # needs --snapshot
 
 
-@pytest.mark.skipif(fidelity.gpu_skip_reason() is None, reason="a CUDA GPU is here: the check would run")
+@pytest.mark.skipif(gpu_skip_reason() is None, reason="a CUDA GPU is here: the check would run")
 def test_without_a_gpu_it_skips(tmp_path):
     out = tmp_path / "fidelity.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--json", str(out)], capture_output=True, text=True,
