@@ -25,10 +25,14 @@ TSAN_ENV := TSAN_OPTIONS=halt_on_error=1
 TSAN_ARGS ?= --threads 8
 
 # Sources. The CUDA backend builds everywhere: it loads libcuda with dlopen at run time.
-CORE_SRC := $(sort $(wildcard csrc/core/*.c))
-SIM_SRC  := csrc/backend/sim.c
-CUDA_SRC := csrc/backend/cuda.c
-LIB_SRC  := $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC)
+# Layers (README, "Layout"): base <- core, backend <- torch <- python. The C tests link the
+# first four; the CPython binding (csrc/python) is built by setup.py only.
+BASE_SRC  := $(sort $(wildcard csrc/base/*.c))
+CORE_SRC  := $(sort $(wildcard csrc/core/*.c))
+SIM_SRC   := csrc/backend/sim.c
+CUDA_SRC  := csrc/backend/cuda.c
+TORCH_SRC := $(sort $(wildcard csrc/torch/*.c))
+LIB_SRC   := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC) $(TORCH_SRC)
 # Libraries every C build links, whatever LDLIBS says (dlopen for the CUDA backend).
 LIB_LDLIBS := -ldl
 
@@ -136,7 +140,7 @@ bench-micro:
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 30
 FUZZ_NAMES := pool config
-FUZZ_LIB_SRC := $(CORE_SRC) $(SIM_SRC)
+FUZZ_LIB_SRC := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC)
 FUZZ_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_REPLAYS := $(patsubst %,build/asan/fuzz_%_replay,$(FUZZ_NAMES))
 FUZZERS := $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_NAMES))

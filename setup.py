@@ -1,6 +1,6 @@
 """Build of the one extension module, cudapool._C.
 
-Sources: csrc/core/*.c, csrc/backend/*.c and csrc/python/*.c / *.cpp. C and C++ sources get
+Sources: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++ sources get
 different flags: setuptools hands every source of an Extension the same extra_compile_args,
 so C++ sources are compiled here first with their own flags and linked in as objects.
 """
@@ -78,10 +78,8 @@ class BuildExt(build_ext):
 
 
 SOURCES = rel_glob(
-    "csrc/core/*.c",
-    "csrc/backend/*.c",
-    "csrc/python/*.c",
-    *(f"csrc/python/*{suffix}" for suffix in sorted(CXX_SUFFIXES)),
+    *(f"csrc/{layer}/*{suffix}" for layer in ("base", "core", "backend", "torch", "python")
+      for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)),
 )
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 

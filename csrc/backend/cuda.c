@@ -1,6 +1,6 @@
 /* cuda.c — the CUDA backend behind cuda.h: libcuda loaded with dlopen, the driver functions
  * resolved through cuGetProcAddress, a retained primary context per device, the operation table. */
-#include "cuda.h"
+#include "backend/cuda.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/cp_fork.h"
+#include "base/fork.h"
 
 /* ------------------------------------------------------------------------------------------
  * Driver types and constants. cuda.h of the toolkit is not included (it is not needed to build,

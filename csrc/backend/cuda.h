@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "backend.h"
+#include "base/backend.h"
 
 /* Devices with an ordinal at or above this are refused by cp_cuda_backend. */
 #define CP_CUDA_MAX_DEVICES 64

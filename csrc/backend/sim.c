@@ -1,6 +1,6 @@
 /* sim.c — the simulated device behind sim.h: capacity-bounded host memory, streams and events
  * that complete only when the test says so, per-call counters and fault injection. */
-#include "sim.h"
+#include "backend/sim.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/cp_fork.h"
+#include "base/fork.h"
 
 /* ------------------------------------------------------------------------------------------
  * Constants

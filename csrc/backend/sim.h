@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "base/backend.h"
 
 typedef struct cp_sim_s cp_sim_t;
 

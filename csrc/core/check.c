@@ -2,7 +2,7 @@
  * Owns: the equations of cp_internal.h, recomputed from the blocks themselves. */
 #include <stdlib.h>
 
-#include "cp_internal.h"
+#include "core/cp_internal.h"
 
 #define CP_VIOLATION(...)                      \
   do {                                         \

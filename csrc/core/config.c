@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp.h"
+#include "core/cp.h"
 
 /* ==========================================================================================
  * Notes on the syntax and the choices made here

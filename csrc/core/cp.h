@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../backend/backend.h"
-#include "cp_status.h"
+#include "base/backend.h"
+#include "base/status.h"
 
 #define CP_VERSION "0.1.0"
 

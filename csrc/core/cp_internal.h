@@ -6,8 +6,9 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "cp.h"
-#include "cp_fork.h"
+#include "base/fork.h"
+#include "base/ptrmap.h"
+#include "core/cp.h"
 
 typedef struct cp_block_s cp_block_t;
 typedef struct cp_segment_s cp_segment_t;
@@ -89,33 +90,6 @@ bool cp_index_contains(const cp_index_t *ix, const cp_block_t *b);
 size_t cp_index_check(const cp_index_t *ix, FILE *out);
 /* Call fn on every node, in order. */
 void cp_index_each(const cp_index_t *ix, void (*fn)(cp_block_t *b, void *arg), void *arg);
-
-/* ------------------------------------------------------------------------------------------
- * Pointer map (ptrmap.c): open-addressing hash map uintptr_t -> non-NULL void*, linear
- * probing with backward-shift deletion, load <= 1/2. Used for live blocks (address -> block)
- * and streams (handle -> state). Any key value is allowed; an empty slot has value NULL.
- * ---------------------------------------------------------------------------------------- */
-
-typedef struct cp_ptrmap_slot_s {
-  uintptr_t key;
-  void *value;
-} cp_ptrmap_slot_t;
-
-typedef struct cp_ptrmap_s {
-  cp_ptrmap_slot_t *slots;
-  size_t mask;    /* capacity - 1; capacity is a power of two (>= 16 once initialised) */
-  size_t count;
-} cp_ptrmap_t;
-
-int cp_ptrmap_init(cp_ptrmap_t *m, size_t initial_capacity); /* CP_ERR_HOST_OOM on failure */
-void cp_ptrmap_destroy(cp_ptrmap_t *m);
-void *cp_ptrmap_get(const cp_ptrmap_t *m, uintptr_t key);
-/* Insert a key that is not present. Grows as needed: CP_ERR_HOST_OOM leaves m unchanged. */
-int cp_ptrmap_insert(cp_ptrmap_t *m, uintptr_t key, void *value);
-/* Remove and return the value, NULL when absent. */
-void *cp_ptrmap_remove(cp_ptrmap_t *m, uintptr_t key);
-/* Make room for `extra` more keys now, so that the next inserts cannot fail. */
-int cp_ptrmap_reserve(cp_ptrmap_t *m, size_t extra);
 
 /* ------------------------------------------------------------------------------------------
  * Streams and stream ordering (stream.c)

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp_internal.h"
+#include "core/cp_internal.h"
 
 /* Note [Lock rules]
  * One mutex per pool guards all of its state. Public functions take it once and never call

@@ -2,7 +2,7 @@
  * Owns: the name tables and the resets; the updates are inline in cp_internal.h. */
 #include <string.h>
 
-#include "cp_internal.h"
+#include "core/cp_internal.h"
 
 const char *const cp_stat_family_names[CP_STAT_FAMILY_COUNT] = {
 #define CP_X(id, name) name,

@@ -2,7 +2,7 @@
  * wait for other streams. Owns: when a PENDING block may become FREE again. */
 #include <stdlib.h>
 
-#include "cp_internal.h"
+#include "core/cp_internal.h"
 
 /* Note [Stream ordering]
  * A block belongs to the stream it was allocated on and is reused only there: work queued on

@@ -16,8 +16,8 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "core/cp.h"
-#include "core/cp_fork.h"
-#include "python/devices.h"
+#include "base/fork.h"
+#include "torch/devices.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state

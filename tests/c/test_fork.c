@@ -16,7 +16,7 @@
 #include "backend/sim.h"
 #include "check.h"
 #include "core/cp.h"
-#include "core/cp_fork.h"
+#include "base/fork.h"
 #include "fixture.h"
 
 #define CAPACITY (256 * MiB)

@@ -3,7 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "cp_status.h"
+#include "base/status.h"
 
 static _Thread_local char cp_error_buf[4096];
 

@@ -1,8 +1,11 @@
 /* ptrmap.c — the host-side pointer map: uintptr_t keys to non-NULL values.
  * Owns: open addressing with linear probing and backward-shift deletion (no tombstones). */
+#include "base/ptrmap.h"
+
+#include <stdbool.h>
 #include <stdlib.h>
 
-#include "cp_internal.h"
+#include "base/status.h"
 
 static inline size_t cp_ptrmap_hash(uintptr_t key) {
   /* Block addresses are multiples of 512, so their low bits say nothing: mix every bit. */
@@ -112,4 +115,11 @@ void *cp_ptrmap_remove(cp_ptrmap_t *m, uintptr_t key) {
   m->slots[hole].key = 0;
   m->count--;
   return value;
+}
+
+void cp_ptrmap_each(const cp_ptrmap_t *m, void (*fn)(uintptr_t key, void *value, void *arg), void *arg) {
+  if (m->slots == NULL) return;
+  for (size_t i = 0; i <= m->mask; i++) {
+    if (m->slots[i].value != NULL) fn(m->slots[i].key, m->slots[i].value, arg);
+  }
 }

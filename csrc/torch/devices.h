@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/cp.h"
+#include "core/cp.h"
 
 #define CPD_MAX_DEVICES 64
 

@@ -11,7 +11,7 @@
 #include <string>
 
 extern "C" {
-#include "devices.h"
+#include "torch/devices.h"
 }
 
 namespace {

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/cp_status.h"
+#include "base/status.h"
 
 /* Opaque handles. A stream is whatever the device calls a stream (cudaStream_t for CUDA,
  * any integer for sim); 0 is the device's default stream. An event is owned by the backend. */

@@ -1,6 +1,6 @@
 /* devices.c — the process-wide pools, one per device, and the C entry points torch calls.
  * Owns: the device table, the shared configuration, and the choice of backend (CUDA or sim). */
-#include "devices.h"
+#include "torch/devices.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend/cuda.h"
-#include "../backend/sim.h"
-#include "../core/cp_fork.h"
+#include "backend/cuda.h"
+#include "backend/sim.h"
+#include "base/fork.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
