@@ -141,7 +141,7 @@ typedef struct cuda_device_s {
 } cuda_device_t;
 
 static pthread_mutex_t cuda_devices_lock = PTHREAD_MUTEX_INITIALIZER;
-static cuda_device_t cuda_devices[CP_CUDA_MAX_DEVICES];
+static cuda_device_t cuda_devices[CP_MAX_DEVICES];
 
 /* ------------------------------------------------------------------------------------------
  * Error reporting
@@ -544,9 +544,9 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   int rc = cp_cuda_load();
   if (rc == CP_OK) rc = cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
-  if (device >= CP_CUDA_MAX_DEVICES)
+  if (device >= CP_MAX_DEVICES)
     return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d is beyond the %d devices "
-                        "cudapool serves", device, CP_CUDA_MAX_DEVICES);
+                        "cudapool serves", device, CP_MAX_DEVICES);
 
   cuda_device_t *d = &cuda_devices[device];
   cp_fork_register_outer(&cuda_devices_lock); /* after the device table's: it nests inside */
@@ -595,7 +595,7 @@ void cp_cuda_shutdown(void) {
    * the retains are gone with it, so nothing is released. */
   CUcontext current = NULL;
   const int usable = cuda_fn.cuCtxGetCurrent(&current) == CUDA_SUCCESS;
-  for (int i = 0; i < CP_CUDA_MAX_DEVICES; i++) {
+  for (int i = 0; i < CP_MAX_DEVICES; i++) {
     cuda_device_t *d = &cuda_devices[i];
     if (!atomic_load_explicit(&d->live, memory_order_relaxed)) continue;
     atomic_store_explicit(&d->live, 0, memory_order_release);

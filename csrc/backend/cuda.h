@@ -7,9 +7,6 @@
 
 #include "base/backend.h"
 
-/* Devices with an ordinal at or above this are refused by cp_cuda_backend. */
-#define CP_CUDA_MAX_DEVICES 64
-
 /* Every function below returns CP_OK or a status with the thread's last error set
  * (cp_last_error), naming the driver call that failed and the driver's error name.
  * All of them are thread-safe. */
@@ -32,7 +29,7 @@ int cp_cuda_device_count(int *out);
 int cp_cuda_device_name(int device, char *buf, size_t n);
 
 /* Fill `out` with the operation table of device `device` (0 <= device < count, and below
- * CP_CUDA_MAX_DEVICES; CP_ERR_INVALID otherwise). The device's primary context is retained on
+ * CP_MAX_DEVICES; CP_ERR_INVALID otherwise). The device's primary context is retained on
  * the first call and kept until cp_cuda_shutdown; the table stays valid until then. Every
  * operation makes that context current for its duration and restores the calling thread's
  * previous context before returning, so it may be called from any thread with any (or no)

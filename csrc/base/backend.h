@@ -13,6 +13,9 @@
 typedef uintptr_t cp_stream_t;
 typedef uintptr_t cp_event_t;
 
+/* Device ordinals run from 0 to CP_MAX_DEVICES - 1 in every layer (backends, device table). */
+#define CP_MAX_DEVICES 64
+
 /* The contract, stated once for every entry:
  *  - 0 (CP_OK) is success; results come back through out-parameters, which are untouched
  *    on failure.

@@ -840,11 +840,11 @@ static int parse_device(PyObject *obj, int *out) {
   long d = PyLong_AsLongAndOverflow(obj, &overflow);
   if (d == -1 && PyErr_Occurred()) return -1;
   if (overflow != 0) {
-    PyErr_Format(PyExc_ValueError, "invalid device %S (expected 0..%d)", obj, CPD_MAX_DEVICES - 1);
+    PyErr_Format(PyExc_ValueError, "invalid device %S (expected 0..%d)", obj, CP_MAX_DEVICES - 1);
     return -1;
   }
-  if (d < 0 || d >= CPD_MAX_DEVICES) {
-    PyErr_Format(PyExc_ValueError, "invalid device %ld (expected 0..%d)", d, CPD_MAX_DEVICES - 1);
+  if (d < 0 || d >= CP_MAX_DEVICES) {
+    PyErr_Format(PyExc_ValueError, "invalid device %ld (expected 0..%d)", d, CP_MAX_DEVICES - 1);
     return -1;
   }
   *out = (int)d;
@@ -901,7 +901,7 @@ static PyObject *mod_using_sim_devices(PyObject *Py_UNUSED(module), PyObject *Py
 static PyObject *mod_device_pools(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   PyObject *list = PyList_New(0);
   if (list == NULL) return NULL;
-  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
     if (cpd_pool_if_created(d) == NULL) continue;
     PyObject *v = PyLong_FromLong(d);
     if (v == NULL || PyList_Append(list, v) < 0) {

@@ -21,8 +21,8 @@
  * entries; it must not race with allocations (interpreter exit, tests). */
 
 static pthread_mutex_t cpd_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic(cp_pool_t *) cpd_pools[CPD_MAX_DEVICES];
-static cp_sim_t *cpd_sims[CPD_MAX_DEVICES];
+static _Atomic(cp_pool_t *) cpd_pools[CP_MAX_DEVICES];
+static cp_sim_t *cpd_sims[CP_MAX_DEVICES];
 static cp_config_t cpd_cfg;
 static int cpd_cfg_set;
 static int cpd_pool_count;
@@ -71,9 +71,9 @@ void cpd_config(cp_config_t *out_cfg) {
 }
 
 int cpd_use_sim(size_t capacity, int count, unsigned sim_flags) {
-  if (capacity == 0 || count < 1 || count > CPD_MAX_DEVICES) {
+  if (capacity == 0 || count < 1 || count > CP_MAX_DEVICES) {
     return cp_set_error(CP_ERR_INVALID, "cudapool: simulated devices need a capacity > 0 and 1..%d devices",
-                        CPD_MAX_DEVICES);
+                        CP_MAX_DEVICES);
   }
   cpd_table_lock();
   int rc = CP_OK;
@@ -97,7 +97,7 @@ int cpd_using_sim(void) {
 }
 
 cp_sim_t *cpd_sim(int device) {
-  if (device < 0 || device >= CPD_MAX_DEVICES) return NULL;
+  if (device < 0 || device >= CP_MAX_DEVICES) return NULL;
   cpd_table_lock();
   cp_sim_t *sim = cpd_sim_mode ? cpd_sims[device] : NULL;
   pthread_mutex_unlock(&cpd_lock);
@@ -143,7 +143,7 @@ static int cpd_create_locked(int device, cp_pool_t **out_pool) {
 }
 
 int cpd_pool(int device, cp_pool_t **out_pool) {
-  if (device < 0 || device >= CPD_MAX_DEVICES) {
+  if (device < 0 || device >= CP_MAX_DEVICES) {
     return cp_set_error(CP_ERR_INVALID, "cudapool: invalid device %d", device);
   }
   cp_pool_t *pool = atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
@@ -167,13 +167,13 @@ int cpd_pool(int device, cp_pool_t **out_pool) {
 }
 
 cp_pool_t *cpd_pool_if_created(int device) {
-  if (device < 0 || device >= CPD_MAX_DEVICES) return NULL;
+  if (device < 0 || device >= CP_MAX_DEVICES) return NULL;
   return atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
 }
 
 void cpd_shutdown(void) {
   cpd_table_lock();
-  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
     if (pool != NULL) cp_pool_destroy(pool);
     if (cpd_sims[d] != NULL) {
@@ -243,7 +243,7 @@ int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size
 
 /* The device other than `except` whose pool holds `ptr` as a live allocation, or -1. */
 static int cpd_owner_of(void *ptr, int except) {
-  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = d != except ? cpd_pool_if_created(d) : NULL;
     if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) return d;
   }
@@ -266,8 +266,8 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   int rc;
   if (pool != NULL) {
     rc = cp_free_sized(pool, ptr, size);
-  } else if (device < 0 || device >= CPD_MAX_DEVICES) {
-    rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CPD_MAX_DEVICES - 1);
+  } else if (device < 0 || device >= CP_MAX_DEVICES) {
+    rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CP_MAX_DEVICES - 1);
   } else {
     rc = cp_set_error(CP_ERR_INVALID, "device %d has no cudapool pool", device);
   }
@@ -285,7 +285,7 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
 
 void cudapool_record_stream(void *ptr, void *stream) {
   if (ptr == NULL) return;
-  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
   }
@@ -293,7 +293,7 @@ void cudapool_record_stream(void *ptr, void *stream) {
 }
 
 void cudapool_empty_cache(void) {
-  for (int d = 0; d < CPD_MAX_DEVICES; d++) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_empty_cache(pool) != CP_OK) {
       cpd_report("cudapool: empty_cache on device %d: %s\n", d, cp_last_error());

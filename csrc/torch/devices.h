@@ -8,8 +8,6 @@
 
 #include "core/cp.h"
 
-#define CPD_MAX_DEVICES 64
-
 /* The configuration every pool created from now on gets. CP_ERR_STATE once a pool exists
  * (a pool's size classes cannot change under live blocks). */
 int cpd_configure(const cp_config_t *cfg);
