@@ -127,8 +127,8 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   /* Index <=> free blocks: each free block is in its index (above), and the indexes hold no
    * more nodes than there are free blocks. */
   size_t index_nodes[CP_KIND_COUNT] = {0};
-  for (size_t i = 0; i < pool->stream_count; i++) {
-    cp_stream_state_t *st = pool->stream_list[i];
+  for (size_t i = 0; i < pool->streams.count; i++) {
+    cp_stream_state_t *st = pool->streams.list[i];
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
       v += cp_index_check(&st->index[k], out);
       index_nodes[k] += st->index[k].count;
@@ -144,10 +144,10 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
 
   /* Stream ordering: queued events <=> pending blocks. */
   size_t queued = 0;
-  for (size_t i = 0; i < pool->stream_count; i++) queued += pool->stream_list[i]->queue_len;
-  if (queued != pool->pending_entries) CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->pending_entries);
-  if (queued + pool->detached_entries != pending_events) CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu", queued + pool->detached_entries, pending_events);
-  if (pending_blocks != pool->pending_blocks || pending_bytes != pool->pending_bytes) CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes, pool->pending_blocks, pool->pending_bytes);
+  for (size_t i = 0; i < pool->streams.count; i++) queued += pool->streams.list[i]->queue_len;
+  if (queued != pool->streams.pending_entries) CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->streams.pending_entries);
+  if (queued + pool->streams.detached_entries != pending_events) CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu", queued + pool->streams.detached_entries, pending_events);
+  if (pending_blocks != pool->streams.pending_blocks || pending_bytes != pool->streams.pending_bytes) CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes, pool->streams.pending_blocks, pool->streams.pending_bytes);
 
   /* Stats <=> blocks. */
   for (int k = CP_KIND_ALL; k <= CP_KIND_LARGE; k++) {

@@ -1,5 +1,5 @@
 /* config.c — the allocator configuration: defaults, the CUDAPOOL_CONF / PYTORCH_CUDA_ALLOC_CONF
- * parser, validation, formatting, and the request-size rounding rule (cp_round_size). */
+ * parser, validation and formatting. The rules the sizes feed are in core/sizes.h. */
 #include <float.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/cp.h"
+#include "core/sizes.h"
 
 /* ==========================================================================================
  * Notes on the syntax and the choices made here
@@ -52,8 +53,8 @@
  *   was configured before.
  * ========================================================================================== */
 
-#define MIB_SHIFT 20u
-#define MIB ((size_t)1 << MIB_SHIFT)
+#define MIB_SHIFT CP_MIB_SHIFT
+#define MIB CP_MIB
 #define CONF_PREFIX "CUDAPOOL_CONF: "
 
 /* The largest division count accepted (a power of two that fits in `unsigned`). */
@@ -90,14 +91,6 @@ static int span_eq(span_t s, const char *lit) {
  * the error buffer itself. */
 #define SPAN_ARG(s) (int)((s).n > INT_MAX ? INT_MAX : (s).n), (s).p
 
-static int is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
-
-/* floor(log2(x)) for x > 0, without builtins. */
-static unsigned floor_log2(size_t x) {
-  unsigned r = 0;
-  while (x >>= 1) r++;
-  return r;
-}
 
 /* Write `bytes` as an exact decimal number of MiB ("20", "0.5", "0.00048828125"). Any byte
  * count has an exact decimal expansion in MiB with at most 20 fractional digits. `out` must
@@ -311,7 +304,7 @@ static int parse_divisions(span_t whole, span_t s, unsigned *out) {
   if (st == NUM_SYNTAX)
     return bad_value(KEY_ROUNDUP_POWER2_DIVISIONS, whole,
                      "divisions '%.*s' is not a whole number", SPAN_ARG(s));
-  if (st != NUM_OK || (v != 0 && !is_pow2((size_t)v)))
+  if (st != NUM_OK || (v != 0 && !cp_is_pow2((size_t)v)))
     return bad_value(KEY_ROUNDUP_POWER2_DIVISIONS, whole,
                      "divisions '%.*s' must be 0 or a power of two up to %u", SPAN_ARG(s), MAX_DIVISIONS);
   *out = (unsigned)v;
@@ -361,10 +354,10 @@ static int apply_roundup(span_t value, unsigned out[CP_ROUNDUP_INTERVALS]) {
     if (!rest) {
       uint64_t mb = 0;
       num_status_t st = parse_uint(k, UINT64_MAX, &mb);
-      if (st != NUM_OK || mb > ((uint64_t)1 << max_key_log2) || !is_pow2((size_t)mb))
+      if (st != NUM_OK || mb > ((uint64_t)1 << max_key_log2) || !cp_is_pow2((size_t)mb))
         return bad_value(key, value, "size '%.*s' must be a power of two from 1 to %llu (MiB) or '>'",
                          SPAN_ARG(k), (unsigned long long)1 << max_key_log2);
-      idx = (int)floor_log2((size_t)mb);
+      idx = (int)cp_floor_log2((size_t)mb);
       if (idx <= last)
         return bad_value(key, value, "sizes must be in increasing order ('%.*s' comes too late)",
                          SPAN_ARG(k));
@@ -543,7 +536,7 @@ int cp_config_validate(const cp_config_t *cfg) {
   if (cfg == NULL) return cp_set_error(CP_ERR_INVALID, "cp_config_validate: cfg is NULL");
   char a[48], b[48];
 
-  if (!is_pow2(cfg->granule) || cfg->granule < 256)
+  if (!cp_is_pow2(cfg->granule) || cfg->granule < 256)
     return cp_set_error(CP_ERR_INVALID, "invalid config: granule (%zu bytes) must be a power of two >= 256",
                         cfg->granule);
 
@@ -695,42 +688,4 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     out_printf(&o, ",memory_fraction:%s", num);
   }
   return o.len > INT_MAX ? INT_MAX : (int)o.len;
-}
-
-/* The rounding rule of the built-in allocator:
- *   - 0 stays 0; below one granule: one granule.
- *   - With d = the divisions of the size's interval (interval = ceil(log2(size / 1 MiB)),
- *     clamped to [0, CP_ROUNDUP_INTERVALS - 1]): when d > 1 and size > granule * d, the range
- *     [2^k, 2^(k+1)) holding the size is cut into d equal steps and the size goes up to the
- *     next step (a power of two stays as it is). Since 2^k >= granule * d there, a step is a
- *     multiple of the granule.
- *   - Otherwise: up to the next multiple of the granule.
- * A size whose rounded value would not fit in size_t gives 0: callers treat 0 for a nonzero
- * request as "too large". `cfg` must be valid (cp_config_validate). */
-size_t cp_round_size(const cp_config_t *cfg, size_t size) {
-  if (size == 0) return 0;
-  const size_t g = cfg->granule;
-  if (g == 0 || !is_pow2(g)) return 0; /* invalid configuration: refuse rather than divide by 0 */
-  if (size < g) return g;
-
-  unsigned idx = 0;
-  if (size > MIB) {
-    /* ceil(log2(size)) - 20: size - 1 has floor(log2) = ceil(log2(size)) - 1 for size > 1. */
-    idx = floor_log2(size - 1) + 1 - MIB_SHIFT;
-    if (idx > CP_ROUNDUP_INTERVALS - 1) idx = CP_ROUNDUP_INTERVALS - 1;
-  }
-  size_t d = cfg->roundup_power2_divisions[idx];
-  /* size > g * d, without overflowing g * d (if it overflows, it exceeds any size). */
-  if (d > 1 && d <= SIZE_MAX / g && size > g * d) {
-    if (is_pow2(size)) return size;
-    size_t floor2 = (size_t)1 << floor_log2(size);
-    size_t step = floor2 >> floor_log2(d);
-    if (step == 0) { /* unreachable for a valid config (floor2 >= g * d); as PyTorch does */
-      return floor2 > SIZE_MAX / 2 ? 0 : floor2 * 2;
-    }
-    if (size > SIZE_MAX - (step - 1)) return 0;
-    return (size + step - 1) & ~(step - 1);
-  }
-  if (size > SIZE_MAX - (g - 1)) return 0;
-  return (size + g - 1) & ~(g - 1);
 }

@@ -92,13 +92,17 @@ size_t cp_index_check(const cp_index_t *ix, FILE *out);
 void cp_index_each(const cp_index_t *ix, void (*fn)(cp_block_t *b, void *arg), void *arg);
 
 /* ------------------------------------------------------------------------------------------
- * Streams and stream ordering (stream.c)
+ * Streams and stream ordering (stream.c): the whole PENDING lifecycle.
  *
  * Each stream the pool has seen has a state: its free-block indexes, and a FIFO of events
  * recorded on it for blocks that were used there (record_stream) and then freed. Events on
- * one stream complete in order, so polling stops at the first incomplete one.
- *   sum over streams of |queue| == pool->pending_entries
- *   == sum over PENDING blocks of pending_events
+ * one stream complete in order, so polling stops at the first incomplete one. stream.c puts a
+ * block into PENDING when it is freed with uses, and hands it back to the pool (a list of
+ * blocks, in completion order) once every event it waits for has completed; it never calls
+ * into pool.c. Invariants:
+ *   sum over streams of |queue| == pending_entries
+ *   pending_entries + detached_entries == sum over PENDING blocks of pending_events
+ *   pending_blocks, pending_bytes == count and bytes of PENDING blocks
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct cp_pending_s {
@@ -113,25 +117,57 @@ struct cp_stream_state_s {
   cp_pending_t *queue;             /* ring buffer */
   size_t queue_head;               /* index of the oldest entry */
   size_t queue_len;
-  size_t queue_cap;                /* power of two, or 0 */
+  size_t queue_cap; /* power of two, or 0 */
 };
 
+typedef struct cp_streams_s {
+  const cp_backend_t *backend; /* the pool's; events are created and recorded through it */
+  cp_ptrmap_t map;             /* stream handle -> cp_stream_state_t */
+  cp_stream_state_t **list;    /* every state, in creation order */
+  size_t count;
+  size_t list_cap;
+  cp_stream_state_t *last; /* one-entry cache in front of `map` */
+
+  cp_event_t *spare_events; /* created events not in use */
+  size_t spare_event_count;
+  size_t spare_event_cap;
+  size_t events_created; /* live backend events owned by the pool */
+
+  size_t pending_entries;  /* queued (event, block) pairs over all streams */
+  size_t pending_bytes;    /* bytes of PENDING blocks */
+  size_t pending_blocks;   /* PENDING blocks */
+  size_t detached_entries; /* pending entries taken out for synchronizing */
+} cp_streams_t;
+
+/* Blocks handed back by stream.c: PENDING blocks whose events have all completed, chained
+ * through `left` (unused while a block is out of the index), oldest completion first. The
+ * pool returns each to its free index. */
+typedef struct cp_done_list_s {
+  cp_block_t *head;
+  cp_block_t *tail;
+} cp_done_list_t;
+
+int cp_streams_init(cp_streams_t *ss, const cp_backend_t *backend); /* CP_ERR_HOST_OOM */
+/* Destroy every queued and spare event and every state (PENDING blocks are the pool's). */
+void cp_streams_destroy(cp_streams_t *ss);
 /* The state of `stream`, created on first use. NULL only when host memory ran out. */
-cp_stream_state_t *cp_stream_get_locked(cp_pool_t *pool, cp_stream_t stream);
-void cp_streams_destroy_locked(cp_pool_t *pool);
-/* Take an event from the pool's spares, creating one when there is none. */
-int cp_event_acquire_locked(cp_pool_t *pool, cp_event_t *out_event);
-void cp_event_release_locked(cp_pool_t *pool, cp_event_t event);
-int cp_stream_queue_push_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_event_t event, cp_block_t *block);
-/* Drop the newest entry of st's queue (undo of a push), returning its event. */
-cp_event_t cp_stream_queue_pop_newest_locked(cp_pool_t *pool, cp_stream_state_t *st);
-/* Return every block whose events have all completed to the free index (non-blocking). */
-int cp_streams_poll_locked(cp_pool_t *pool);
-/* Detach every queued entry into an array owned by the caller (for synchronizing without
- * the lock); *out_len entries. The blocks stay PENDING. */
-int cp_streams_take_all_locked(cp_pool_t *pool, cp_pending_t **out_entries, size_t *out_len);
-/* One event of a PENDING block completed: return the event, maybe free the block. */
-void cp_pending_done_locked(cp_pool_t *pool, cp_pending_t *entry);
+cp_stream_state_t *cp_streams_lookup_locked(cp_streams_t *ss, cp_stream_t stream);
+static inline cp_stream_state_t *cp_streams_get_locked(cp_streams_t *ss, cp_stream_t stream) {
+  cp_stream_state_t *st = ss->last;
+  return st != NULL && st->handle == stream ? st : cp_streams_lookup_locked(ss, stream);
+}
+/* Declare that the LIVE block `b` is used on `stream` too (no device call). */
+int cp_streams_record_use_locked(cp_block_t *b, cp_stream_t stream);
+/* Free a LIVE block with uses: record an event on each use stream and make it PENDING. All or
+ * nothing: on failure the block stays LIVE and the last error says why. */
+int cp_streams_defer_free_locked(cp_streams_t *ss, cp_block_t *b);
+/* Hand back every PENDING block whose events have all completed (non-blocking). A failed
+ * query leaves the rest queued: the next poll asks again. */
+int cp_streams_poll_locked(cp_streams_t *ss, cp_done_list_t *done);
+/* Wait for every pending event, with `lock` (the pool's, held on entry and on return)
+ * dropped while waiting, and hand back their blocks. An event the device failed to wait for
+ * goes back on its stream's queue. *out_waited is set when there was anything to wait for. */
+int cp_streams_synchronize_locked(cp_streams_t *ss, pthread_mutex_t *lock, cp_done_list_t *done, bool *out_waited);
 
 /* ------------------------------------------------------------------------------------------
  * Statistics (stats.c). Inline updates: every alloc and free touch several families.
@@ -191,11 +227,7 @@ struct cp_pool_s {
   cp_stats_t stats;
 
   cp_ptrmap_t live;        /* addr -> LIVE block */
-  cp_ptrmap_t streams;     /* stream handle -> cp_stream_state_t */
-  cp_stream_state_t **stream_list; /* every state, in creation order */
-  size_t stream_count;
-  size_t stream_list_cap;
-  cp_stream_state_t *last_stream;  /* one-entry cache in front of `streams` */
+  cp_streams_t streams;    /* per-stream state, events and the PENDING lifecycle (stream.c) */
 
   cp_segment_t *segments;  /* every segment held, most recent first */
   size_t segment_count;
@@ -206,25 +238,11 @@ struct cp_pool_s {
   cp_block_t *spare_blocks; /* unused block nodes, linked through `left` */
   cp_block_slab_t *slabs;
 
-  cp_event_t *spare_events; /* created events not in use */
-  size_t spare_event_count;
-  size_t spare_event_cap;
-  size_t events_created;    /* live backend events owned by the pool */
-
-  size_t pending_entries;   /* queued (event, block) pairs over all streams */
-  size_t pending_bytes;     /* bytes of PENDING blocks */
-  size_t pending_blocks;
-  size_t detached_entries;  /* pending entries taken out for synchronizing */
-
   size_t inflight_bytes;    /* reserves under way without the lock (counted against the cap) */
   size_t high_water;        /* the most ever reserved (+ in flight then); never reset */
   size_t cap_bytes;         /* effective cap, 0 = none */
   size_t device_total;      /* from the backend at creation, 0 when unknown */
 };
-
-/* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
- * active/inactive stats. */
-void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b);
 
 /* The checker (check.c). */
 size_t cp_check_locked(cp_pool_t *pool, FILE *out);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/cp_internal.h"
+#include "core/sizes.h"
 
 /* Note [Lock rules]
  * One mutex per pool guards all of its state. Public functions take it once and never call
@@ -13,32 +14,8 @@
  * event_synchronize, mem_info); while it is dropped, the bytes being reserved are counted
  * in `inflight_bytes` so that concurrent growth respects the cap, and segments being
  * released are already out of the pool. Event record and query are asynchronous and are
- * made under the lock. */
-
-/* ------------------------------------------------------------------------------------------
- * Size policy
- * ---------------------------------------------------------------------------------------- */
-
-static inline int cp_kind_for(const cp_config_t *cfg, size_t size) {
-  return size <= cfg->small_size ? CP_KIND_SMALL : CP_KIND_LARGE;
-}
-
-/* Bytes to reserve for a new segment serving a (rounded) request; 0 when it overflows. */
-static size_t cp_segment_size_for(const cp_config_t *cfg, size_t size) {
-  if (size <= cfg->small_size) return cfg->small_segment;
-  if (size < cfg->min_large_alloc) return cfg->large_segment;
-  size_t r = cfg->round_large;
-  if (size > SIZE_MAX - (r - 1)) return 0;
-  return (size + r - 1) / r * r;
-}
-
-/* Split rule: the small pool keeps any remainder of at least one granule; the large pool
- * keeps a remainder only above small_size, and never splits for requests of max_split_size
- * or more (those blocks stay whole so that big holes are not nibbled away). */
-static inline bool cp_should_split(const cp_config_t *cfg, int kind, size_t size, size_t remaining) {
-  if (kind == CP_KIND_SMALL) return remaining >= cfg->granule;
-  return size < cfg->max_split_size && remaining > cfg->small_size;
-}
+ * made under the lock. The size rules are in core/sizes.h; when a freed block must wait for
+ * other streams, and when it comes back, is stream.c's (Note [Stream ordering]). */
 
 /* ------------------------------------------------------------------------------------------
  * Block nodes
@@ -136,16 +113,12 @@ static void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b) {
  * Taking and returning blocks
  * ---------------------------------------------------------------------------------------- */
 
-/* Best fit on (stream, kind), with the built-in allocator's two oversize rules: a request
- * below max_split_size never takes an oversize block, and an oversize request takes a block
- * at most max_non_split_rounding larger than itself. The block found leaves the index. */
+/* Best fit on (stream, kind), within the oversize rules (cp_size_fits). The block found leaves
+ * the index. */
 static cp_block_t *cp_take_free_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
   cp_block_t **link;
   cp_block_t *b = cp_index_lower_bound_link(&st->index[kind], size, &link);
-  if (b == NULL) return NULL;
-  const cp_config_t *cfg = &pool->cfg;
-  if (size < cfg->max_split_size && b->size >= cfg->max_split_size) return NULL;
-  if (size >= cfg->max_split_size && b->size - size >= cfg->max_non_split_rounding) return NULL;
+  if (b == NULL || !cp_size_fits(&pool->cfg, size, b->size)) return NULL;
   cp_index_remove_at(&st->index[kind], link);
   cp_free_removed_locked(pool, b);
   return b;
@@ -157,7 +130,7 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
   const cp_config_t *cfg = &pool->cfg;
   int kind = b->segment->kind;
   size_t remaining = b->size - size;
-  if (remaining > 0 && cp_should_split(cfg, kind, size, remaining)) {
+  if (remaining > 0 && cp_size_should_split(cfg, kind, size, remaining)) {
     cp_block_t *r = cp_block_new_locked(pool);
     r->addr = b->addr + size;
     r->size = remaining;
@@ -183,7 +156,9 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
   return (void *)b->addr;
 }
 
-void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
+/* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
+ * active/inactive stats. */
+static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
   int kind = b->segment->kind;
   cp_stats_dec(&pool->stats, CP_STAT_ACTIVE, kind, 1);
   cp_stats_dec(&pool->stats, CP_STAT_ACTIVE_BYTES, kind, b->size);
@@ -299,39 +274,31 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
   return first_rc;
 }
 
-/* Wait (without the lock) for every pending free, then return those blocks to the index.
- * An event the device failed to wait for goes back on its stream's queue: its block is not
- * known to be done, so it must not be reused (polling will ask again). Should even that
- * fail for want of host memory, the entry stays detached and its block is never reused. */
+/* Blocks stream.c handed back: each returns to its free index, in completion order. */
+static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
+  for (cp_block_t *b = done->head, *next; b != NULL; b = next) {
+    next = b->left;
+    cp_block_release_locked(pool, b);
+  }
+  done->head = done->tail = NULL;
+}
+
+/* Reuse what completed frees give back (non-blocking). A failed event query leaves those
+ * blocks pending: not fatal. */
+static void cp_reclaim_completed_locked(cp_pool_t *pool) {
+  cp_done_list_t done = {NULL, NULL};
+  cp_streams_poll_locked(&pool->streams, &done);
+  cp_release_done_locked(pool, &done);
+}
+
+/* Wait (without the lock) for every pending free, then return those blocks to the index. */
 static int cp_synchronize_pending_locked(cp_pool_t *pool) {
-  cp_pending_t *entries;
-  size_t n;
-  int rc = cp_streams_take_all_locked(pool, &entries, &n);
-  if (rc != CP_OK || n == 0) return rc;
-  unsigned char *done = calloc(n, 1);
-  int first_rc = done != NULL ? CP_OK : cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to synchronize events");
-  if (done != NULL) {
-    pool->stats.num_sync_all_streams++;
-    pthread_mutex_unlock(&pool->lock);
-    for (size_t i = 0; i < n; i++) {
-      int r = pool->backend.event_synchronize(pool->backend.ctx, entries[i].event);
-      done[i] = r == CP_OK;
-      if (r != CP_OK && first_rc == CP_OK) first_rc = r;
-    }
-    pthread_mutex_lock(&pool->lock);
-  }
-  for (size_t i = 0; i < n; i++) {
-    cp_pending_t *e = &entries[i];
-    if (done != NULL && done[i]) {
-      pool->detached_entries--;
-      cp_pending_done_locked(pool, e);
-    } else if (cp_stream_queue_push_locked(pool, e->stream, e->event, e->block) == CP_OK) {
-      pool->detached_entries--;
-    }
-  }
-  free(done);
-  free(entries);
-  return first_rc;
+  cp_done_list_t done = {NULL, NULL};
+  bool waited = false;
+  int rc = cp_streams_synchronize_locked(&pool->streams, &pool->lock, &done, &waited);
+  if (waited) pool->stats.num_sync_all_streams++;
+  cp_release_done_locked(pool, &done);
+  return rc;
 }
 
 /* The effective cap: the smaller of memory_cap and memory_fraction * device total. */
@@ -440,7 +407,7 @@ int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_
   if (pool == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cp_pool_create: no host memory");
   pool->cfg = *cfg;
   pool->backend = *backend;
-  if (cp_ptrmap_init(&pool->live, 1024) != CP_OK || cp_ptrmap_init(&pool->streams, 16) != CP_OK) {
+  if (cp_ptrmap_init(&pool->live, 1024) != CP_OK || cp_streams_init(&pool->streams, &pool->backend) != CP_OK) {
     cp_ptrmap_destroy(&pool->live);
     free(pool);
     return CP_ERR_HOST_OOM;
@@ -467,13 +434,12 @@ void cp_pool_destroy(cp_pool_t *pool) {
     free(seg);
   }
   pool->segments = NULL;
-  cp_streams_destroy_locked(pool);
+  cp_streams_destroy(&pool->streams);
   for (cp_block_slab_t *s = pool->slabs, *next; s != NULL; s = next) {
     next = s->next;
     free(s);
   }
   cp_ptrmap_destroy(&pool->live);
-  cp_ptrmap_destroy(&pool->streams);
   pthread_mutex_unlock(&pool->lock);
   pthread_mutex_destroy(&pool->lock);
   free(pool);
@@ -493,9 +459,9 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     return CP_OK;
   }
   const cp_config_t *cfg = &pool->cfg; /* only the cap fields change after creation */
-  size_t rounded = cp_round_size(cfg, size);
-  int kind = cp_kind_for(cfg, rounded);
-  size_t seg_size = rounded != 0 ? cp_segment_size_for(cfg, rounded) : 0;
+  size_t rounded = cp_size_round(cfg, size);
+  int kind = cp_size_kind(cfg, rounded);
+  size_t seg_size = rounded != 0 ? cp_size_segment(cfg, rounded) : 0;
 
   pthread_mutex_lock(&pool->lock);
   int rc = CP_OK;
@@ -503,13 +469,12 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   if (seg_size == 0) {
     rc = CP_ERR_OOM; /* larger than any address space */
   } else if ((rc = cp_reserve_metadata_locked(pool, 1)) == CP_OK) {
-    st = pool->last_stream;
-    if (st == NULL || st->handle != stream) st = cp_stream_get_locked(pool, stream);
+    st = cp_streams_get_locked(&pool->streams, stream);
     if (st == NULL) rc = CP_ERR_HOST_OOM;
   }
   if (rc == CP_OK) {
-    /* 1. A failed event query leaves those blocks pending: not fatal. */
-    if (pool->pending_entries != 0) cp_streams_poll_locked(pool);
+    /* 1. */
+    if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
     cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
     if (b != NULL) {
       *out_ptr = cp_take_locked(pool, b, rounded, size);
@@ -549,42 +514,6 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   return rc;
 }
 
-/* Record one event on each extra stream of `b`; all or nothing. */
-static int cp_free_with_events_locked(cp_pool_t *pool, cp_block_t *b) {
-  uint32_t i;
-  int rc = CP_OK;
-  cp_stream_state_t *pushed[64];
-  for (i = 0; i < b->use_count; i++) {
-    cp_stream_state_t *st = cp_stream_get_locked(pool, b->uses[i]);
-    cp_event_t ev = 0;
-    if (st == NULL) {
-      rc = CP_ERR_HOST_OOM;
-      break;
-    }
-    rc = cp_event_acquire_locked(pool, &ev);
-    if (rc != CP_OK) break;
-    rc = pool->backend.event_record(pool->backend.ctx, ev, b->uses[i]);
-    if (rc == CP_OK) rc = cp_stream_queue_push_locked(pool, st, ev, b);
-    if (rc != CP_OK) {
-      cp_event_release_locked(pool, ev);
-      break;
-    }
-    if (i < 64) pushed[i] = st;
-  }
-  if (rc != CP_OK) { /* undo: the newest entry of each touched stream is ours */
-    while (i-- > 0) {
-      cp_stream_state_t *st = i < 64 ? pushed[i] : cp_stream_get_locked(pool, b->uses[i]);
-      cp_event_release_locked(pool, cp_stream_queue_pop_newest_locked(pool, st));
-    }
-    return rc;
-  }
-  b->state = CP_BLOCK_PENDING;
-  b->pending_events = b->use_count;
-  pool->pending_blocks++;
-  pool->pending_bytes += b->size;
-  return CP_OK;
-}
-
 /* cp_free and cp_free_sized: `expect_size` NULL means "any size". */
 static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, const char *who) {
   if (ptr == NULL) return CP_OK;
@@ -600,7 +529,7 @@ static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, c
                       ptr, b->requested, *expect_size);
     b = NULL;
   } else if (b->use_count > 0) {
-    rc = cp_free_with_events_locked(pool, b);
+    rc = cp_streams_defer_free_locked(&pool->streams, b);
     if (rc != CP_OK) {
       char why[1024];
       snprintf(why, sizeof why, "%s", cp_last_error());
@@ -641,22 +570,8 @@ int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {
   cp_block_t *b = ptr != NULL ? cp_ptrmap_get(&pool->live, (uintptr_t)ptr) : NULL;
   if (b == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "cp_record_stream: %p is not a live allocation of this pool", ptr);
-  } else if (stream != b->segment->stream->handle) {
-    bool known = false;
-    for (uint32_t i = 0; i < b->use_count; i++) known = known || b->uses[i] == stream;
-    if (!known) {
-      if (b->use_count == b->use_cap) {
-        uint32_t cap = b->use_cap ? b->use_cap * 2 : 4;
-        cp_stream_t *uses = realloc(b->uses, cap * sizeof *uses);
-        if (uses == NULL) {
-          rc = cp_set_error(CP_ERR_HOST_OOM, "cp_record_stream: no host memory");
-        } else {
-          b->uses = uses;
-          b->use_cap = cap;
-        }
-      }
-      if (rc == CP_OK) b->uses[b->use_count++] = stream;
-    }
+  } else {
+    rc = cp_streams_record_use_locked(b, stream);
   }
   CP_DEBUG_CHECK(pool, "cp_record_stream");
   pthread_mutex_unlock(&pool->lock);
@@ -738,15 +653,15 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   memset(info, 0, sizeof *info);
   info->reserved = cp_reserved_locked(pool);
   info->allocated = (size_t)pool->stats.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current;
-  info->pending_free = pool->pending_bytes;
-  info->pending_blocks = pool->pending_blocks;
+  info->pending_free = pool->streams.pending_bytes;
+  info->pending_blocks = pool->streams.pending_blocks;
   info->segments = pool->segment_count;
   info->live_blocks = pool->live.count;
-  info->streams = pool->stream_count;
+  info->streams = pool->streams.count;
   info->memory_cap = pool->cap_bytes;
-  for (size_t i = 0; i < pool->stream_count; i++) {
+  for (size_t i = 0; i < pool->streams.count; i++) {
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
-      const cp_index_t *ix = &pool->stream_list[i]->index[k];
+      const cp_index_t *ix = &pool->streams.list[i]->index[k];
       info->cached_free += ix->bytes;
       info->free_blocks += ix->count;
       cp_block_t *big = cp_index_largest(ix);
