@@ -226,30 +226,51 @@ static num_status_t parse_double(span_t s, double *out) {
  * ---------------------------------------------------------------------------------------- */
 
 typedef enum key_id_e {
-  KEY_MAX_SPLIT_SIZE_MB,
-  KEY_MAX_NON_SPLIT_ROUNDING_MB,
-  KEY_ROUNDUP_POWER2_DIVISIONS,
-  KEY_GARBAGE_COLLECTION_THRESHOLD,
-  KEY_EXPANDABLE_SEGMENTS,
-  KEY_GRANULE_BYTES,
-  KEY_SMALL_SIZE_MB,
-  KEY_SMALL_SEGMENT_MB,
-  KEY_LARGE_SEGMENT_MB,
-  KEY_MIN_LARGE_ALLOC_MB,
-  KEY_ROUND_LARGE_MB,
-  KEY_MEMORY_CAP_MB,
-  KEY_MEMORY_FRACTION,
-  KEY_RELEASE_BEFORE_GROW,
+#define CP_X(id, name, kind, field, def, doc) KEY_##id,
+  CP_CONFIG_KEYS(CP_X)
+#undef CP_X
   KEY_COUNT
 } key_id_t;
 
-static const char *const key_names[KEY_COUNT] = {
-    "max_split_size_mb",  "max_non_split_rounding_mb", "roundup_power2_divisions",
-    "garbage_collection_threshold", "expandable_segments", "granule_bytes",
-    "small_size_mb",      "small_segment_mb",          "large_segment_mb",
-    "min_large_alloc_mb", "round_large_mb",            "memory_cap_mb",
-    "memory_fraction",    "release_before_grow",
+typedef enum key_kind_e {
+  KIND_BYTES,
+  KIND_MIB,
+  KIND_MIB_GRANULAR,
+  KIND_MIB_OR_UNLIMITED,
+  KIND_DIVISIONS,
+  KIND_FRACTION_OPEN,
+  KIND_FRACTION,
+  KIND_BOOL,
+  KIND_FALSE_ONLY
+} key_kind_t;
+
+/* What parsing, validation and formatting need of a row: its kind and where its field is. */
+typedef struct key_desc_s {
+  const char *name;
+  const char *field_name; /* the field, as validation messages name it */
+  key_kind_t kind;
+  size_t offset; /* of the field in cp_config_t */
+} key_desc_t;
+
+static const key_desc_t keys[KEY_COUNT] = {
+#define CP_X(id, name, kind, field, def, doc) {name, #field, KIND_##kind, offsetof(cp_config_t, field)},
+    CP_CONFIG_KEYS(CP_X)
+#undef CP_X
 };
+
+const cp_config_key_t cp_config_keys[KEY_COUNT] = {
+#define CP_X(id, name, kind, field, def, doc) {name, def, doc},
+    CP_CONFIG_KEYS(CP_X)
+#undef CP_X
+};
+const size_t cp_config_key_count = KEY_COUNT;
+
+/* The field of `key` in `cfg`, typed by the caller from the key's kind. */
+#define KEY_FIELD(cfg, key, type) ((type *)(void *)((char *)(cfg) + keys[key].offset))
+#define KEY_FIELD_C(cfg, key, type) ((const type *)(const void *)((const char *)(cfg) + keys[key].offset))
+
+static int is_true(span_t v) { return span_eq(v, "True") || span_eq(v, "true") || span_eq(v, "1"); }
+static int is_false(span_t v) { return span_eq(v, "False") || span_eq(v, "false") || span_eq(v, "0"); }
 
 /* Set the "bad value" error for `key`/`value` with a reason. */
 static int bad_value(key_id_t key, span_t value, const char *fmt, ...)
@@ -265,7 +286,7 @@ static int bad_value(key_id_t key, span_t value, const char *fmt, ...) {
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
   return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "bad value '%.*s' for %s: %s", SPAN_ARG(value),
-                      key_names[key], reason);
+                      keys[key].name, reason);
 }
 
 /* A size key: `shift` 20 for MiB, 0 for bytes. */
@@ -298,29 +319,27 @@ static int apply_fraction(key_id_t key, span_t value, int one_allowed, double *f
 }
 
 /* One division count: 0 or a power of two, at most MAX_DIVISIONS. */
-static int parse_divisions(span_t whole, span_t s, unsigned *out) {
+static int parse_divisions(key_id_t key, span_t whole, span_t s, unsigned *out) {
   uint64_t v = 0;
   num_status_t st = parse_uint(s, MAX_DIVISIONS, &v);
   if (st == NUM_SYNTAX)
-    return bad_value(KEY_ROUNDUP_POWER2_DIVISIONS, whole,
-                     "divisions '%.*s' is not a whole number", SPAN_ARG(s));
+    return bad_value(key, whole, "divisions '%.*s' is not a whole number", SPAN_ARG(s));
   if (st != NUM_OK || (v != 0 && !cp_is_pow2((size_t)v)))
-    return bad_value(KEY_ROUNDUP_POWER2_DIVISIONS, whole,
-                     "divisions '%.*s' must be 0 or a power of two up to %u", SPAN_ARG(s), MAX_DIVISIONS);
+    return bad_value(key, whole, "divisions '%.*s' must be 0 or a power of two up to %u", SPAN_ARG(s),
+                     MAX_DIVISIONS);
   *out = (unsigned)v;
   return CP_OK;
 }
 
 /* roundup_power2_divisions: "N" or "[K:N,...,>:N]" (see the notes at the top). */
-static int apply_roundup(span_t value, unsigned out[CP_ROUNDUP_INTERVALS]) {
-  const key_id_t key = KEY_ROUNDUP_POWER2_DIVISIONS;
+static int apply_roundup(key_id_t key, span_t value, unsigned out[CP_ROUNDUP_INTERVALS]) {
   unsigned div[CP_ROUNDUP_INTERVALS];
   if (value.p[0] != '[') {
     unsigned n = 0;
     uint64_t probe = 0;
     if (parse_uint(value, UINT64_MAX, &probe) == NUM_SYNTAX)
       return bad_value(key, value, "expected N or [SIZE_MB:N,...,>:N]");
-    int rc = parse_divisions(value, value, &n);
+    int rc = parse_divisions(key, value, value, &n);
     if (rc != CP_OK) return rc;
     for (int i = 0; i < CP_ROUNDUP_INTERVALS; i++) out[i] = n;
     return CP_OK;
@@ -363,7 +382,7 @@ static int apply_roundup(span_t value, unsigned out[CP_ROUNDUP_INTERVALS]) {
                          SPAN_ARG(k));
     }
     unsigned n = 0;
-    int rc = parse_divisions(value, v, &n);
+    int rc = parse_divisions(key, value, v, &n);
     if (rc != CP_OK) return rc;
     for (int i = last + 1; i <= idx; i++) div[i] = n;
     if (rest) {
@@ -381,52 +400,36 @@ static int apply_roundup(span_t value, unsigned out[CP_ROUNDUP_INTERVALS]) {
 }
 
 static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
-  switch (key) {
-    case KEY_MAX_SPLIT_SIZE_MB:
+  switch (keys[key].kind) {
+    case KIND_BYTES:
+      return apply_size(key, value, 0, KEY_FIELD(cfg, key, size_t));
+    case KIND_MIB_OR_UNLIMITED:
       if (span_eq(value, "unlimited")) {
-        cfg->max_split_size = SIZE_MAX;
+        *KEY_FIELD(cfg, key, size_t) = SIZE_MAX;
         return CP_OK;
       }
-      return apply_size(key, value, MIB_SHIFT, &cfg->max_split_size);
-    case KEY_MAX_NON_SPLIT_ROUNDING_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->max_non_split_rounding);
-    case KEY_ROUNDUP_POWER2_DIVISIONS:
-      return apply_roundup(value, cfg->roundup_power2_divisions);
-    case KEY_GARBAGE_COLLECTION_THRESHOLD:
-      return apply_fraction(key, value, 0, &cfg->garbage_collection_threshold);
-    case KEY_EXPANDABLE_SEGMENTS:
-      if (span_eq(value, "False") || span_eq(value, "false") || span_eq(value, "0")) return CP_OK;
-      if (span_eq(value, "True") || span_eq(value, "true") || span_eq(value, "1"))
-        return bad_value(key, value, "expandable segments are not supported by cudapool "
-                                     "(remove the key or set it to False)");
-      return bad_value(key, value, "expected False (True is not supported)");
-    case KEY_GRANULE_BYTES:
-      return apply_size(key, value, 0, &cfg->granule);
-    case KEY_SMALL_SIZE_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->small_size);
-    case KEY_SMALL_SEGMENT_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->small_segment);
-    case KEY_LARGE_SEGMENT_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->large_segment);
-    case KEY_MIN_LARGE_ALLOC_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->min_large_alloc);
-    case KEY_ROUND_LARGE_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->round_large);
-    case KEY_MEMORY_CAP_MB:
-      return apply_size(key, value, MIB_SHIFT, &cfg->memory_cap);
-    case KEY_MEMORY_FRACTION:
-      return apply_fraction(key, value, 1, &cfg->memory_fraction);
-    case KEY_RELEASE_BEFORE_GROW:
-      if (span_eq(value, "True") || span_eq(value, "true") || span_eq(value, "1")) {
-        cfg->release_before_grow = 1;
-        return CP_OK;
-      }
-      if (span_eq(value, "False") || span_eq(value, "false") || span_eq(value, "0")) {
-        cfg->release_before_grow = 0;
+      return apply_size(key, value, MIB_SHIFT, KEY_FIELD(cfg, key, size_t));
+    case KIND_MIB:
+    case KIND_MIB_GRANULAR:
+      return apply_size(key, value, MIB_SHIFT, KEY_FIELD(cfg, key, size_t));
+    case KIND_DIVISIONS:
+      return apply_roundup(key, value, KEY_FIELD(cfg, key, unsigned));
+    case KIND_FRACTION_OPEN:
+      return apply_fraction(key, value, 0, KEY_FIELD(cfg, key, double));
+    case KIND_FRACTION:
+      return apply_fraction(key, value, 1, KEY_FIELD(cfg, key, double));
+    case KIND_BOOL:
+      if (is_true(value) || is_false(value)) {
+        *KEY_FIELD(cfg, key, int) = is_true(value);
         return CP_OK;
       }
       return bad_value(key, value, "expected True or False");
-    case KEY_COUNT:
+    case KIND_FALSE_ONLY:
+      if (is_false(value)) return CP_OK;
+      if (is_true(value))
+        return bad_value(key, value, "%s are not supported by cudapool (remove the key or set it to False)",
+                         key == KEY_EXPANDABLE_SEGMENTS ? "expandable segments" : keys[key].name);
+      return bad_value(key, value, "expected False (True is not supported)");
     default:
       break;
   }
@@ -438,7 +441,7 @@ static int unknown_key(span_t key) {
   size_t len = 0;
   known[0] = '\0';
   for (int i = 0; i < KEY_COUNT; i++) {
-    int n = snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", key_names[i]);
+    int n = snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", keys[i].name);
     if (n < 0 || (size_t)n >= sizeof known - len) break;
     len += (size_t)n;
   }
@@ -507,17 +510,17 @@ int cp_config_parse(cp_config_t *cfg, const char *text) {
 
     int id = -1;
     for (int i = 0; i < KEY_COUNT; i++) {
-      if (span_eq(key, key_names[i])) {
+      if (span_eq(key, keys[i].name)) {
         id = i;
         break;
       }
     }
     if (id < 0) return unknown_key(key);
     if (seen & (1u << id))
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "duplicate key '%s'", key_names[id]);
+      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "duplicate key '%s'", keys[id].name);
     seen |= 1u << id;
     if (value.n == 0)
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty value for %s", key_names[id]);
+      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty value for %s", keys[id].name);
 
     int rc = apply_key(&work, (key_id_t)id, value);
     if (rc != CP_OK) return rc;
@@ -540,19 +543,13 @@ int cp_config_validate(const cp_config_t *cfg) {
     return cp_set_error(CP_ERR_INVALID, "invalid config: granule (%zu bytes) must be a power of two >= 256",
                         cfg->granule);
 
-  const struct {
-    const char *name;
-    size_t value;
-  } sizes[] = {
-      {"small_size", cfg->small_size},         {"small_segment", cfg->small_segment},
-      {"large_segment", cfg->large_segment},   {"min_large_alloc", cfg->min_large_alloc},
-      {"round_large", cfg->round_large},
-  };
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    if (sizes[i].value == 0 || sizes[i].value % cfg->granule != 0)
+  for (int k = 0; k < KEY_COUNT; k++) {
+    if (keys[k].kind != KIND_MIB_GRANULAR) continue;
+    size_t value = *KEY_FIELD_C(cfg, k, size_t);
+    if (value == 0 || value % cfg->granule != 0)
       return cp_set_error(CP_ERR_INVALID,
                           "invalid config: %s (%zu bytes) must be a positive multiple of granule (%zu bytes)",
-                          sizes[i].name, sizes[i].value, cfg->granule);
+                          keys[k].field_name, value, cfg->granule);
   }
 
   if (cfg->small_size > cfg->small_segment) {
@@ -579,20 +576,22 @@ int cp_config_validate(const cp_config_t *cfg) {
     return cp_set_error(CP_ERR_INVALID,
                         "invalid config: max_split_size (%s MiB) must be larger than large_segment (%s MiB)", a, b);
   }
-  for (int i = 0; i < CP_ROUNDUP_INTERVALS; i++) {
-    unsigned d = cfg->roundup_power2_divisions[i];
-    if (d != 0 && (d & (d - 1)) != 0)
-      return cp_set_error(CP_ERR_INVALID,
-                          "invalid config: roundup_power2_divisions[%d] (%u) must be 0 or a power of two", i, d);
+  for (int k = 0; k < KEY_COUNT; k++) {
+    if (keys[k].kind == KIND_DIVISIONS) {
+      const unsigned *div = KEY_FIELD_C(cfg, k, unsigned);
+      for (int i = 0; i < CP_ROUNDUP_INTERVALS; i++) {
+        if (div[i] != 0 && !cp_is_pow2(div[i]))
+          return cp_set_error(CP_ERR_INVALID, "invalid config: %s[%d] (%u) must be 0 or a power of two",
+                              keys[k].field_name, i, div[i]);
+      }
+    } else if (keys[k].kind == KIND_FRACTION_OPEN || keys[k].kind == KIND_FRACTION) {
+      const double x = *KEY_FIELD_C(cfg, k, double);
+      const int open = keys[k].kind == KIND_FRACTION_OPEN;
+      if (!(x == 0.0 || (x > 0.0 && (open ? x < 1.0 : x <= 1.0))))
+        return cp_set_error(CP_ERR_INVALID, "invalid config: %s (%g) must be %s", keys[k].field_name, x,
+                            open ? "0 (off) or strictly between 0 and 1" : "0 (unset) or in (0, 1]");
+    }
   }
-  double gc = cfg->garbage_collection_threshold;
-  if (!(gc == 0.0 || (gc > 0.0 && gc < 1.0)))
-    return cp_set_error(CP_ERR_INVALID,
-                        "invalid config: garbage_collection_threshold (%g) must be 0 (off) or strictly between 0 and 1",
-                        gc);
-  double mf = cfg->memory_fraction;
-  if (!(mf == 0.0 || (mf > 0.0 && mf <= 1.0)))
-    return cp_set_error(CP_ERR_INVALID, "invalid config: memory_fraction (%g) must be 0 (unset) or in (0, 1]", mf);
   return CP_OK;
 }
 
@@ -632,60 +631,66 @@ static void format_double(double x, char *buf, size_t size) {
   snprintf(buf, size, "%.*g", DBL_DECIMAL_DIG, x);
 }
 
+/* roundup_power2_divisions: one number when all intervals agree; else an entry at each
+ * interval where the value changes, then ">" for the rest (which parses back to the same
+ * array). */
+static void format_divisions(out_t *o, const unsigned *d) {
+  int uniform = 1;
+  for (int i = 1; i < CP_ROUNDUP_INTERVALS; i++) uniform &= d[i] == d[0];
+  if (uniform) {
+    out_printf(o, "%u", d[0]);
+    return;
+  }
+  out_printf(o, "[");
+  for (int i = 0; i + 1 < CP_ROUNDUP_INTERVALS; i++) {
+    if (d[i] != d[i + 1]) out_printf(o, "%llu:%u,", 1ull << i, d[i]);
+  }
+  out_printf(o, ">:%u]", d[CP_ROUNDUP_INTERVALS - 1]);
+}
+
 int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
   out_t o = {buf, buf_size, 0};
   if (buf != NULL && buf_size > 0) buf[0] = '\0';
   if (cfg == NULL) return 0;
   char num[64];
-
-  out_printf(&o, "granule_bytes:%zu", cfg->granule);
-  const struct {
-    const char *key;
-    size_t value;
-  } mib_keys[] = {
-      {"small_size_mb", cfg->small_size},       {"small_segment_mb", cfg->small_segment},
-      {"large_segment_mb", cfg->large_segment}, {"min_large_alloc_mb", cfg->min_large_alloc},
-      {"round_large_mb", cfg->round_large},
-  };
-  for (size_t i = 0; i < sizeof mib_keys / sizeof mib_keys[0]; i++) {
-    format_mib(mib_keys[i].value, num, sizeof num);
-    out_printf(&o, ",%s:%s", mib_keys[i].key, num);
-  }
-  if (cfg->max_split_size == SIZE_MAX) {
-    out_printf(&o, ",max_split_size_mb:unlimited");
-  } else {
-    format_mib(cfg->max_split_size, num, sizeof num);
-    out_printf(&o, ",max_split_size_mb:%s", num);
-  }
-  format_mib(cfg->max_non_split_rounding, num, sizeof num);
-  out_printf(&o, ",max_non_split_rounding_mb:%s", num);
-
-  /* Divisions: one number when all intervals agree; else an entry at each interval where the
-   * value changes, then ">" for the rest (which parses back to the same array). */
-  const unsigned *d = cfg->roundup_power2_divisions;
-  int uniform = 1;
-  for (int i = 1; i < CP_ROUNDUP_INTERVALS; i++) uniform &= d[i] == d[0];
-  if (uniform) {
-    out_printf(&o, ",roundup_power2_divisions:%u", d[0]);
-  } else {
-    out_printf(&o, ",roundup_power2_divisions:[");
-    for (int i = 0; i + 1 < CP_ROUNDUP_INTERVALS; i++) {
-      if (d[i] != d[i + 1]) out_printf(&o, "%llu:%u,", 1ull << i, d[i]);
+  const char *sep = "";
+  for (int k = 0; k < KEY_COUNT; k++) {
+    const key_kind_t kind = keys[k].kind;
+    /* 0 means off/unset for the fractions and is not a valid value: omit them then. */
+    if (kind == KIND_FALSE_ONLY) continue;
+    if ((kind == KIND_FRACTION_OPEN || kind == KIND_FRACTION) && *KEY_FIELD_C(cfg, k, double) == 0.0) continue;
+    out_printf(&o, "%s%s:", sep, keys[k].name);
+    sep = ",";
+    switch (kind) {
+      case KIND_BYTES:
+        out_printf(&o, "%zu", *KEY_FIELD_C(cfg, k, size_t));
+        break;
+      case KIND_MIB_OR_UNLIMITED:
+        if (*KEY_FIELD_C(cfg, k, size_t) == SIZE_MAX) {
+          out_printf(&o, "unlimited");
+          break;
+        }
+        /* fall through */
+      case KIND_MIB:
+      case KIND_MIB_GRANULAR:
+        format_mib(*KEY_FIELD_C(cfg, k, size_t), num, sizeof num);
+        out_printf(&o, "%s", num);
+        break;
+      case KIND_DIVISIONS:
+        format_divisions(&o, KEY_FIELD_C(cfg, k, unsigned));
+        break;
+      case KIND_FRACTION_OPEN:
+      case KIND_FRACTION:
+        format_double(*KEY_FIELD_C(cfg, k, double), num, sizeof num);
+        out_printf(&o, "%s", num);
+        break;
+      case KIND_BOOL:
+        out_printf(&o, "%s", *KEY_FIELD_C(cfg, k, int) ? "True" : "False");
+        break;
+      case KIND_FALSE_ONLY:
+      default:
+        break;
     }
-    out_printf(&o, ">:%u]", d[CP_ROUNDUP_INTERVALS - 1]);
-  }
-
-  out_printf(&o, ",release_before_grow:%s", cfg->release_before_grow ? "True" : "False");
-  format_mib(cfg->memory_cap, num, sizeof num);
-  out_printf(&o, ",memory_cap_mb:%s", num);
-  /* 0 means off/unset and is not a valid value for these keys: omit them then. */
-  if (cfg->garbage_collection_threshold != 0.0) {
-    format_double(cfg->garbage_collection_threshold, num, sizeof num);
-    out_printf(&o, ",garbage_collection_threshold:%s", num);
-  }
-  if (cfg->memory_fraction != 0.0) {
-    format_double(cfg->memory_fraction, num, sizeof num);
-    out_printf(&o, ",memory_fraction:%s", num);
   }
   return o.len > INT_MAX ? INT_MAX : (int)o.len;
 }
