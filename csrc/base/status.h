@@ -5,6 +5,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum cp_status_e {
   CP_OK = 0,
   CP_ERR_OOM = 1,       /* device memory exhausted (or the memory cap reached) */
@@ -30,5 +34,9 @@ int cp_set_error(int status, const char *fmt, ...)
     ;
 
 void cp_clear_error(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* CP_STATUS_H */

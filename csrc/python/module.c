@@ -17,6 +17,7 @@
 #include "backend/sim.h"
 #include "core/cp.h"
 #include "base/fork.h"
+#include "torch/abi.h"
 #include "torch/devices.h"
 
 /* ------------------------------------------------------------------------------------------
@@ -1006,7 +1007,6 @@ static PyObject *mod_device_set_memory_fraction(PyObject *module, PyObject *args
 }
 
 /* For tests: the entry point torch calls, with its C++ exception caught on the C++ side. */
-int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
 
 static PyObject *mod_alloc_catching(PyObject *Py_UNUSED(module), PyObject *args) {
   PyObject *size_obj, *stream_obj;

@@ -1,4 +1,4 @@
-// entry.cpp — the allocation entry point torch calls, the one place that throws.
+// alloc.cpp — the allocation entry point torch calls, the one place that throws.
 // Owns: turning a failed allocation into a C++ exception that reaches Python.
 //
 // torch's CUDAPluggableAllocator does not check the pointer it gets back: a NULL for a
@@ -7,12 +7,12 @@
 // and the process goes on. The message starts like torch's own ("CUDA out of memory. Tried
 // to allocate ...") so that tools that look for it still find it.
 #include <cstddef>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
-extern "C" {
-#include "torch/devices.h"
-}
+#include "base/status.h"
+#include "torch/abi.h"
 
 namespace {
 

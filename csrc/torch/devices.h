@@ -1,5 +1,5 @@
-/* devices.h — the process-wide pools, one per device, and the entry points torch calls.
- * Owns: which backend serves a device, the shared configuration, lazy pool creation. */
+/* devices.h — the device table: the process-wide pools, one per device, created lazily.
+ * Owns: which backend serves a device, the shared configuration, pool lifetimes. */
 #ifndef CP_DEVICES_H
 #define CP_DEVICES_H
 
@@ -30,27 +30,5 @@ int cpd_device_count(int *out_count);
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */
 void cpd_shutdown(void);
-
-/* The interpreter is exiting: from now on the entry points count their failures instead of
- * printing them (Note [Failures at exit]). cpd_failures_at_exit: how many were counted. */
-void cpd_set_exiting(void);
-unsigned long cpd_failures_at_exit(void);
-
-/* Cap `device`'s pool at `fraction` of its total memory (creating the pool). A fraction
- * outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
-int cpd_set_memory_fraction(double fraction, int device);
-
-/* The entry points torch's CUDAPluggableAllocator calls (exported, C ABI). cudapool_alloc
- * itself is in entry.cpp: it throws on failure. */
-int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);
-void cudapool_free(void *ptr, size_t size, int device, void *stream);
-void cudapool_record_stream(void *ptr, void *stream);
-void cudapool_empty_cache(void);
-void cudapool_set_memory_fraction(double fraction, int device);
-void cudapool_init(int device);
-
-/* Text for a failed cpd_alloc: "CUDA out of memory. Tried to allocate ..." for CP_ERR_OOM,
- * "cudapool: ..." otherwise. */
-int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size);
 
 #endif /* CP_DEVICES_H */

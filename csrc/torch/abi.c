@@ -1,0 +1,140 @@
+/* abi.c — the C entry points torch's CUDAPluggableAllocator calls, except the allocation
+ * (alloc.cpp, which throws). Owns: mapping each call onto the device table's pools, and
+ * reporting the failures that a deleter cannot return. */
+#include "torch/abi.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "torch/devices.h"
+
+/* Note [Failures at exit]
+ * The deleters torch calls cannot return an error, so a failed free or record_stream is
+ * reported on stderr. Once the interpreter has begun to exit (cpd_set_exiting, from an atexit
+ * handler) tensors are freed in no particular order and the CUDA driver may already have shut
+ * down, so every event call fails: such failures are expected, change nothing in the pool
+ * (a block whose event could not be recorded stays allocated, which the process's end makes
+ * moot) and are counted instead of printed. */
+static atomic_int cpd_exiting;
+static atomic_ulong cpd_quiet_failures;
+
+void cpd_set_exiting(void) { atomic_store_explicit(&cpd_exiting, 1, memory_order_relaxed); }
+
+unsigned long cpd_failures_at_exit(void) { return atomic_load_explicit(&cpd_quiet_failures, memory_order_relaxed); }
+
+static void cpd_report(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void cpd_report(const char *fmt, ...) {
+  if (atomic_load_explicit(&cpd_exiting, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&cpd_quiet_failures, 1, memory_order_relaxed);
+    return;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
+  cp_pool_t *pool;
+  if (size == 0) {
+    *out_ptr = NULL;
+    return CP_OK;
+  }
+  int rc = cpd_pool(device, &pool);
+  if (rc != CP_OK) return rc;
+  return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+}
+
+int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size) {
+  if (status == CP_ERR_OOM) {
+    /* The pool's report starts with "Tried to allocate ...". */
+    return snprintf(buf, buf_size, "CUDA out of memory. %s", cp_last_error());
+  }
+  return snprintf(buf, buf_size, "cudapool: allocating %zu bytes on device %d failed (%s): %s", size, device,
+                  cp_status_name(status), cp_last_error());
+}
+
+/* The device other than `except` whose pool holds `ptr` as a live allocation, or -1. */
+static int cpd_owner_of(void *ptr, int except) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = d != except ? cpd_pool_if_created(d) : NULL;
+    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) return d;
+  }
+  return -1;
+}
+
+/* Note [Frees that do not match]
+ * torch hands back exactly the size and device it allocated with (the stream too, which the
+ * block already knows, so it is ignored). A free whose size or device differs from the
+ * pool's record therefore comes from a caller that lost track of the pointer: most likely a
+ * stale copy whose address a newer allocation now holds. Freeing would give memory still in
+ * use to the next request, silently; refusing leaves one block allocated and says so on
+ * stderr. The refusal is the one that cannot corrupt anything, so it is what happens: the
+ * pool changes nothing (cp_free_sized), and a pointer that another device's pool holds is
+ * named with that device. */
+void cudapool_free(void *ptr, size_t size, int device, void *stream) {
+  (void)stream; /* the block remembers its allocation stream */
+  if (ptr == NULL) return;
+  cp_pool_t *pool = cpd_pool_if_created(device);
+  int rc;
+  if (pool != NULL) {
+    rc = cp_free_sized(pool, ptr, size);
+  } else if (device < 0 || device >= CP_MAX_DEVICES) {
+    rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CP_MAX_DEVICES - 1);
+  } else {
+    rc = cp_set_error(CP_ERR_INVALID, "device %d has no cudapool pool", device);
+  }
+  if (rc != CP_OK) {
+    /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
+    int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
+    if (owner >= 0) {
+      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
+                 "not of device %d: not freed\n", ptr, size, device, owner, device);
+    } else {
+      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
+    }
+  }
+}
+
+void cudapool_record_stream(void *ptr, void *stream) {
+  if (ptr == NULL) return;
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
+  }
+  cpd_report("cudapool: record_stream(%p): not a live allocation of cudapool\n", ptr);
+}
+
+void cudapool_empty_cache(void) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_empty_cache(pool) != CP_OK) {
+      cpd_report("cudapool: empty_cache on device %d: %s\n", d, cp_last_error());
+    }
+  }
+}
+
+int cpd_set_memory_fraction(double fraction, int device) {
+  /* Checked before the pool is looked up: a refused call must not create the device's pool
+   * (which would also fix the configuration for good). */
+  int rc = cp_check_memory_fraction(fraction);
+  if (rc != CP_OK) return rc;
+  cp_pool_t *pool;
+  rc = cpd_pool(device, &pool);
+  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
+  return rc;
+}
+
+void cudapool_set_memory_fraction(double fraction, int device) {
+  int rc = cpd_set_memory_fraction(fraction, device);
+  if (rc != CP_OK) cpd_report("cudapool: set_memory_fraction(%g, %d): %s\n", fraction, device, cp_last_error());
+}
+
+void cudapool_init(int device_count) {
+  (void)device_count; /* pools are created lazily, on each device's first allocation */
+}

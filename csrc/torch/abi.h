@@ -1,0 +1,43 @@
+/* abi.h — the entry points torch's CUDAPluggableAllocator calls (exported, C ABI), and what
+ * the binding needs of them. Owns: the signatures torch expects (DESIGN.md, "The PyTorch
+ * contract"); the device table behind them is devices.h. */
+#ifndef CP_ABI_H
+#define CP_ABI_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The interpreter is exiting: from now on the entry points count their failures instead of
+ * printing them (Note [Failures at exit]). cpd_failures_at_exit: how many were counted. */
+void cpd_set_exiting(void);
+unsigned long cpd_failures_at_exit(void);
+
+/* Cap `device`'s pool at `fraction` of its total memory (creating the pool). A fraction
+ * outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
+int cpd_set_memory_fraction(double fraction, int device);
+
+/* The entry points (exported, C ABI). cudapool_alloc is in alloc.cpp: it throws on failure,
+ * so only C++ can call it; cudapool_alloc_catching is the same path with the exception
+ * caught, for callers that cannot catch one (tests through ctypes or the binding): it returns
+ * the status and, on failure, the message in buf. */
+void *cudapool_alloc(size_t size, int device, void *stream);
+int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
+int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);
+void cudapool_free(void *ptr, size_t size, int device, void *stream);
+void cudapool_record_stream(void *ptr, void *stream);
+void cudapool_empty_cache(void);
+void cudapool_set_memory_fraction(double fraction, int device);
+void cudapool_init(int device);
+
+/* Text for a failed cpd_alloc: "CUDA out of memory. Tried to allocate ..." for CP_ERR_OOM,
+ * "cudapool: ..." otherwise. */
+int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CP_ABI_H */
