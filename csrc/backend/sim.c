@@ -37,7 +37,7 @@ typedef union sim_value_u {
   struct {
     uint64_t recorded_seq;   /* sequence number of the last event_record on this stream */
     uint64_t completed_seq;  /* every record with seq <= this has completed */
-    int invalid;             /* cp_sim_invalidate_stream: records and waits on it fail */
+    int invalid;             /* cp_sim_invalidate_stream: records on it fail */
   } stream;
   struct {
     cp_stream_t stream;      /* stream of the last record (meaningless while seq == 0) */
@@ -463,28 +463,6 @@ out:
   return rc;
 }
 
-static int sim_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
-  cp_sim_t *sim = ctx;
-  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: stream_wait_event: no device");
-  sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_STREAM_WAIT_EVENT);
-  if (rc != CP_OK) goto out;
-  if (sim_table_find(&sim->events, event) == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: stream_wait_event(stream 0x%" PRIxPTR ", 0x%" PRIxPTR
-                      "): unknown event", stream, event);
-    goto out;
-  }
-  const sim_slot_t *st = sim_table_find(&sim->streams, stream);
-  if (st != NULL && st->value.stream.invalid) {
-    rc = cp_set_error(CP_ERR_BACKEND, "sim: stream_wait_event(stream 0x%" PRIxPTR ", 0x%" PRIxPTR
-                      "): invalid resource handle (the stream is invalid)", stream, event);
-    goto out;
-  }
-out:
-  sim_unlock(sim);
-  return rc;
-}
-
 static int sim_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: mem_info: no device");
@@ -571,7 +549,6 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
   out->event_record = sim_event_record;
   out->event_query = sim_event_query;
   out->event_synchronize = sim_event_synchronize;
-  out->stream_wait_event = sim_stream_wait_event;
   out->mem_info = sim_mem_info;
 }
 
