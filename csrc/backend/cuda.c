@@ -84,8 +84,7 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
   X(cuEventDestroy, CUresult, (CUevent cu_event))                                              \
   X(cuEventRecord, CUresult, (CUevent cu_event, CUstream cu_stream))                           \
   X(cuEventQuery, CUresult, (CUevent cu_event))                                                \
-  X(cuEventSynchronize, CUresult, (CUevent cu_event))                                          \
-  X(cuStreamWaitEvent, CUresult, (CUstream cu_stream, CUevent cu_event, unsigned int wait_flags))
+  X(cuEventSynchronize, CUresult, (CUevent cu_event))
 
 #define CP_X(name, ret, params) typedef ret(*cuda_##name##_fn) params;
 CUDA_DRIVER_FUNCTIONS(CP_X)
@@ -505,18 +504,6 @@ static int cuda_event_synchronize(void *ctx, cp_event_t event) {
   return cuda_leave(d, "cuEventSynchronize", &scope, rc);
 }
 
-static int cuda_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
-  cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuStreamWaitEvent", &scope);
-  if (rc != CP_OK) return rc;
-  const CUresult r = cuda_fn.cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0);
-  if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuStreamWaitEvent(stream 0x%" PRIxPTR ", event 0x%" PRIxPTR
-                   ") on device %d", stream, event, d->ordinal);
-  return cuda_leave(d, "cuStreamWaitEvent", &scope, rc);
-}
-
 static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   cuda_device_t *d = ctx;
   if (out_free == NULL || out_total == NULL)
@@ -583,7 +570,6 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   out->event_record = cuda_event_record;
   out->event_query = cuda_event_query;
   out->event_synchronize = cuda_event_synchronize;
-  out->stream_wait_event = cuda_stream_wait_event;
   out->mem_info = cuda_mem_info;
   return CP_OK;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "base/fork.h"
+#include "base/ptrmap.h"
 
 /* ------------------------------------------------------------------------------------------
  * Constants
@@ -18,49 +19,28 @@
 #define SIM_ALIGN_BYTES        ((size_t)512)           /* alignment of real reservations */
 #define SIM_FAKE_BASE_ADDR     ((uintptr_t)0x7f0000000000ull)
 #define SIM_FAKE_ALIGN_BYTES   ((uintptr_t)2 << 20)     /* 2 MiB between fake reservations */
-#define SIM_TABLE_MIN_SLOTS    ((size_t)64)            /* initial slots of every table */
+#define SIM_MAP_MIN_SLOTS      ((size_t)64)            /* initial slots of every map */
 #define SIM_FLAGS_KNOWN        (CP_SIM_AUTO_COMPLETE | CP_SIM_NO_TOUCH)
 
 /* Fake NO_TOUCH addresses start high in a 64-bit address space. */
 _Static_assert(sizeof(uintptr_t) >= 8, "sim.c assumes 64-bit addresses");
 
 /* ------------------------------------------------------------------------------------------
- * Hash table: open addressing, linear probing, backward-shift deletion (no tombstones, so
- * heavy reserve/release churn never degrades probing). One table type serves reservations,
- * streams and events; what the value means depends on the table.
+ * Table values: the device keeps its reservations, streams and events in base/ptrmap.h maps,
+ * whose values are non-NULL pointers. A reservation's value is its size (> 0, so never NULL);
+ * streams and events own a small heap struct each, freed when the entry goes.
  * ---------------------------------------------------------------------------------------- */
 
-typedef union sim_value_u {
-  struct {
-    size_t size_bytes;       /* size asked for at reserve (not rounded) */
-  } res;
-  struct {
-    uint64_t recorded_seq;   /* sequence number of the last event_record on this stream */
-    uint64_t completed_seq;  /* every record with seq <= this has completed */
-    int invalid;             /* cp_sim_invalidate_stream: records and waits on it fail */
-  } stream;
-  struct {
-    cp_stream_t stream;      /* stream of the last record (meaningless while seq == 0) */
-    uint64_t seq;            /* position on that stream; 0 = never recorded */
-  } event;
-} sim_value_t;
+typedef struct sim_stream_s {
+  uint64_t recorded_seq;     /* sequence number of the last event_record on this stream */
+  uint64_t completed_seq;    /* every record with seq <= this has completed */
+  int invalid;               /* cp_sim_invalidate_stream: records on it fail */
+} sim_stream_t;
 
-typedef struct sim_slot_s {
-  uintptr_t key;             /* address, stream handle or event handle */
-  sim_value_t value;
-  unsigned char used;        /* 1 when the slot holds an entry */
-} sim_slot_t;
-
-/* Invariants:
- *  - slot_count is a power of two >= SIM_TABLE_MIN_SLOTS, and 4 * live_count <= 3 * slot_count,
- *    so every probe sequence reaches an unused slot;
- *  - every live entry sits in the probe run that starts at its home slot with no unused slot
- *    between its home and itself (what backward-shift deletion keeps true). */
-typedef struct sim_table_s {
-  sim_slot_t *slots;
-  size_t slot_count;         /* capacity in slots, a power of two */
-  size_t live_count;         /* used slots */
-} sim_table_t;
+typedef struct sim_event_s {
+  cp_stream_t stream;        /* stream of the last record (meaningless while seq == 0) */
+  uint64_t seq;              /* position on that stream; 0 = never recorded */
+} sim_event_t;
 
 /* ------------------------------------------------------------------------------------------
  * The device
@@ -77,7 +57,7 @@ typedef struct sim_fault_s {
 } sim_fault_t;
 
 /* Invariants (all under `lock`):
- *  - used_bytes == sum of res.size_bytes over `reservations`, and used_bytes <= capacity_bytes;
+ *  - used_bytes == sum of the sizes in `reservations`, and used_bytes <= capacity_bytes;
  *  - every event with seq > 0 names a stream present in `streams` whose recorded_seq >= seq;
  *  - for every stream, completed_seq <= recorded_seq; both only grow;
  *  - with CP_SIM_NO_TOUCH, no reservation has host memory behind it and next_fake_addr is above
@@ -91,9 +71,9 @@ struct cp_sim_s {
   int auto_complete;              /* events complete at record time */
   uintptr_t next_fake_addr;       /* NO_TOUCH bump pointer, 2 MiB aligned */
   uintptr_t next_event_id;        /* handles are never reused, so a stale one is detected */
-  sim_table_t reservations;       /* address -> res */
-  sim_table_t streams;            /* stream handle -> stream */
-  sim_table_t events;             /* event handle -> event */
+  cp_ptrmap_t reservations;       /* address -> size in bytes as asked for (not rounded) */
+  cp_ptrmap_t streams;            /* stream handle -> sim_stream_t (owned) */
+  cp_ptrmap_t events;             /* event handle -> sim_event_t (owned) */
   uint64_t calls[CP_SIM_CALL_COUNT];
   sim_fault_t faults[CP_SIM_CALL_COUNT];
   uint64_t faults_injected;
@@ -107,105 +87,6 @@ static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
     CP_SIM_CALLS(CP_X)
 #undef CP_X
 };
-
-/* ------------------------------------------------------------------------------------------
- * Hash table helpers
- * ---------------------------------------------------------------------------------------- */
-
-/* A 64-bit finalizer: addresses are 512-aligned and handles are small integers, so the raw
- * key is a poor index; mixing spreads every input bit over the low bits. */
-static size_t sim_hash(uintptr_t key) {
-  uint64_t x = (uint64_t)key;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return (size_t)x;
-}
-
-static int sim_table_init(sim_table_t *t) {
-  t->slots = calloc(SIM_TABLE_MIN_SLOTS, sizeof *t->slots);
-  if (t->slots == NULL) return -1;
-  t->slot_count = SIM_TABLE_MIN_SLOTS;
-  t->live_count = 0;
-  return 0;
-}
-
-static void sim_table_free(sim_table_t *t) {
-  free(t->slots);
-  t->slots = NULL;
-  t->slot_count = 0;
-  t->live_count = 0;
-}
-
-static sim_slot_t *sim_table_find(const sim_table_t *t, uintptr_t key) {
-  const size_t mask = t->slot_count - 1;
-  for (size_t i = sim_hash(key) & mask;; i = (i + 1) & mask) {
-    sim_slot_t *s = &t->slots[i];
-    if (!s->used) return NULL;
-    if (s->key == key) return s;
-  }
-}
-
-/* Place an entry known to be absent into a table known to have room. */
-static sim_slot_t *sim_table_place(sim_table_t *t, uintptr_t key) {
-  const size_t mask = t->slot_count - 1;
-  size_t i = sim_hash(key) & mask;
-  while (t->slots[i].used) i = (i + 1) & mask;
-  sim_slot_t *s = &t->slots[i];
-  memset(s, 0, sizeof *s);
-  s->key = key;
-  s->used = 1;
-  t->live_count++;
-  return s;
-}
-
-/* Make room for one more entry, growing if the load would pass 3/4. Returns 0, or -1 when host
- * memory is short; the table is unchanged then. Pointers into the table are invalidated. */
-static int sim_table_make_room(sim_table_t *t) {
-  if (4 * (t->live_count + 1) <= 3 * t->slot_count) return 0;
-  if (t->slot_count > SIZE_MAX / 2 / sizeof(sim_slot_t)) return -1;
-  sim_table_t grown;
-  grown.slot_count = t->slot_count * 2;
-  grown.live_count = 0;
-  grown.slots = calloc(grown.slot_count, sizeof *grown.slots);
-  if (grown.slots == NULL) return -1;
-  for (size_t i = 0; i < t->slot_count; i++) {
-    const sim_slot_t *old = &t->slots[i];
-    if (!old->used) continue;
-    sim_table_place(&grown, old->key)->value = old->value;
-  }
-  free(t->slots);
-  *t = grown;
-  return 0;
-}
-
-/* Insert an absent key; the caller called sim_table_make_room first. Value is zeroed. */
-static sim_slot_t *sim_table_insert(sim_table_t *t, uintptr_t key) {
-  return sim_table_place(t, key);
-}
-
-/* Remove the entry in `slot`, then shift later members of its probe run back so that no run
- * has a hole (linear-probing deletion without tombstones). */
-static void sim_table_remove(sim_table_t *t, sim_slot_t *slot) {
-  const size_t mask = t->slot_count - 1;
-  size_t hole = (size_t)(slot - t->slots);
-  size_t j = hole;
-  for (;;) {
-    j = (j + 1) & mask;
-    sim_slot_t *s = &t->slots[j];
-    if (!s->used) break;
-    const size_t home = sim_hash(s->key) & mask;
-    /* The entry at j may stay only if its home lies cyclically in (hole, j]. */
-    const int stays = (hole <= j) ? (hole < home && home <= j) : (hole < home || home <= j);
-    if (stays) continue;
-    t->slots[hole] = *s;
-    hole = j;
-  }
-  memset(&t->slots[hole], 0, sizeof t->slots[hole]);
-  t->live_count--;
-}
 
 /* ------------------------------------------------------------------------------------------
  * Locking, counting and fault injection
@@ -248,19 +129,42 @@ static int sim_enter(cp_sim_t *sim, cp_sim_call_t kind) {
                       sim_call_names[kind], call_no);
 }
 
-/* The stream's state, created on first use. NULL when host memory for it is short. */
-static sim_slot_t *sim_stream_get_or_add(cp_sim_t *sim, cp_stream_t stream) {
-  sim_slot_t *s = sim_table_find(&sim->streams, stream);
-  if (s != NULL) return s;
-  if (sim_table_make_room(&sim->streams) != 0) return NULL;
-  return sim_table_insert(&sim->streams, stream);
+/* Reservation values are sizes; both conversions in one place. */
+static void *sim_size_value(size_t size) {
+  return (void *)(uintptr_t)size; /* size > 0: never NULL */
+}
+
+static size_t sim_value_size(const void *value) {
+  return (size_t)(uintptr_t)value;
+}
+
+static sim_stream_t *sim_stream_find(const cp_sim_t *sim, cp_stream_t stream) {
+  return cp_ptrmap_get(&sim->streams, stream);
+}
+
+static sim_event_t *sim_event_find(const cp_sim_t *sim, cp_event_t event) {
+  return cp_ptrmap_get(&sim->events, event);
+}
+
+/* The stream's state, created on first use. NULL when host memory for it is short; the
+ * stream map is unchanged then. */
+static sim_stream_t *sim_stream_get_or_add(cp_sim_t *sim, cp_stream_t stream) {
+  sim_stream_t *st = sim_stream_find(sim, stream);
+  if (st != NULL) return st;
+  st = calloc(1, sizeof *st);
+  if (st == NULL) return NULL;
+  if (cp_ptrmap_insert(&sim->streams, stream, st) != CP_OK) {
+    free(st);
+    return NULL;
+  }
+  return st;
 }
 
 /* Whether a known event has completed; a never-recorded one has (CUDA semantics). */
-static int sim_event_done(const cp_sim_t *sim, const sim_slot_t *ev) {
-  if (ev->value.event.seq == 0) return 1;
-  const sim_slot_t *st = sim_table_find(&sim->streams, ev->value.event.stream);
-  return st != NULL && st->value.stream.completed_seq >= ev->value.event.seq;
+static int sim_event_done(const cp_sim_t *sim, const sim_event_t *ev) {
+  if (ev->seq == 0) return 1;
+  const sim_stream_t *st = sim_stream_find(sim, ev->stream);
+  return st != NULL && st->completed_seq >= ev->seq;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -283,7 +187,8 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
                       size, sim->used_bytes, sim->capacity_bytes);
     goto out;
   }
-  if (sim_table_make_room(&sim->reservations) != 0) {
+  /* Room first, so that the insert below cannot fail once memory is taken. */
+  if (cp_ptrmap_reserve(&sim->reservations, 1) != CP_OK) {
     rc = cp_set_error(CP_ERR_BACKEND, "sim: reserve(%zu bytes): host memory for the "
                       "reservation table is short", size);
     goto out;
@@ -313,7 +218,7 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
     addr = (uintptr_t)p;
   }
 
-  sim_table_insert(&sim->reservations, addr)->value.res.size_bytes = size;
+  (void)cp_ptrmap_insert(&sim->reservations, addr, sim_size_value(size)); /* room made above */
   sim->used_bytes += size;
   *out_addr = addr;
 out:
@@ -327,20 +232,20 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   sim_lock(sim);
   int rc = sim_enter(sim, CP_SIM_RELEASE);
   if (rc != CP_OK) goto out;
-  sim_slot_t *s = sim_table_find(&sim->reservations, addr);
-  if (s == NULL) {
+  const void *value = cp_ptrmap_get(&sim->reservations, addr);
+  if (value == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: release(0x%" PRIxPTR ", %zu bytes): unknown address",
                       addr, size);
     goto out;
   }
-  if (s->value.res.size_bytes != size) {
+  if (sim_value_size(value) != size) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: release(0x%" PRIxPTR ", %zu bytes): address was "
-                      "reserved with %zu bytes", addr, size, s->value.res.size_bytes);
+                      "reserved with %zu bytes", addr, size, sim_value_size(value));
     goto out;
   }
   if (!(sim->flags & CP_SIM_NO_TOUCH)) free((void *)addr);
   sim->used_bytes -= size;
-  sim_table_remove(&sim->reservations, s);
+  cp_ptrmap_remove(&sim->reservations, addr);
 out:
   sim_unlock(sim);
   return rc;
@@ -356,14 +261,14 @@ static int sim_event_create(void *ctx, cp_event_t *out_event) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_create: out_event is NULL");
     goto out;
   }
-  if (sim_table_make_room(&sim->events) != 0) {
+  sim_event_t *ev = calloc(1, sizeof *ev); /* seq 0: never recorded */
+  if (ev == NULL || cp_ptrmap_insert(&sim->events, sim->next_event_id, ev) != CP_OK) {
+    free(ev);
     rc = cp_set_error(CP_ERR_BACKEND,
                       "sim: event_create: host memory for the event table is short");
     goto out;
   }
-  const uintptr_t id = sim->next_event_id++;
-  sim_table_insert(&sim->events, id); /* zeroed value: never recorded */
-  *out_event = id;
+  *out_event = sim->next_event_id++;
 out:
   sim_unlock(sim);
   return rc;
@@ -375,12 +280,12 @@ static int sim_event_destroy(void *ctx, cp_event_t event) {
   sim_lock(sim);
   int rc = sim_enter(sim, CP_SIM_EVENT_DESTROY);
   if (rc != CP_OK) goto out;
-  sim_slot_t *ev = sim_table_find(&sim->events, event);
+  sim_event_t *ev = cp_ptrmap_remove(&sim->events, event);
   if (ev == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_destroy(0x%" PRIxPTR "): unknown event", event);
     goto out;
   }
-  sim_table_remove(&sim->events, ev);
+  free(ev);
 out:
   sim_unlock(sim);
   return rc;
@@ -392,28 +297,28 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   sim_lock(sim);
   int rc = sim_enter(sim, CP_SIM_EVENT_RECORD);
   if (rc != CP_OK) goto out;
-  sim_slot_t *ev = sim_table_find(&sim->events, event);
+  sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
                       "): unknown event", event, stream);
     goto out;
   }
-  /* Streams live in their own table, so `ev` stays valid if that one grows. */
-  sim_slot_t *st = sim_stream_get_or_add(sim, stream);
+  /* `ev` is a heap struct of its own, so it stays valid if the stream map grows. */
+  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
   if (st == NULL) {
     rc = cp_set_error(CP_ERR_BACKEND, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
                       "): host memory for the stream table is short", event, stream);
     goto out;
   }
-  if (st->value.stream.invalid) {
+  if (st->invalid) {
     rc = cp_set_error(CP_ERR_BACKEND, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
                       "): invalid resource handle (the stream is invalid)", event, stream);
     goto out;
   }
-  const uint64_t seq = ++st->value.stream.recorded_seq;
-  ev->value.event.stream = stream;
-  ev->value.event.seq = seq;
-  if (sim->auto_complete) st->value.stream.completed_seq = seq;
+  const uint64_t seq = ++st->recorded_seq;
+  ev->stream = stream;
+  ev->seq = seq;
+  if (sim->auto_complete) st->completed_seq = seq;
 out:
   sim_unlock(sim);
   return rc;
@@ -429,7 +334,7 @@ static int sim_event_query(void *ctx, cp_event_t event, int *out_done) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): out_done is NULL", event);
     goto out;
   }
-  const sim_slot_t *ev = sim_table_find(&sim->events, event);
+  const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): unknown event", event);
     goto out;
@@ -446,39 +351,16 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
   sim_lock(sim);
   int rc = sim_enter(sim, CP_SIM_EVENT_SYNCHRONIZE);
   if (rc != CP_OK) goto out;
-  const sim_slot_t *ev = sim_table_find(&sim->events, event);
+  const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_synchronize(0x%" PRIxPTR "): unknown event",
                       event);
     goto out;
   }
   /* The device "runs" the stream up to the event; later work on it stays pending. */
-  if (ev->value.event.seq != 0) {
-    sim_slot_t *st = sim_table_find(&sim->streams, ev->value.event.stream);
-    if (st != NULL && st->value.stream.completed_seq < ev->value.event.seq)
-      st->value.stream.completed_seq = ev->value.event.seq;
-  }
-out:
-  sim_unlock(sim);
-  return rc;
-}
-
-static int sim_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
-  cp_sim_t *sim = ctx;
-  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: stream_wait_event: no device");
-  sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_STREAM_WAIT_EVENT);
-  if (rc != CP_OK) goto out;
-  if (sim_table_find(&sim->events, event) == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: stream_wait_event(stream 0x%" PRIxPTR ", 0x%" PRIxPTR
-                      "): unknown event", stream, event);
-    goto out;
-  }
-  const sim_slot_t *st = sim_table_find(&sim->streams, stream);
-  if (st != NULL && st->value.stream.invalid) {
-    rc = cp_set_error(CP_ERR_BACKEND, "sim: stream_wait_event(stream 0x%" PRIxPTR ", 0x%" PRIxPTR
-                      "): invalid resource handle (the stream is invalid)", stream, event);
-    goto out;
+  if (ev->seq != 0) {
+    sim_stream_t *st = sim_stream_find(sim, ev->stream);
+    if (st != NULL && st->completed_seq < ev->seq) st->completed_seq = ev->seq;
   }
 out:
   sim_unlock(sim);
@@ -513,13 +395,14 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
                         flags & ~(unsigned)SIM_FLAGS_KNOWN);
   cp_sim_t *sim = calloc(1, sizeof *sim);
   if (sim == NULL) goto no_host_memory;
-  if (sim_table_init(&sim->reservations) != 0 || sim_table_init(&sim->streams) != 0 ||
-      sim_table_init(&sim->events) != 0)
+  if (cp_ptrmap_init(&sim->reservations, SIM_MAP_MIN_SLOTS) != CP_OK ||
+      cp_ptrmap_init(&sim->streams, SIM_MAP_MIN_SLOTS) != CP_OK ||
+      cp_ptrmap_init(&sim->events, SIM_MAP_MIN_SLOTS) != CP_OK)
     goto no_host_memory;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) {
-    sim_table_free(&sim->reservations);
-    sim_table_free(&sim->streams);
-    sim_table_free(&sim->events);
+    cp_ptrmap_destroy(&sim->reservations);
+    cp_ptrmap_destroy(&sim->streams);
+    cp_ptrmap_destroy(&sim->events);
     free(sim);
     return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_create: pthread_mutex_init failed");
   }
@@ -534,26 +417,37 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
 
 no_host_memory:
   if (sim != NULL) {
-    sim_table_free(&sim->reservations); /* free(NULL) is fine for tables never set up */
-    sim_table_free(&sim->streams);
-    sim_table_free(&sim->events);
+    cp_ptrmap_destroy(&sim->reservations); /* free(NULL) is fine for maps never set up */
+    cp_ptrmap_destroy(&sim->streams);
+    cp_ptrmap_destroy(&sim->events);
     free(sim);
   }
   return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_create: host memory is short");
 }
 
+/* cp_ptrmap_each callbacks of cp_sim_destroy: the host memory behind a reservation (its key),
+ * and the struct a stream or event owns (its value). */
+static void sim_free_key(uintptr_t key, void *value, void *arg) {
+  (void)value;
+  (void)arg;
+  free((void *)key);
+}
+
+static void sim_free_value(uintptr_t key, void *value, void *arg) {
+  (void)key;
+  (void)arg;
+  free(value);
+}
+
 void cp_sim_destroy(cp_sim_t *sim) {
   if (sim == NULL) return;
   cp_fork_unregister(&sim->fork_node);
-  if (!(sim->flags & CP_SIM_NO_TOUCH)) {
-    for (size_t i = 0; i < sim->reservations.slot_count; i++) {
-      const sim_slot_t *s = &sim->reservations.slots[i];
-      if (s->used) free((void *)s->key);
-    }
-  }
-  sim_table_free(&sim->reservations);
-  sim_table_free(&sim->streams);
-  sim_table_free(&sim->events);
+  if (!(sim->flags & CP_SIM_NO_TOUCH)) cp_ptrmap_each(&sim->reservations, sim_free_key, NULL);
+  cp_ptrmap_each(&sim->streams, sim_free_value, NULL);
+  cp_ptrmap_each(&sim->events, sim_free_value, NULL);
+  cp_ptrmap_destroy(&sim->reservations);
+  cp_ptrmap_destroy(&sim->streams);
+  cp_ptrmap_destroy(&sim->events);
   pthread_mutex_destroy(&sim->lock);
   free(sim);
 }
@@ -571,7 +465,6 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
   out->event_record = sim_event_record;
   out->event_query = sim_event_query;
   out->event_synchronize = sim_event_synchronize;
-  out->stream_wait_event = sim_stream_wait_event;
   out->mem_info = sim_mem_info;
 }
 
@@ -582,27 +475,32 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
 void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return;
   sim_lock(sim);
-  sim_slot_t *st = sim_table_find(&sim->streams, stream);
-  if (st != NULL) st->value.stream.completed_seq = st->value.stream.recorded_seq;
+  sim_stream_t *st = sim_stream_find(sim, stream);
+  if (st != NULL) st->completed_seq = st->recorded_seq;
   sim_unlock(sim); /* an unknown stream has nothing recorded, so nothing to complete */
 }
 
 int cp_sim_stream_idle(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return 1;
   sim_lock(sim);
-  sim_slot_t *st = sim_table_find(&sim->streams, stream);
-  int idle = st == NULL || st->value.stream.completed_seq >= st->value.stream.recorded_seq;
+  const sim_stream_t *st = sim_stream_find(sim, stream);
+  int idle = st == NULL || st->completed_seq >= st->recorded_seq;
   sim_unlock(sim);
   return idle;
+}
+
+/* cp_ptrmap_each callback: the stream's work so far finishes (the map itself is untouched). */
+static void sim_complete_one(uintptr_t key, void *value, void *arg) {
+  (void)key;
+  (void)arg;
+  sim_stream_t *st = value;
+  st->completed_seq = st->recorded_seq;
 }
 
 void cp_sim_complete_all(cp_sim_t *sim) {
   if (sim == NULL) return;
   sim_lock(sim);
-  for (size_t i = 0; i < sim->streams.slot_count; i++) {
-    sim_slot_t *st = &sim->streams.slots[i];
-    if (st->used) st->value.stream.completed_seq = st->value.stream.recorded_seq;
-  }
+  cp_ptrmap_each(&sim->streams, sim_complete_one, NULL);
   sim_unlock(sim);
 }
 
@@ -644,8 +542,8 @@ void cp_sim_set_lost(cp_sim_t *sim, int lost) {
 int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_invalidate_stream: no device");
   sim_lock(sim);
-  sim_slot_t *st = sim_stream_get_or_add(sim, stream);
-  if (st != NULL) st->value.stream.invalid = 1;
+  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
+  if (st != NULL) st->invalid = 1;
   sim_unlock(sim);
   if (st == NULL) {
     return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_invalidate_stream(0x%" PRIxPTR "): host memory for the "
@@ -697,7 +595,7 @@ size_t cp_sim_reserved_bytes(const cp_sim_t *sim) {
 size_t cp_sim_live_reservations(const cp_sim_t *sim) {
   if (sim == NULL) return 0;
   sim_lock(sim);
-  const size_t n = sim->reservations.live_count;
+  const size_t n = sim->reservations.count;
   sim_unlock(sim);
   return n;
 }
@@ -705,7 +603,7 @@ size_t cp_sim_live_reservations(const cp_sim_t *sim) {
 size_t cp_sim_live_events(const cp_sim_t *sim) {
   if (sim == NULL) return 0;
   sim_lock(sim);
-  const size_t n = sim->events.live_count;
+  const size_t n = sim->events.count;
   sim_unlock(sim);
   return n;
 }

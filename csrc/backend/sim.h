@@ -19,7 +19,6 @@ typedef struct cp_sim_s cp_sim_t;
   X(EVENT_RECORD, "event_record")   \
   X(EVENT_QUERY, "event_query")     \
   X(EVENT_SYNCHRONIZE, "event_synchronize") \
-  X(STREAM_WAIT_EVENT, "stream_wait_event") \
   X(MEM_INFO, "mem_info")
 
 typedef enum cp_sim_call_e {
@@ -69,10 +68,10 @@ uint64_t cp_sim_delays_entered(const cp_sim_t *sim);
  * cp_sim_destroy. lost = 0 brings it back. */
 void cp_sim_set_lost(cp_sim_t *sim, int lost);
 
-/* Make `stream` invalid, as a destroyed stream is: from now on every event_record and
- * stream_wait_event on it fails with CP_ERR_BACKEND and the driver's words "invalid resource
- * handle". Events recorded on it before stay as they are (they complete when told to).
- * CP_ERR_HOST_OOM when the stream table cannot grow. */
+/* Make `stream` invalid, as a destroyed stream is: from now on every event_record on it fails
+ * with CP_ERR_BACKEND and the driver's words "invalid resource handle". Events recorded on it
+ * before stay as they are (they complete when told to). CP_ERR_HOST_OOM when host memory for
+ * the stream's state is short. */
 int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
 
 /* Calls of `kind` made so far (failed ones included), and the failures injected. */

@@ -42,9 +42,6 @@ typedef struct cp_backend_s {
   int (*event_query)(void *ctx, cp_event_t event, int *out_done); /* never blocks */
   int (*event_synchronize)(void *ctx, cp_event_t event);          /* blocks until done */
 
-  /* Make `stream` wait (on the device, not the host) for `event`. */
-  int (*stream_wait_event)(void *ctx, cp_stream_t stream, cp_event_t event);
-
   /* Free and total device memory in bytes. */
   int (*mem_info)(void *ctx, size_t *out_free, size_t *out_total);
 } cp_backend_t;

@@ -29,7 +29,7 @@ TEST(create_and_backend_table) {
   CHECK(be.ctx == sim);
   CHECK(be.device == 0);
   CHECK(be.reserve && be.release && be.event_create && be.event_destroy && be.event_record &&
-        be.event_query && be.event_synchronize && be.stream_wait_event && be.mem_info);
+        be.event_query && be.event_synchronize && be.mem_info);
   CHECK_EQ_U(cp_sim_capacity(sim), 64 * MiB);
   CHECK_EQ_U(cp_sim_reserved_bytes(sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(sim), 0);
@@ -263,11 +263,6 @@ TEST(events) {
   CHECK(be.event_synchronize(be.ctx, e1) == CP_OK); /* already done: fine */
   CHECK_EQ_U(cp_sim_calls(sim, CP_SIM_EVENT_SYNCHRONIZE), 3);
 
-  /* stream_wait_event validates */
-  CHECK(be.stream_wait_event(be.ctx, s0, e1) == CP_OK);
-  CHECK(be.stream_wait_event(be.ctx, s0, 0xdead) == CP_ERR_INVALID);
-  CHECK_EQ_U(cp_sim_calls(sim, CP_SIM_STREAM_WAIT_EVENT), 2);
-
   /* destroy; stale and unknown handles are rejected */
   CHECK(be.event_destroy(be.ctx, e3) == CP_OK);
   CHECK(be.event_destroy(be.ctx, e3) == CP_ERR_INVALID);
@@ -322,7 +317,6 @@ static int call_kind(cp_backend_t *be, cp_sim_call_t kind, uintptr_t addr, size_
     case CP_SIM_EVENT_RECORD: return be->event_record(be->ctx, ev, 5);
     case CP_SIM_EVENT_QUERY: return be->event_query(be->ctx, ev, out_i);
     case CP_SIM_EVENT_SYNCHRONIZE: return be->event_synchronize(be->ctx, ev);
-    case CP_SIM_STREAM_WAIT_EVENT: return be->stream_wait_event(be->ctx, 1, ev);
     case CP_SIM_MEM_INFO: return be->mem_info(be->ctx, &f, &t);
     default: return -1;
   }

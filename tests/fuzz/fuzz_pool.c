@@ -186,11 +186,6 @@ static int dev_event_synchronize(void *ctx, cp_event_t event) {
   return rc;
 }
 
-static int dev_stream_wait_event(void *ctx, cp_stream_t stream, cp_event_t event) {
-  dev_t *d = ctx;
-  return d->real.stream_wait_event(d->real.ctx, stream, event);
-}
-
 static int dev_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   dev_t *d = ctx;
   return d->real.mem_info(d->real.ctx, out_free, out_total);
@@ -206,7 +201,6 @@ static void dev_backend(dev_t *d, cp_backend_t *out) {
   out->event_record = dev_event_record;
   out->event_query = dev_event_query;
   out->event_synchronize = dev_event_synchronize;
-  out->stream_wait_event = dev_stream_wait_event;
   out->mem_info = dev_mem_info;
 }
 
