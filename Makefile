@@ -81,8 +81,9 @@ build/tsan/obj/%.o: %.c $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) -c $< -o $@
 
-# The threaded tests: the stress test, and fork() while other threads are inside the pool.
-TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork
+# The threaded tests: the stress test, fork() while other threads are inside the pool, and
+# the device table with the entry points torch calls.
+TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork build/tsan/test_devices
 
 $(TSAN_TESTS): build/tsan/%: build/tsan/obj/tests/c/%.o $(call lib_objs,tsan)
 	@mkdir -p $(@D)
@@ -98,6 +99,8 @@ test-tsan: $(TSAN_TESTS)
 	@# A forked child inherits ThreadSanitizer's records of the parent's other threads, which do
 	@# not exist in it; without this it reports them as leaked when the child exits.
 	$(TSAN_ENV):report_thread_leaks=0 ./build/tsan/test_fork
+	@echo "== build/tsan/test_devices"
+	$(TSAN_ENV) ./build/tsan/test_devices
 
 # ---- Release: optimised, no sanitizer, no per-op check --------------------------------------
 build/release/obj/%.o: %.c $(HEADERS) Makefile
