@@ -48,7 +48,8 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke
+.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke \
+        lint lint-layers lint-format lint-types format
 
 all: $(ASAN_TESTS)
 
@@ -178,7 +179,8 @@ fuzz-smoke: $(FUZZERS)
 # The torch tests need a CUDA build of torch (it imports and swaps allocators without a GPU).
 # TORCH_SPEC is installed when no torch with CUDA support is importable; TORCH_SPEC= skips it.
 TORCH_SPEC ?= torch==2.14.1
-PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip
+# CUDAPOOL_WERROR=1: warnings are errors in our own builds (never in users' pip installs).
+PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 CUDAPOOL_WERROR=1 $(PYTHON) -m pip
 
 # Python dependencies of the torch tests and the lab (a CUDA build of torch when none is there).
 deps-py:
@@ -186,7 +188,7 @@ deps-py:
 	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests and the workloads)"; \
 	  $(PIP) install -q '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q -e '.[test,bench,lint]'
 
 # The lab report: capture every workload, replay it under builtin and cudapool, print the
 # table, write build/replay-all.json and build/replay-gpt.png. LAB_SCALE=medium for bigger runs.
@@ -196,6 +198,37 @@ lab: deps-py
 
 test-py: deps-py
 	$(PYTHON) -m pytest -q -rs tests
+
+# ---- Lint ----------------------------------------------------------------------------------
+# lint-layers: no #include or import against the layers (scripts/check_layers.py);
+# lint-format: clang-format (.clang-format) on every C/C++ file, ruff format and ruff check on
+#              the Python; `make format` rewrites both in place;
+# lint-types:  mypy on the package, and stubtest: _C.pyi / _testhooks.pyi against the built modules.
+# The tools come with `pip install -e '.[lint]'` (ruff, mypy) and Debian's clang-format.
+CLANG_FORMAT ?= clang-format
+C_FORMAT_FILES = $(sort $(wildcard csrc/*/*.c csrc/*/*.h csrc/*/*.cpp csrc/*/*/*.c csrc/*/*/*.h \
+                   tests/c/*.c tests/c/*.h tests/fuzz/*.c benchmarks/*.c))
+PY_LINT_DIRS := python tests benchmarks scripts setup.py
+
+lint: lint-layers lint-format lint-types
+
+lint-layers:
+	$(PYTHON) scripts/check_layers.py
+
+lint-format:
+	$(CLANG_FORMAT) --dry-run --Werror $(C_FORMAT_FILES)
+	$(PYTHON) -m ruff format --check $(PY_LINT_DIRS)
+	$(PYTHON) -m ruff check $(PY_LINT_DIRS)
+
+STUBTEST_MODULES ?= cudapool._C cudapool._testhooks
+
+lint-types: deps-py
+	$(PYTHON) -m mypy
+	$(PYTHON) -m mypy.stubtest --allowlist tests/stubtest-allowlist.txt $(STUBTEST_MODULES)
+
+format:
+	$(CLANG_FORMAT) -i $(C_FORMAT_FILES)
+	$(PYTHON) -m ruff format $(PY_LINT_DIRS)
 
 clean:
 	rm -rf build python/cudapool/*.so python/cudapool/__pycache__ python/*.egg-info .pytest_cache .hypothesis
