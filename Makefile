@@ -200,7 +200,8 @@ test-py: deps-py
 	$(PYTHON) -m pytest -q -rs tests
 
 # ---- Lint ----------------------------------------------------------------------------------
-# lint-layers: no #include or import against the layers (scripts/check_layers.py);
+# lint-layers: no #include or import against the layers (scripts/check_layers.py), and the
+#              README's table of configuration keys is the one CP_CONFIG_KEYS gives;
 # lint-format: clang-format (.clang-format) on every C/C++ file, ruff format and ruff check on
 #              the Python; `make format` rewrites both in place;
 # lint-types:  mypy on the package, and stubtest: _C.pyi / _testhooks.pyi against the built modules.
@@ -214,6 +215,7 @@ lint: lint-layers lint-format lint-types
 
 lint-layers:
 	$(PYTHON) scripts/check_layers.py
+	$(PYTHON) scripts/config_doc.py --check
 
 lint-format:
 	$(CLANG_FORMAT) --dry-run --Werror $(C_FORMAT_FILES)

@@ -3,6 +3,7 @@
  * untouched), validation, the format/parse round trip, and cp_round_size. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "check.h"
@@ -717,8 +718,42 @@ TEST(from_env) {
   unsetenv("CUDAPOOL_CONF");
 }
 
+/* The table of keys (CP_CONFIG_KEYS) says each key's default in words; those words must be
+ * what cp_config_default sets: giving the default's value changes nothing, and a key whose
+ * default is "off" / "unset" is left out of the formatted defaults. */
+TEST(key_table_defaults_are_the_defaults) {
+  cp_config_t def;
+  cp_config_default(&def);
+  char formatted[1024];
+  cp_config_format(&def, formatted, sizeof formatted);
+  CHECK(cp_config_key_count >= 14);
+  for (size_t i = 0; i < cp_config_key_count; i++) {
+    const cp_config_key_t *k = &cp_config_keys[i];
+    CHECK(k->name != NULL && k->default_text != NULL && k->doc != NULL && k->doc[0] != '\0');
+    char value[64];
+    size_t n = strcspn(k->default_text, " ");
+    REQUIRE(n < sizeof value);
+    memcpy(value, k->default_text, n);
+    value[n] = '\0';
+    char needle[96];
+    snprintf(needle, sizeof needle, "%s:", k->name);
+    if (strcmp(value, "off") == 0 || strcmp(value, "unset") == 0) {
+      if (strstr(formatted, needle) != NULL) fprintf(stderr, "  %s is off by default but formatted\n", k->name);
+      CHECK(strstr(formatted, needle) == NULL);
+      continue;
+    }
+    char text[128];
+    snprintf(text, sizeof text, "%s:%s", k->name, value);
+    cp_config_t cfg = def;
+    CHECK(cp_config_parse(&cfg, text) == CP_OK);
+    if (memcmp(&cfg, &def, sizeof cfg) != 0) fprintf(stderr, "  %s: the default is not %s\n", k->name, value);
+    CHECK(memcmp(&cfg, &def, sizeof cfg) == 0);
+  }
+}
+
 int main(void) {
   RUN(defaults);
+  RUN(key_table_defaults_are_the_defaults);
   RUN(noop_inputs);
   RUN(size_keys);
   RUN(decimal_sizes);
