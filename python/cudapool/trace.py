@@ -137,9 +137,9 @@ def load(path: "os.PathLike[str] | str") -> Trace:
         magic = f.read(2)
     if magic == b"\x1f\x8b":
         return _load_cptrace(path)
-    from . import snapshot  # a torch snapshot pickle
+    from . import torch_snapshot  # a torch snapshot pickle
 
-    return snapshot.load_snapshot(path)
+    return torch_snapshot.load_snapshot(path)
 
 
 def _load_cptrace(path: "os.PathLike[str] | str") -> Trace:
