@@ -65,7 +65,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .trace import ALLOC, FREE, EVENT, Trace
+from ._events import ALLOC, FREE, EVENT, Trace
 
 __all__ = ["load_snapshot", "from_snapshot", "SnapshotError"]
 
