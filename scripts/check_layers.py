@@ -50,19 +50,20 @@ PY_LAYERS: dict[str, int] = {
     "_testhooks": 0,
     "_version": 0,
     "_units": 0,
+    "_events": 0,
     "policies": 0,
     # 1: formats and configuration
-    "trace": 1,
+    "torch_snapshot": 1,
     "summary": 1,
     "_config": 1,
-    # 2: readers and writers of those formats, the simulated pool
-    "torch_snapshot": 2,
-    "tracer": 2,
+    # 2: traces, the simulated pool, torch's functions
+    "trace": 2,
     "sim": 2,
-    # 3: what users call
+    "_torch": 2,
+    # 3: what reads traces or makes them
+    "tracer": 3,
     "replay": 3,
-    "_torch": 3,
-    # 4: the package and its command line
+    # 4: the package, 5: its command line
     "__init__": 4,
     "__main__": 5,
 }

@@ -66,7 +66,7 @@ def test_an_import_against_the_ranks_fails(tree: Path) -> None:
     add_line(pkg / "trace.py", "from . import replay  # noqa")
     result = run_checker(tree)
     assert result.returncode == 1
-    assert "trace (rank 1) imports replay (rank 3)" in result.stdout, result.stdout
+    assert "trace (rank 2) imports replay (rank 3)" in result.stdout, result.stdout
 
 
 def test_an_import_inside_a_function_counts(tree: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from cudapool import _C, replay as rp
 from cudapool.replay import ReplayError, config_text, format_bytes, parse_size, replay
-from cudapool.snapshot import SnapshotError, from_snapshot, load_snapshot
+from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
 from cudapool.trace import ALLOC, EVENT, FREE, Trace, TraceWriter, load, save
 
 KiB = 1 << 10

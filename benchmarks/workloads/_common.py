@@ -23,6 +23,7 @@ def ensure_cudapool() -> None:
 
 ensure_cudapool()
 
+from cudapool.replay import format_bytes  # noqa: E402
 from cudapool.trace import ALLOC, Trace, save  # noqa: E402
 
 
@@ -58,13 +59,6 @@ def pick(scales: Dict[str, Dict[str, Any]], scale: str, overrides: Dict[str, Any
         raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))} (known: {', '.join(cfg)})")
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return cfg
-
-
-def fmt_bytes(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.2f} {unit}"
-    return f"{n} B"
 
 
 def main(
@@ -106,7 +100,7 @@ def main(
     changed = " ".join(f"{k}={v}" for k, v in kw.items() if scales[args.scale].get(k) != v)
     print(f"{name}: scale={args.scale}{' ' + changed if changed else ''} seed={args.seed} "
           f"events={len(trace)} allocs={allocs} frees={frees}")
-    print(f"{name}: peak live bytes={peak} ({fmt_bytes(peak)}) capture_s={secs:.2f}")
+    print(f"{name}: peak live bytes={peak} ({format_bytes(peak, largest='GiB')}) capture_s={secs:.2f}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         save(trace, args.out)

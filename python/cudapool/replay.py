@@ -60,6 +60,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, IO, List, Optional, Union
 
 from . import _C, _config, policies
+from ._units import format_bytes
 from .trace import EVENT, Trace, load
 
 __all__ = [
@@ -133,18 +134,6 @@ def parse_size(text: Union[str, int]) -> int:
     except InvalidOperation:
         raise ValueError(f"bad size {text!r}") from None
     return int(value)
-
-
-def format_bytes(n: Optional[int]) -> str:
-    """``n`` bytes for people: "512 B", "1.50 KiB", "12.34 GiB"; "-" for None."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ torch's key names (``cudapool.memory_stats()``, ``cudapool.sim.Pool.memory_stats
 
 from typing import Callable, List, Mapping, Sequence, Tuple
 
+from ._units import format_bytes, scaled
+
 __all__ = ["format_summary", "DEFAULT_TITLE"]
 
 DEFAULT_TITLE = "cudapool CUDA memory summary"
@@ -37,33 +39,15 @@ _PLAIN_ROWS: Sequence[Tuple[str, str, str]] = (
 )
 _METRICS = ("current", "peak", "allocated", "freed")
 
-_BYTE_UNITS = ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB")
 _COUNT_UNITS = (" ", "K", "M")
 
 
-def _scaled(value: int, reference: int, base: int, threshold: int, units: Sequence[str]) -> Tuple[int, str]:
-    """``value`` in the unit that suits ``reference``: move one unit up for as long as the
-    reference, in the current unit, is at least ``threshold`` (and a larger unit exists).
-
-    The value is divided with floor division at each step; the reference with true
-    division, so beyond 2**53 it is a rounded float, as in torch's table: both tables pick
-    the same unit for the same numbers, huge ones included."""
-    unit = 0
-    ref: float = reference
-    while unit + 1 < len(units) and ref >= threshold:
-        unit += 1
-        value //= base
-        ref = ref / base
-    return value, units[unit]
-
-
 def _fmt_bytes(value: int, reference: int) -> str:
-    number, unit = _scaled(value, reference, 1024, 768 * 1024, _BYTE_UNITS)
-    return f"{number:6d} {unit}"
+    return format_bytes(value, largest="PiB", reference=reference)
 
 
 def _fmt_count(value: int, reference: int) -> str:
-    number, unit = _scaled(value, reference, 1000, 750 * 1000, _COUNT_UNITS)
+    number, unit = scaled(value, reference, 1000, 750 * 1000, _COUNT_UNITS)
     return f"{number:7d} {unit} "
 
 

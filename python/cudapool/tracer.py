@@ -81,7 +81,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .trace import ALLOC, FREE, Trace, TraceWriter
+from .trace import ALLOC, FREE, Trace
 
 __all__ = ["Tracer"]
 
@@ -193,14 +193,11 @@ class Tracer:
 
     def trace(self, meta: Optional[Dict[str, Any]] = None) -> Trace:
         """The events recorded so far as a :class:`cudapool.trace.Trace`."""
-        w = TraceWriter()
         with self._lock:
             events = list(self.events)
-        for action, ident, size, stream, device, time_ns in events:
-            w.add(action, ident, size, stream, device, time_ns)
         full_meta = {"tracer": "cudapool.tracer", "torch": torch.__version__, "traced_device": self.device_type}
         full_meta.update(meta or {})
-        return w.trace(meta=full_meta)
+        return Trace.from_events(events, meta=full_meta)
 
     @property
     def live_bytes(self) -> int:

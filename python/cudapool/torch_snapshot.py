@@ -65,7 +65,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .trace import ALLOC, FREE, EVENT, Trace
+from ._events import ALLOC, FREE, EVENT, Trace
 
 __all__ = ["load_snapshot", "from_snapshot", "SnapshotError"]
 
@@ -144,6 +144,11 @@ def _int(entry: Dict[str, Any], key: str, where: str, default: Optional[int] = N
     return value
 
 
+def _check_dict(value: Any, where: str, what: str) -> None:
+    if not isinstance(value, dict):
+        raise SnapshotError(f"{where}: {what} must be a dict, not {type(value).__name__}")
+
+
 def _time_ns(entry: Dict[str, Any]) -> Optional[int]:
     t = entry.get("time_us")
     if isinstance(t, bool) or not isinstance(t, (int, float)):
@@ -160,8 +165,7 @@ def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str,
     pending: Dict[int, _Pending] = {}
     for k, entry in enumerate(entries):
         where = f"{source}: device_traces[{device}][{k}]"
-        if not isinstance(entry, dict):
-            raise SnapshotError(f"{where}: a trace entry must be a dict, not {type(entry).__name__}")
+        _check_dict(entry, where, "a trace entry")
         action = entry.get("action")
         t = _time_ns(entry)
         tn = -1 if t is None else t
@@ -209,8 +213,7 @@ def _segment_end_bytes(segments: Any, source: str) -> Dict[int, int]:
     end: Dict[int, int] = {}
     for k, seg in enumerate(segments):
         where = f"{source}: segments[{k}]"
-        if not isinstance(seg, dict):
-            raise SnapshotError(f"{where}: a segment must be a dict, not {type(seg).__name__}")
+        _check_dict(seg, where, "a segment")
         dev = _int(seg, "device", where, 0)
         end[dev] = end.get(dev, 0) + _int(seg, "total_size", where)
     return end
