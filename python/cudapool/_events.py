@@ -28,7 +28,7 @@ class Trace:
         self,
         data: bytes = b"",
         meta: Optional[Dict[str, Any]] = None,
-        builtin_reserved: Optional[List[Tuple[int, int]]] = None,
+        builtin_reserved: Optional[Sequence[Sequence[int]]] = None,
     ) -> None:
         if len(data) % EVENT.size:
             raise ValueError(f"trace data of {len(data)} bytes is not a whole number of {EVENT.size}-byte events")
@@ -91,5 +91,5 @@ class TraceWriter:
     def __len__(self) -> int:
         return self._n
 
-    def trace(self, meta: Optional[Dict[str, Any]] = None, builtin_reserved: Optional[List[Tuple[int, int]]] = None) -> Trace:
+    def trace(self, meta: Optional[Dict[str, Any]] = None, builtin_reserved: Optional[Sequence[Sequence[int]]] = None) -> Trace:
         return Trace(self._buf.getvalue(), meta=meta, builtin_reserved=builtin_reserved)

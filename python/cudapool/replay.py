@@ -244,7 +244,7 @@ def _device_data(data: bytes, device: int) -> bytes:
     try:
         import numpy as np
     except ImportError:
-        np = None
+        np = None  # type: ignore[assignment]
     if np is not None:
         rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, EVENT.size)
         dev = rows[:, 4:8].copy().view("<i4").reshape(-1)
@@ -388,7 +388,7 @@ def replay(
 
     if device is not None or len(devices) <= 1:
         d = device if device is not None else (devices[0] if devices else None)
-        data = trace.data if len(devices) <= 1 else _device_data(trace.data, d)
+        data = trace.data if len(devices) <= 1 or d is None else _device_data(trace.data, d)
         label = "replay" if len(devices) <= 1 else f"replay device {d}"
         res = _replay_data(data, cfg, cap, progress, label, curve_points, stream)
         _derive(res)

@@ -179,9 +179,9 @@ def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str,
             items.append((req, t))
         elif action == "free_completed":
             addr = _int(entry, "addr", where) & _U64
-            req = pending.pop(addr, None)
-            if req is not None:
-                req.completed = True
+            done = pending.pop(addr, None)
+            if done is not None:
+                done.completed = True
             size = _int(entry, "size", where, 0)
             items.append((FREE, addr, size, _int(entry, "stream", where, 0) & _U64, tn, t))
         elif action in _SEGMENT_DELTA:
