@@ -1,4 +1,4 @@
-"""The Python sim pool: cudapool.sim.Pool over cudapool._C.SimPool. No torch, no GPU."""
+"""The Python sim pool: cudapool.sim.Pool over cudapool._C.Pool. No torch, no GPU."""
 
 import itertools
 from collections import OrderedDict
@@ -431,7 +431,7 @@ def test_context_manager_closes():
 
 
 def test_raw_simpool():
-    sp = _C.SimPool(16 * MiB, "max_split_size_mb:32", auto_complete=True)
+    sp = _C.Pool(16 * MiB, "max_split_size_mb:32", auto_complete=True)
     assert sp.capacity == 16 * MiB
     assert "max_split_size_mb:32" in sp.config()
     p = sp.alloc(100)
@@ -444,7 +444,7 @@ def test_raw_simpool():
 
 def test_raw_simpool_bad_config():
     with pytest.raises(ValueError):
-        _C.SimPool(16 * MiB, "max_split_size_mb:")
+        _C.Pool(16 * MiB, "max_split_size_mb:")
 
 
 def test_many_pools_do_not_leak_state():
