@@ -183,7 +183,7 @@ deps-py:
 	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests and the workloads)"; \
 	  $(PIP) install -q '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[test,bench]'
+	CUDAPOOL_WERROR=1 $(PIP) install -q -e '.[test,bench]'
 
 # The lab report: capture every workload, replay it under builtin and cudapool, print the
 # table, write build/replay-all.json and build/replay-gpt.png. LAB_SCALE=medium for bigger runs.

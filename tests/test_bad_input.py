@@ -648,8 +648,11 @@ def test_row_after_shutdown_entry_points_warn_or_do_nothing():
         + """
         p = alloc(1000)
         q = alloc(1000, device=1)
+        handle = _C.device_pool(0)
+        assert handle.info()["live_blocks"] == 1
         _C.shutdown()
         assert _C.device_pools() == [] and not _C.using_sim_devices()
+        assert handle.info()["live_blocks"] == 0 and handle.check() == 0   # the handle does not dangle
         err = stderr_of(lib.cudapool_free, p, 1000, 0, None)
         assert err == f"cudapool: free({hex(p)}, 1000 bytes, device 0) failed: device 0 has no cudapool pool\\n", err
         assert "not a live allocation of cudapool" in stderr_of(lib.cudapool_record_stream, q, 7)
@@ -660,6 +663,7 @@ def test_row_after_shutdown_entry_points_warn_or_do_nothing():
         _C.shutdown()                                # twice: nothing left to do
         _C.use_sim_devices(64 * MiB, count=2)        # fresh state: the table works again
         r = alloc(1000)
+        assert handle.info()["live_blocks"] == 1                          # it sees the fresh pool
         assert stderr_of(lib.cudapool_free, r, 1000, 0, None) == ""
         print("OK")
         """
