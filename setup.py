@@ -1,8 +1,13 @@
-"""Build of the one extension module, cudapool._C.
+"""Build of the extension modules: cudapool._C and its test hooks, cudapool._testhooks.
 
-Sources: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++ sources get
-different flags: setuptools hands every source of an Extension the same extra_compile_args,
+cudapool._C: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++
+sources get different flags: setuptools hands every source of an Extension the same extra_compile_args,
 so C++ sources are compiled here first with their own flags and linked in as objects.
+cudapool._testhooks: csrc/python/testhooks/ only; it links nothing of the core and calls _C's functions
+through a capsule (Note [Test hooks] in csrc/python/hooks_api.h).
+
+Warnings are errors only when asked (CUDAPOOL_WERROR=1, as the Makefile does): a user's newer
+compiler with a new warning must not fail `pip install .`.
 """
 
 import copy
@@ -18,10 +23,13 @@ ROOT = Path(__file__).resolve().parent
 C_SUFFIXES = {".c"}
 CXX_SUFFIXES = {".cpp", ".cc", ".cxx"}
 
-# Set CUDAPOOL_NO_WERROR=1 to build with a compiler that warns where ours does not.
-_WERROR = [] if os.environ.get("CUDAPOOL_NO_WERROR") else ["-Werror"]
+# Set CUDAPOOL_WERROR=1 to make warnings errors (the project's own builds do).
+_WERROR = ["-Werror"] if os.environ.get("CUDAPOOL_WERROR", "") not in ("", "0") else []
 
-C_FLAGS = ["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", *_WERROR, "-O2", "-pthread"]
+C_FLAGS = [
+    "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes",
+    "-Wmissing-prototypes", *_WERROR, "-O2", "-pthread",
+]
 CXX_FLAGS = ["-std=c++17", "-Wall", "-Wextra", *_WERROR, "-O2", "-pthread"]
 LINK_FLAGS = ["-pthread", "-ldl"]
 
@@ -82,6 +90,7 @@ SOURCES = rel_glob(
       for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)),
 )
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
+TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")
 
 setup(
     version=read_version(),
@@ -94,7 +103,15 @@ setup(
             extra_compile_args=C_FLAGS,
             extra_link_args=LINK_FLAGS,
             language="c",
-        )
+        ),
+        Extension(
+            "cudapool._testhooks",
+            sources=TESTHOOKS_SOURCES,
+            include_dirs=["csrc"],
+            depends=HEADERS,
+            extra_compile_args=C_FLAGS,
+            language="c",
+        ),
     ],
     cmdclass={"build_ext": BuildExt},
 )

@@ -18,7 +18,7 @@ import pytest
 # around each call, so Python threads really are inside the pool at once).
 ENTRY_POINTS = """
 import ctypes
-from cudapool import _C
+from cudapool import _C, _testhooks
 lib = ctypes.CDLL(_C.__file__)
 lib.cudapool_alloc_catching.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,

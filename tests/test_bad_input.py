@@ -18,7 +18,7 @@ import pytest
 from scenario import ENTRY_POINTS, expect_ok, run_python
 
 import cudapool
-from cudapool import _C, _config
+from cudapool import _C, _config, _testhooks
 from cudapool.sim import OutOfMemoryError, Pool
 
 MiB = 1 << 20
@@ -34,7 +34,7 @@ MiB = 1 << 20
 SIZE_MAX = (1 << 64) - 1
 
 def alloc(size, device=0, stream=0):
-    ptr, status, msg = _C.alloc_catching(size, device, stream)
+    ptr, status, msg = _testhooks.alloc_catching(size, device, stream)
     assert status == 0 and ptr, (status, msg)
     return ptr
 
@@ -97,8 +97,8 @@ def test_row_size_zero_entry_alloc_returns_null_without_a_pool():
     ok(
         SIM2
         + """
-        assert _C.alloc_catching(0, 0, 0) == (0, 0, "")
-        assert _C.alloc_catching(0, 99, 0) == (0, 0, "")   # size 0: the device is not looked at
+        assert _testhooks.alloc_catching(0, 0, 0) == (0, 0, "")
+        assert _testhooks.alloc_catching(0, 99, 0) == (0, 0, "")   # size 0: the device is not looked at
         assert _C.device_pools() == []
         assert stderr_of(lib.cudapool_free, None, 0, 0, None) == ""
         print("OK")
@@ -121,11 +121,11 @@ def test_row_huge_sizes_entry_alloc_throws_out_of_memory():
         keep = alloc(1000)
         sizes = [SIZE_MAX, SIZE_MAX - 511, SIZE_MAX - 4 * MiB, 1 << 63, 64 * MiB + 1]
         for size in sizes:
-            ptr, status, msg = _C.alloc_catching(size, 0, 0)
+            ptr, status, msg = _testhooks.alloc_catching(size, 0, 0)
             assert (ptr, status) == (0, 1), (size, status, msg)
             assert msg.startswith("CUDA out of memory. Tried to allocate"), msg
             assert f"({size} bytes)" in msg, msg
-            assert _C.device_check(0) == 0
+            assert _C.device_pool(0).check() == 0
         s = cudapool.memory_stats(0)
         assert s["num_ooms"] == len(sizes) and s["allocation.all.current"] == 1, s
         assert s["reserved_bytes.all.current"] == 2 * MiB, s
@@ -160,7 +160,7 @@ def test_row_negative_or_oversized_ints_are_refused_before_allocating(pool):
         (lambda: pool.oom_report(-1), "size must be non-negative"),
         (lambda: pool.complete(-1), "stream must be non-negative"),
         (lambda: pool.fail_nth("reserve", -1), "n must be non-negative"),
-        (lambda: _C.alloc_catching(-1, 0, 0), "size must be non-negative"),
+        (lambda: _testhooks.alloc_catching(-1, 0, 0), "size must be non-negative"),
     ]:
         with pytest.raises(ValueError, match=message):
             call()
@@ -169,8 +169,8 @@ def test_row_negative_or_oversized_ints_are_refused_before_allocating(pool):
         lambda: pool.record_stream(p, 1 << 64),
         lambda: pool.set_memory_cap(1 << 64),
         lambda: pool.free(1 << 64),
-        lambda: _C.alloc_catching(1 << 64, 0, 0),
-        lambda: _C.alloc_catching(1, 1 << 40, 0),
+        lambda: _testhooks.alloc_catching(1 << 64, 0, 0),
+        lambda: _testhooks.alloc_catching(1, 1 << 40, 0),
     ):
         with pytest.raises(OverflowError):
             call()
@@ -232,7 +232,7 @@ def test_row_free_unknown_double_interior_entry_warns_and_changes_nothing():
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         err = stderr_of(lib.cudapool_free, p, 1000, 0, None)   # double free
         assert "was already freed" in err, err
-        assert allocated(0) == 4096 and _C.device_check(0) == 0
+        assert allocated(0) == 4096 and _C.device_pool(0).check() == 0
         q, r = alloc(1000), alloc(1000)                         # p comes back once, not twice
         assert q == p and r != p
         print("OK")
@@ -262,7 +262,7 @@ def test_row_free_size_mismatch_entry_is_refused_and_the_block_stays():
             err = stderr_of(lib.cudapool_free, p, wrong, 0, None)
             assert f"was allocated with 1000 bytes, not {wrong}" in err, err
             assert "the block stays allocated" in err and err.count("\\n") == 1, err
-            assert allocated(0) == 1024 and _C.device_check(0) == 0
+            assert allocated(0) == 1024 and _C.device_pool(0).check() == 0
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         assert allocated(0) == 0
         print("OK")
@@ -293,7 +293,7 @@ def test_row_record_stream_unknown_pointer_entry_warns():
         assert "not a live allocation" in stderr_of(lib.cudapool_record_stream, p + 512, 7)
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         assert "not a live allocation" in stderr_of(lib.cudapool_record_stream, p, 7)   # after its free
-        assert _C.device_check(0) == 0
+        assert _C.device_pool(0).check() == 0
         print("OK")
         """
     )
@@ -309,7 +309,7 @@ def test_row_bad_device_entry_alloc_throws():
         for device, text in ((-1, "invalid device -1"), (64, "invalid device 64"),
                              (1000, "invalid device 1000"),
                              (2, "device 2 does not exist (2 simulated devices)")):
-            ptr, status, msg = _C.alloc_catching(1000, device, 0)
+            ptr, status, msg = _testhooks.alloc_catching(1000, device, 0)
             assert ptr == 0 and status != 0, (device, status, msg)
             assert msg.startswith(f"cudapool: allocating 1000 bytes on device {device} failed (CP_ERR_INVALID)"), msg
             assert text in msg, msg
@@ -340,7 +340,7 @@ def test_row_bad_device_entry_free_warns_and_the_block_stays():
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         assert stderr_of(lib.cudapool_free, q, 1000, 1, None) == ""
         assert allocated(0) == allocated(1) == 0
-        assert _C.device_check(0) == _C.device_check(1) == 0
+        assert _C.device_pool(0).check() == _C.device_pool(1).check() == 0
         print("OK")
         """
     )
@@ -364,7 +364,7 @@ def test_row_bad_device_or_fraction_entry_set_memory_fraction_creates_no_pool():
             assert err.startswith("cudapool: set_memory_fraction(") and text in err, err
         for fraction in (math.nan, 2.0, -1.0):
             try:
-                _C.device_set_memory_fraction(fraction, 0)
+                _C.device_pool(0).set_memory_fraction(fraction)
             except ValueError as exc:
                 assert "is outside [0, 1]" in str(exc), exc
             else:
@@ -410,9 +410,8 @@ def test_row_bad_device_python_functions():
             refused(fn, "cpu", ValueError, "Expected a cuda device")
             refused(fn, True, TypeError, "invalid device True")
             refused(fn, 1.5, TypeError, "invalid device 1.5")
-        for fn in (_C.device_stats, _C.device_info, _C.device_check, _C.device_empty_cache):
-            refused(fn, 1 << 70, ValueError, "invalid device")
-            refused(fn, -1, ValueError, "invalid device -1")
+        refused(_C.device_pool, 1 << 70, ValueError, "invalid device")
+        refused(_C.device_pool, -1, ValueError, "invalid device -1")
         s = cudapool.memory_stats(5)                 # a device index without a pool: all zero
         assert all(v == 0 for k, v in s.items() if k != "max_split_size"), s
         assert cudapool.memory_allocated("cuda:7") == 0
@@ -431,22 +430,22 @@ def test_row_invalid_stream_entry_alloc_works_and_free_after_record_stream_warns
         SIM2
         + """
         alloc(1)                                     # creates device 0's simulated device
-        _C.sim_invalidate_stream(0, 9)
+        _testhooks.sim_invalidate_stream(0, 9)
         q = alloc(1000, stream=9)                    # no device call for the allocation stream
         assert stderr_of(lib.cudapool_free, q, 1000, 0, 9) == ""
         p = alloc(1000)
         assert stderr_of(lib.cudapool_record_stream, p, 7) == ""
-        _C.sim_invalidate_stream(0, 7)
+        _testhooks.sim_invalidate_stream(0, 7)
         for attempt in range(2):
             err = stderr_of(lib.cudapool_free, p, 1000, 0, None)
             assert err.startswith("cudapool: free(") and err.count("\\n") == 1, err
             assert "invalid resource handle" in err and "the block stays allocated" in err, err
-        assert _C.device_check(0) == 0
+        assert _C.device_pool(0).check() == 0
         assert allocated(0) == 512 + 1024            # p stays allocated; q was freed
         assert stderr_of(lib.cudapool_empty_cache) == ""
-        assert _C.device_info(0)["pending_blocks"] == 0
+        assert _C.device_pool(0).info()["pending_blocks"] == 0
         try:
-            _C.sim_invalidate_stream(1, 7)           # device 1 has no simulated device yet
+            _testhooks.sim_invalidate_stream(1, 7)           # device 1 has no simulated device yet
         except RuntimeError as exc:
             assert "no simulated device yet" in str(exc), exc
         else:
@@ -501,7 +500,7 @@ def test_row_sim_pool_capacity_zero_is_refused():
     with pytest.raises(ValueError, match="capacity must be > 0"):
         Pool(0)
     with pytest.raises(ValueError, match="capacity must be > 0"):
-        _C.SimPool(0)
+        _C.Pool(0)
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -649,8 +648,11 @@ def test_row_after_shutdown_entry_points_warn_or_do_nothing():
         + """
         p = alloc(1000)
         q = alloc(1000, device=1)
+        handle = _C.device_pool(0)
+        assert handle.info()["live_blocks"] == 1
         _C.shutdown()
         assert _C.device_pools() == [] and not _C.using_sim_devices()
+        assert handle.info()["live_blocks"] == 0 and handle.check() == 0   # the handle does not dangle
         err = stderr_of(lib.cudapool_free, p, 1000, 0, None)
         assert err == f"cudapool: free({hex(p)}, 1000 bytes, device 0) failed: device 0 has no cudapool pool\\n", err
         assert "not a live allocation of cudapool" in stderr_of(lib.cudapool_record_stream, q, 7)
@@ -661,6 +663,7 @@ def test_row_after_shutdown_entry_points_warn_or_do_nothing():
         _C.shutdown()                                # twice: nothing left to do
         _C.use_sim_devices(64 * MiB, count=2)        # fresh state: the table works again
         r = alloc(1000)
+        assert handle.info()["live_blocks"] == 1                          # it sees the fresh pool
         assert stderr_of(lib.cudapool_free, r, 1000, 0, None) == ""
         print("OK")
         """

@@ -87,9 +87,9 @@ assert cudapool.enabled(), "cudapool.enable() returned, but cudapool.enabled() i
 
 def check_pool(device=0):
     # The pool's invariant checker on the real device's pool: 0 violations.
-    bad = _C.device_check(device)
+    bad = _C.device_pool(device).check()
     assert bad == 0, "pool invariant violations on device %d: %d\\n%s" % (
-        device, bad, _C.device_check_report(device))
+        device, bad, _C.device_pool(device).check_report())
 """
 
 
@@ -640,7 +640,7 @@ with torch.cuda.stream(side):
 moved = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
 moved.record_stream(side)                                         # its free needs an event
 check_pool()
-result(live=_C.device_info(0)["live_blocks"])
+result(live=_C.device_pool(0).info()["live_blocks"])
 # no synchronize, no empty_cache: the interpreter exits with all of it live
 """
 

@@ -86,7 +86,7 @@ def test_python_threads_allocate_through_the_entry_points_at_once():
                         live.append((ptr, size, dev, stream))
                     if i % 500 == 0:
                         lib.cudapool_empty_cache()
-                        _C.sim_complete_all(rng.randrange(2)) if _C.device_pools() else None
+                        _testhooks.sim_complete_all(rng.randrange(2)) if _C.device_pools() else None
                 for ptr, size, dev, stream in live:
                     free(ptr, size, dev, stream)
                 done.append(tid)
@@ -96,7 +96,7 @@ def test_python_threads_allocate_through_the_entry_points_at_once():
         def reader():  # statistics and summaries while the workers run
             while len(done) + len(errors) < THREADS:
                 for d in _C.device_pools():
-                    _C.device_stats(d)
+                    _C.device_pool(d).stats()
                 cudapool.memory_summary(0)
                 time.sleep(0.001)
 
@@ -106,13 +106,13 @@ def test_python_threads_allocate_through_the_entry_points_at_once():
         for t in threads: t.join()
         assert not errors, errors
         for d in (0, 1):
-            _C.sim_complete_all(d)
-            _C.device_empty_cache(d)
-            assert _C.device_check(d) == 0, _C.device_check_report(d)
-            s = _C.device_stats(d)
+            _testhooks.sim_complete_all(d)
+            _C.device_pool(d).empty_cache()
+            assert _C.device_pool(d).check() == 0, _C.device_pool(d).check_report()
+            s = _C.device_pool(d).stats()
             assert s["allocated_bytes.all.current"] == 0 and s["allocation.all.current"] == 0, s
             assert s["reserved_bytes.all.current"] == 0, s
-        allocs = sum(_C.device_stats(d)["allocation.all.allocated"] for d in (0, 1))
+        allocs = sum(_C.device_pool(d).stats()["allocation.all.allocated"] for d in (0, 1))
         print("allocations", allocs)
         """
     )
@@ -130,19 +130,19 @@ def test_fork_while_another_thread_holds_the_pool_lock_does_not_deadlock_the_chi
         assert rc == 0, msg
         lib.cudapool_record_stream(ptr, 2)
         # The free records an event on stream 2 with the pool lock held; that call lasts 300 ms.
-        _C.sim_delay_nth(0, "event_record", 1, 300)
+        _testhooks.sim_delay_nth(0, "event_record", 1, 300)
         t = threading.Thread(target=free, args=(ptr, 4 * MiB, 0, 1))
         t.start()
-        while _C.sim_delays_entered(0) == 0:
+        while _testhooks.sim_delays_entered(0) == 0:
             time.sleep(0.001)
-        forks = _C.fork_count()
+        forks = _testhooks.fork_count()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 p, rc, msg = alloc(1000, 0, 3)
-                info = _C.device_info(0)
-                if p and info["pending_blocks"] == 1 and _C.device_check(0) == 0:
+                info = _C.device_pool(0).info()
+                if p and info["pending_blocks"] == 1 and _C.device_pool(0).check() == 0:
                     free(p, 1000, 0, 3)
                     code = 0
             finally:
@@ -150,10 +150,10 @@ def test_fork_while_another_thread_holds_the_pool_lock_does_not_deadlock_the_chi
         result = wait_child(pid)
         t.join()
         assert result == 0, result
-        assert _C.fork_count() == forks + 1
-        _C.sim_complete_all(0)
-        _C.device_empty_cache(0)
-        assert _C.device_check(0) == 0
+        assert _testhooks.fork_count() == forks + 1
+        _testhooks.sim_complete_all(0)
+        _C.device_pool(0).empty_cache()
+        assert _C.device_pool(0).check() == 0
         print("child", result)
         """
     )
@@ -195,8 +195,8 @@ def test_forks_while_python_threads_allocate():
                         if p is None:
                             os.write(2, ("child: alloc on device %d: %s\\n" % (d, msg)).encode())
                             code = 2
-                        elif _C.device_check(d) != 0:
-                            os.write(2, _C.device_check_report(d).encode())
+                        elif _C.device_pool(d).check() != 0:
+                            os.write(2, _C.device_pool(d).check_report().encode())
                             code = 3
                         else:
                             free(p, 5000, d, 7)
@@ -207,8 +207,8 @@ def test_forks_while_python_threads_allocate():
         for t in threads: t.join()
         assert results == [0] * 25, results
         for d in (0, 1):
-            assert _C.device_check(d) == 0
-            assert _C.device_stats(d)["allocated_bytes.all.current"] == 0
+            assert _C.device_pool(d).check() == 0
+            assert _C.device_pool(d).stats()["allocated_bytes.all.current"] == 0
         print("forks", len(results))
         """
     )
@@ -238,7 +238,7 @@ def test_exit_with_live_and_pending_allocations_is_clean_and_quick():
                     free(p, 4096, 0, 3)
         threading.Thread(target=spin, daemon=True).start()
         time.sleep(0.05)
-        print("exiting with", _C.device_info(0)["live_blocks"] + _C.device_info(1)["live_blocks"], "live")
+        print("exiting with", _C.device_pool(0).info()["live_blocks"] + _C.device_pool(1).info()["live_blocks"], "live")
         """,
         timeout=30,
     )
@@ -270,7 +270,7 @@ def test_frees_at_exit_after_the_driver_shut_down_are_quiet_and_harmless():
 
         # Before exit a failing free says so on stderr...
         probe = Tensor(2000, 1, other_stream=2)
-        _C.sim_set_lost(0)
+        _testhooks.sim_set_lost(0)
         del probe
         sys.stderr.flush()
         print("before-exit-report-printed")
@@ -297,10 +297,10 @@ def test_shutdown_with_the_driver_gone_returns_every_host_byte_and_does_not_hang
             lib.cudapool_record_stream(ptr, 2)
             free(ptr, size, 0, 1)      # pending on stream 2
         ptr, rc, msg = alloc(7 * MiB, 0, 1)   # still live
-        _C.sim_set_lost(0)
+        _testhooks.sim_set_lost(0)
         p, rc, msg = alloc(64 * MiB, 0, 1)    # needs a new segment: the device is gone
         assert p is None and rc != 0 and "device lost" in msg, (rc, msg)
-        assert _C.device_check(0) == 0
+        assert _C.device_pool(0).check() == 0
         t0 = time.monotonic()
         _C.shutdown()
         assert _C.device_pools() == []

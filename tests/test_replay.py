@@ -50,7 +50,7 @@ class SegmentWatch:
     """A replay fed one event at a time; records the segments each event creates."""
 
     def __init__(self, config=None, policy="builtin"):
-        self.pool = _C.SimPool(1 << 50, config_text(policy, config), True, False)
+        self.pool = _C.Pool(1 << 50, config_text(policy, config), True, False)
         self.pool.replay_start()
         self.stats = self.pool.stats()
         self.segments = []  # every segment created so far: (pool, bytes)
@@ -435,7 +435,7 @@ def test_replay_several_devices_one_pool_each():
 
 
 def test_replay_raises_when_the_checker_finds_violations(monkeypatch):
-    real = _C.SimPool
+    real = _C.Pool
 
     class Broken:
         def __init__(self, *args):
@@ -450,7 +450,7 @@ def test_replay_raises_when_the_checker_finds_violations(monkeypatch):
         def check_report(self):
             return "block 0x0: broken on purpose"
 
-    monkeypatch.setattr(rp._C, "SimPool", Broken)
+    monkeypatch.setattr(rp._C, "Pool", Broken)
     with pytest.raises(ReplayError, match="broken on purpose"):
         replay(fragmenting_trace())
 

@@ -1,4 +1,4 @@
-"""The Python sim pool: cudapool.sim.Pool over cudapool._C.SimPool. No torch, no GPU."""
+"""The Python sim pool: cudapool.sim.Pool over cudapool._C.Pool. No torch, no GPU."""
 
 import itertools
 from collections import OrderedDict
@@ -431,7 +431,7 @@ def test_context_manager_closes():
 
 
 def test_raw_simpool():
-    sp = _C.SimPool(16 * MiB, "max_split_size_mb:32", auto_complete=True)
+    sp = _C.Pool(16 * MiB, "max_split_size_mb:32", auto_complete=True)
     assert sp.capacity == 16 * MiB
     assert "max_split_size_mb:32" in sp.config()
     p = sp.alloc(100)
@@ -442,9 +442,45 @@ def test_raw_simpool():
     del sp  # dealloc closes
 
 
+def test_sim_pool_is_a_c_pool():
+    with Pool(16 * MiB) as pool:
+        assert isinstance(pool, _C.Pool) and pool.device is None
+        assert pool.stats() == dict(pool.memory_stats())
+
+
+def test_device_handle_of_an_unused_device():
+    handle = _C.device_pool(63)  # creates no pool: reads as an empty one
+    assert handle.device == 63 and not handle.closed and repr(handle) == "<cudapool._C.Pool device=63>"
+    assert 63 not in _C.device_pools()
+    assert handle.check() == 0 and handle.check_report() == "" and handle.oom_report(MiB) == ""
+    assert all(v == 0 for v in handle.info().values())
+    assert all(v == 0 for k, v in handle.stats().items() if k != "max_split_size")
+    assert handle.config() == _C.device_config()
+    handle.reset_peak_stats()
+    handle.reset_accumulated_stats()
+    handle.empty_cache()
+    assert 63 not in _C.device_pools()
+    for call in (
+        lambda: handle.alloc(1),
+        lambda: handle.free(0),
+        lambda: handle.set_memory_cap(0),
+        handle.complete_all,
+        lambda: handle.fail_nth("reserve", 1),
+        handle.backend_calls,
+        lambda: handle.replay_start(),
+        handle.close,
+        lambda: handle.capacity,
+    ):
+        with pytest.raises(TypeError, match="needs a simulated pool; this Pool is a handle of device 63"):
+            call()
+    for bad in (-1, 64, 1 << 70):
+        with pytest.raises(ValueError, match="invalid device"):
+            _C.device_pool(bad)
+
+
 def test_raw_simpool_bad_config():
     with pytest.raises(ValueError):
-        _C.SimPool(16 * MiB, "max_split_size_mb:")
+        _C.Pool(16 * MiB, "max_split_size_mb:")
 
 
 def test_many_pools_do_not_leak_state():

@@ -49,7 +49,7 @@ PRELUDE = """
 import ctypes, sys, warnings
 import torch
 import cudapool
-from cudapool import _C, _torch
+from cudapool import _C, _testhooks, _torch
 MiB = 1 << 20
 """
 
@@ -429,7 +429,7 @@ def test_sim_allocations_through_the_entry_points_show_in_torchs_functions():
         # empty_cache through the reset hook torch calls
         lib.cudapool_empty_cache()
         assert torch.cuda.memory_reserved(0) == 0 and cudapool.memory_reserved(1) == 0
-        assert _C.device_check(0) == 0 and _C.device_check(1) == 0
+        assert _C.device_pool(0).check() == 0 and _C.device_pool(1).check() == 0
         print("OK")
         """
         )
@@ -443,12 +443,12 @@ def test_sim_oom_through_the_entry_point_then_a_fitting_allocation():
         sim(
             """
         a = lib.cudapool_alloc(30 * MiB, 0, None)
-        ptr, status, msg = _C.alloc_catching(40 * MiB, 0, 0)
+        ptr, status, msg = _testhooks.alloc_catching(40 * MiB, 0, 0)
         assert status == 1 and ptr == 0, (status, msg)     # CP_ERR_OOM
         assert msg.startswith("CUDA out of memory. Tried to allocate"), msg
         s = torch.cuda.memory_stats(0)
         assert s["num_ooms"] == 1 and s["num_alloc_retries"] >= 1, s
-        ptr, status, msg = _C.alloc_catching(20 * MiB, 0, 0)
+        ptr, status, msg = _testhooks.alloc_catching(20 * MiB, 0, 0)
         assert status == 0 and ptr != 0 and msg == "", (status, msg)
         assert torch.cuda.memory_allocated(0) == 50 * MiB
         lib.cudapool_free(ptr, 20 * MiB, 0, None)
@@ -466,9 +466,9 @@ def test_sim_memory_fraction_hook_caps_the_pool():
         sim(
             """
         lib.cudapool_set_memory_fraction(0.5, 0)         # what set_per_process_memory_fraction calls
-        ptr, status, msg = _C.alloc_catching(40 * MiB, 0, 0)
+        ptr, status, msg = _testhooks.alloc_catching(40 * MiB, 0, 0)
         assert status == 1 and msg.startswith("CUDA out of memory."), (status, msg)
-        ptr, status, msg = _C.alloc_catching(30 * MiB, 0, 0)
+        ptr, status, msg = _testhooks.alloc_catching(30 * MiB, 0, 0)
         assert status == 0, msg
         lib.cudapool_free(ptr, 30 * MiB, 0, None)
         print("OK")
@@ -523,7 +523,7 @@ def documented_torch_stat_keys():
 def test_stats_keys_equal_the_keys_torch_documents():
     documented = documented_torch_stat_keys()
     assert len(documented) >= 9 * 3 * 4 + 2 * 4 + 5 + 1, sorted(documented)
-    ours_c = set(_C.device_stats(0))
+    ours_c = set(_C.device_pool(0).stats())
     filled = set(_torch._EXTRA_STATS)  # keys torch has for policies cudapool lacks (always 0)
     assert ours_c | filled == documented, (
         f"missing: {sorted(documented - ours_c - filled)}, extra: {sorted((ours_c | filled) - documented)}"
@@ -581,7 +581,7 @@ def test_gpu_tensors_are_served_by_the_pool():
         torch.cuda.set_per_process_memory_fraction(0.5)
         z = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
         print(torch.cuda.memory_summary())
-        assert _C.device_check(torch.cuda.current_device()) == 0
+        assert _C.device_pool(torch.cuda.current_device()).check() == 0
         print("OK")
         """
     )

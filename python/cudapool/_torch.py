@@ -224,7 +224,7 @@ _extra_stats_cache: Optional[Dict[str, int]] = None
 def memory_stats(device: Any = None) -> "OrderedDict[str, int]":
     """The statistics of ``device``'s pool under torch's key names, sorted by key, as
     ``torch.cuda.memory_stats`` returns them. All zero before the device's first allocation."""
-    stats = dict(_C.device_stats(device_index(device)))
+    stats = dict(_C.device_pool(device_index(device)).stats())
     for key, value in _extra_stats().items():
         stats.setdefault(key, value)
     return OrderedDict(sorted(stats.items()))
@@ -253,18 +253,18 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Set every peak of ``device``'s pool to its current value."""
-    _C.device_reset_peak_stats(device_index(device))
+    _C.device_pool(device_index(device)).reset_peak_stats()
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Zero the accumulated ("allocated", "freed") statistics and the counters."""
-    _C.device_reset_accumulated_stats(device_index(device))
+    _C.device_pool(device_index(device)).reset_accumulated_stats()
 
 
 def empty_cache() -> None:
     """Return every wholly free segment of every device pool to the device."""
     for device in _C.device_pools():
-        _C.device_empty_cache(device)
+        _C.device_pool(device).empty_cache()
 
 
 def _reset_max_memory_allocated(device: Any = None) -> None:

@@ -4,7 +4,7 @@
     result = replay("gpt.cptrace", policy="builtin")
     print(result["peak_reserved"], result["utilization"])
 
-Every replay runs on a fresh ``_C.SimPool`` whose addresses are never backed by host memory
+Every replay runs on a fresh simulated ``_C.Pool`` whose addresses are never backed by host memory
 (``touch_memory=False``), so a trace of an 80 GB training run replays on a laptop. The
 capacity is 2^50 bytes (no out-of-memory) unless one is given. The events go to the C replay
 in chunks; between chunks Python only updates the progress bar and samples the curve.
@@ -287,7 +287,7 @@ def _replay_data(
     """Replay the records in ``data`` on a fresh pool; the C replay's result, the curve,
     and the effective configuration."""
     n = len(data) // EVENT.size
-    pool = _C.SimPool(capacity, config, True, False)
+    pool = _C.Pool(capacity, config, True, False)
     bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
     try:
         pool.replay_start(-1)

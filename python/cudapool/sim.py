@@ -10,7 +10,7 @@ finishes only when told to, and fault injection. Needs neither a GPU nor torch.
 """
 
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from . import _C
 from ._config import config_string
@@ -22,94 +22,46 @@ __all__ = ["Pool", "OutOfMemoryError", "config_string"]
 OutOfMemoryError = _C.OutOfMemoryError
 
 
-class Pool:
+class Pool(_C.Pool):
     """A cudapool pool over a simulated device of ``capacity`` bytes.
 
     Keyword options beyond ``auto_complete`` and ``touch_memory`` are configuration keys
     (``max_split_size_mb=64``, ``garbage_collection_threshold=0.8``, ...).
     ``auto_complete``: events complete as soon as they are recorded (an always idle device).
     ``touch_memory=False``: addresses are not backed by host memory (for huge replays).
+
+    Allocation (``alloc``, ``free``, ``record_stream``), the simulated device (``complete``,
+    ``complete_all``, ``fail_nth``, ``backend_calls``, ``invalidate_stream``,
+    ``sim_reserved_bytes``), cache and limits (``empty_cache``, ``set_memory_cap``,
+    ``set_memory_fraction``), introspection (``info``, ``check``, ``check_report``,
+    ``oom_report``, ``config``, ``reset_peak_stats``, ``reset_accumulated_stats``) and
+    ``close`` are the methods of :class:`cudapool._C.Pool`; this class adds the torch-style
+    statistics and the context manager.
     """
 
-    def __init__(
-        self,
+    _config_text: str
+
+    def __new__(
+        cls,
         capacity: int,
         *,
         auto_complete: bool = False,
         touch_memory: bool = True,
         **config: Any,
-    ) -> None:
-        self._config_text = config_string(config)
-        self._pool = _C.SimPool(
-            capacity,
-            self._config_text,
-            auto_complete=bool(auto_complete),
-            touch_memory=bool(touch_memory),
+    ) -> "Pool":
+        text = config_string(config)
+        self = super().__new__(
+            cls, capacity, text, auto_complete=bool(auto_complete), touch_memory=bool(touch_memory)
         )
-
-    # -- allocation -------------------------------------------------------------------------
-
-    def alloc(self, size: int, stream: int = 0) -> int:
-        """Allocate ``size`` bytes for use on ``stream``; returns the address (0 for size 0)."""
-        return self._pool.alloc(size, stream)
-
-    def free(self, ptr: int) -> None:
-        """Free an address returned by :meth:`alloc` (0 is a no-op)."""
-        self._pool.free(ptr)
-
-    def record_stream(self, ptr: int, stream: int) -> None:
-        """Mark ``ptr`` as used on ``stream`` too: it is reused only after that work ends."""
-        self._pool.record_stream(ptr, stream)
-
-    # -- the simulated device -----------------------------------------------------------------
-
-    def complete(self, stream: int) -> None:
-        """Finish all work submitted to ``stream`` so far."""
-        self._pool.complete(stream)
-
-    def complete_all(self) -> None:
-        """Finish all work on every stream."""
-        self._pool.complete_all()
-
-    def fail_nth(self, kind: str, n: int, *, oom: bool = True) -> None:
-        """Make the ``n``-th next backend call of ``kind`` ("reserve", ...) fail: out of
-        memory, or a device error when ``oom`` is False. ``n = 0`` disarms."""
-        self._pool.fail_nth(kind, n, oom)
-
-    def backend_calls(self) -> Dict[str, int]:
-        """Calls made to the simulated device so far, by kind."""
-        return self._pool.backend_calls()
-
-    def invalidate_stream(self, stream: int) -> None:
-        """Make ``stream`` invalid, as a destroyed stream is: recording an event on it fails
-        from now on, so freeing a block used there (:meth:`record_stream`) raises."""
-        self._pool.invalidate_stream(stream)
-
-    def sim_reserved_bytes(self) -> int:
-        """Bytes the simulated device has handed out to the pool."""
-        return self._pool.sim_reserved_bytes()
-
-    # -- cache and limits ---------------------------------------------------------------------
-
-    def empty_cache(self) -> None:
-        """Return every wholly free segment to the device."""
-        self._pool.empty_cache()
-
-    def set_memory_cap(self, nbytes: int) -> None:
-        """Cap the reserved memory at ``nbytes`` (0 = no cap)."""
-        self._pool.set_memory_cap(nbytes)
-
-    def set_memory_fraction(self, fraction: float) -> None:
-        """Cap the reserved memory at ``fraction`` of the device's capacity."""
-        self._pool.set_memory_fraction(fraction)
+        self._config_text = text
+        return self
 
     # -- introspection ------------------------------------------------------------------------
 
     def memory_stats(self) -> "OrderedDict[str, int]":
         """The statistics under the built-in allocator's key names, sorted by key (as
         ``torch.cuda.memory_stats`` returns them)."""
-        stats = self._pool.stats()
-        return OrderedDict(sorted(stats.items()))
+        return OrderedDict(sorted(self.stats().items()))
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         """The statistics as a table, in the layout of ``torch.cuda.memory_summary``."""
@@ -117,45 +69,7 @@ class Pool:
             self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary"
         )
 
-    def reset_peak_stats(self) -> None:
-        self._pool.reset_peak_stats()
-
-    def reset_accumulated_stats(self) -> None:
-        self._pool.reset_accumulated_stats()
-
-    def info(self) -> Dict[str, int]:
-        """Facts beyond the statistics: reserved, allocated, cached_free, largest_free_block,..."""
-        return self._pool.info()
-
-    def check(self) -> int:
-        """Walk the pool and count invariant violations (0 = healthy)."""
-        return self._pool.check()
-
-    def check_report(self) -> str:
-        """The invariant violations, one per line ("" when healthy)."""
-        return self._pool.check_report()
-
-    def oom_report(self, size: int) -> str:
-        """The out-of-memory report for a request of ``size`` bytes."""
-        return self._pool.oom_report(size)
-
-    def config(self) -> str:
-        """The configuration the pool runs with, in "key:value,..." form."""
-        return self._pool.config()
-
-    @property
-    def capacity(self) -> int:
-        return self._pool.capacity
-
     # -- lifetime -----------------------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._pool.closed
-
-    def close(self) -> None:
-        """Destroy the pool, then the device. Idempotent; other methods then raise ValueError."""
-        self._pool.close()
 
     def __enter__(self) -> "Pool":
         return self
