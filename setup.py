@@ -27,8 +27,16 @@ CXX_SUFFIXES = {".cpp", ".cc", ".cxx"}
 _WERROR = ["-Werror"] if os.environ.get("CUDAPOOL_WERROR", "") not in ("", "0") else []
 
 C_FLAGS = [
-    "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes",
-    "-Wmissing-prototypes", *_WERROR, "-O2", "-pthread",
+    "-std=c11",
+    "-D_POSIX_C_SOURCE=200809L",
+    "-Wall",
+    "-Wextra",
+    "-Wshadow",
+    "-Wstrict-prototypes",
+    "-Wmissing-prototypes",
+    *_WERROR,
+    "-O2",
+    "-pthread",
 ]
 CXX_FLAGS = ["-std=c++17", "-Wall", "-Wextra", *_WERROR, "-O2", "-pthread"]
 LINK_FLAGS = ["-pthread", "-ldl"]
@@ -45,8 +53,7 @@ def read_version() -> str:
     c_match = re.search(r'^#define\s+CP_VERSION\s+"([^"]+)"', header, re.MULTILINE)
     if c_match and c_match.group(1) != version:
         raise RuntimeError(
-            f"version mismatch: python/cudapool/_version.py says {version}, "
-            f"csrc/core/cp.h says {c_match.group(1)}"
+            f"version mismatch: python/cudapool/_version.py says {version}, csrc/core/cp.h says {c_match.group(1)}"
         )
     return version
 
@@ -86,8 +93,11 @@ class BuildExt(build_ext):
 
 
 SOURCES = rel_glob(
-    *(f"csrc/{layer}/*{suffix}" for layer in ("base", "core", "backend", "torch", "python")
-      for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)),
+    *(
+        f"csrc/{layer}/*{suffix}"
+        for layer in ("base", "core", "backend", "torch", "python")
+        for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)
+    ),
 )
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")

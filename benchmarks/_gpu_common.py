@@ -15,10 +15,7 @@ def gpu_skip_reason() -> Optional[str]:
     except Exception as exc:  # not installed, or broken
         return f"torch is not importable ({exc.__class__.__name__}: {exc})"
     if not torch.cuda.is_available():
-        return (
-            f"torch.cuda.is_available() is False "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
-        )
+        return f"torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build {torch.version.cuda})"
     return None
 
 

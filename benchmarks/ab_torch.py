@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu_common import skipped_without_gpu, tail as _tail, write_json  # noqa: E402
+from _gpu_common import skipped_without_gpu, write_json  # noqa: E402
+from _gpu_common import tail as _tail
 
 MODES = ("builtin", "cudapool")
 RESULT_PREFIX = "AB_RESULT "
@@ -45,6 +46,7 @@ MiB = 1 << 20
 # --------------------------------------------------------------------------------------------
 # The workload (runs in the child process)
 # --------------------------------------------------------------------------------------------
+
 
 def run_worker(args: argparse.Namespace) -> int:
     """One run of the workload under the allocator `args.worker`; prints one result line."""
@@ -82,8 +84,12 @@ def run_worker(args: argparse.Namespace) -> int:
             super().__init__()
             self.embed = nn.Embedding(args.vocab, args.d_model)
             layer = nn.TransformerEncoderLayer(
-                args.d_model, args.heads, dim_feedforward=4 * args.d_model, dropout=0.1,
-                batch_first=True, norm_first=True,
+                args.d_model,
+                args.heads,
+                dim_feedforward=4 * args.d_model,
+                dropout=0.1,
+                batch_first=True,
+                norm_first=True,
             )
             self.encoder = nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(args.d_model)
@@ -149,12 +155,29 @@ def run_worker(args: argparse.Namespace) -> int:
 # The driver (parent process)
 # --------------------------------------------------------------------------------------------
 
+
 def workload_args(args: argparse.Namespace) -> list[str]:
     out = [
-        "--steps", str(args.steps), "--seed", str(args.seed), "--batch", str(args.batch),
-        "--d-model", str(args.d_model), "--heads", str(args.heads), "--layers", str(args.layers),
-        "--vocab", str(args.vocab), "--min-seq", str(args.min_seq), "--max-seq", str(args.max_seq),
-        "--warmup", str(args.warmup),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--batch",
+        str(args.batch),
+        "--d-model",
+        str(args.d_model),
+        "--heads",
+        str(args.heads),
+        "--layers",
+        str(args.layers),
+        "--vocab",
+        str(args.vocab),
+        "--min-seq",
+        str(args.min_seq),
+        "--max-seq",
+        str(args.max_seq),
+        "--warmup",
+        str(args.warmup),
     ]
     if args.no_amp:
         out.append("--no-amp")
@@ -182,10 +205,9 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if not lines:
         raise RunFailed(
-            f"{mode}: printed no result\n--- stdout ---\n{_tail(proc.stdout)}"
-            f"\n--- stderr ---\n{_tail(proc.stderr)}"
+            f"{mode}: printed no result\n--- stdout ---\n{_tail(proc.stdout)}\n--- stderr ---\n{_tail(proc.stderr)}"
         )
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
 def summarize(run: dict, warmup: int) -> dict:
@@ -244,8 +266,7 @@ def markdown_table(summary: dict) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=50, help="training steps per run (default 50)")
-    p.add_argument("--warmup", type=int, default=5,
-                   help="first steps left out of the step-time figures (default 5)")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of the step-time figures (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--d-model", type=int, default=512)
@@ -274,7 +295,7 @@ def main(argv=None) -> int:
 
     workload = {
         "model": f"TransformerEncoder d_model={args.d_model} heads={args.heads} layers={args.layers} "
-                 f"vocab={args.vocab}",
+        f"vocab={args.vocab}",
         "batch": args.batch,
         "seq_len": [args.min_seq, args.max_seq],
         "steps": args.steps,

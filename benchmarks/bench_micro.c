@@ -47,18 +47,18 @@
  * Parameters
  * ---------------------------------------------------------------------------------------- */
 
-#define BM_CAPACITY      ((size_t)64 << 30) /* 64 GiB simulated device */
-#define BM_DEFAULT_SIZE  ((size_t)4096)     /* bytes per measured allocation */
-#define BM_DEFAULT_REPS  201
-#define BM_DEFAULT_BATCH 10000L
+#define BM_CAPACITY             ((size_t)64 << 30) /* 64 GiB simulated device */
+#define BM_DEFAULT_SIZE         ((size_t)4096)     /* bytes per measured allocation */
+#define BM_DEFAULT_REPS         201
+#define BM_DEFAULT_BATCH        10000L
 #define BM_DEFAULT_THREAD_REPS  31
-#define BM_DEFAULT_THREAD_BATCH 50000L      /* per thread: long enough for the threads to overlap */
-#define BM_LIVE_BLOCKS   100000
-#define BM_LIVE_HOLE_GAP 10                 /* free every 10th live block again */
-#define BM_LIVE_MIN      ((size_t)512)      /* live block sizes: granule multiples in [min, max] */
-#define BM_LIVE_MAX      ((size_t)64 << 10)
-#define BM_LIVE_SEED     0x5eed0001u
-#define BM_THREADS       4
+#define BM_DEFAULT_THREAD_BATCH 50000L /* per thread: long enough for the threads to overlap */
+#define BM_LIVE_BLOCKS          100000
+#define BM_LIVE_HOLE_GAP        10            /* free every 10th live block again */
+#define BM_LIVE_MIN             ((size_t)512) /* live block sizes: granule multiples in [min, max] */
+#define BM_LIVE_MAX             ((size_t)64 << 10)
+#define BM_LIVE_SEED            0x5eed0001u
+#define BM_THREADS              4
 
 typedef enum bm_case_e { BM_PAIR = 0, BM_PAIR_LIVE = 1, BM_PAIR_THREADS = 2, BM_CASE_COUNT = 3 } bm_case_t;
 
@@ -72,7 +72,7 @@ typedef struct bm_options_s {
   long batch;
   int thread_reps;
   long thread_batch;
-  long pairs;   /* >= 0: counting mode */
+  long pairs; /* >= 0: counting mode */
   size_t size;
 } bm_options_t;
 
@@ -81,14 +81,13 @@ typedef struct bm_options_s {
  * ---------------------------------------------------------------------------------------- */
 
 static void bm_fail_rc(const char *what, int rc, const char *file, int line) {
-  fprintf(stderr, "bench_micro: %s:%d: %s failed: %s (%s)\n", file, line, what, cp_status_name(rc),
-          cp_last_error());
+  fprintf(stderr, "bench_micro: %s:%d: %s failed: %s (%s)\n", file, line, what, cp_status_name(rc), cp_last_error());
   exit(1);
 }
 
-#define BM_CALL(expr)                                           \
-  do {                                                          \
-    int bm_rc_ = (expr);                                        \
+#define BM_CALL(expr)                                                   \
+  do {                                                                  \
+    int bm_rc_ = (expr);                                                \
     if (bm_rc_ != CP_OK) bm_fail_rc(#expr, bm_rc_, __FILE__, __LINE__); \
   } while (0)
 
@@ -189,9 +188,9 @@ static void bm_pairs(cp_pool_t *pool, size_t size, cp_stream_t stream, long n) {
 
 typedef struct bm_live_s {
   void **ptrs;
-  size_t count;     /* allocated at setup */
-  size_t holes;     /* freed again at setup */
-  size_t live;      /* count - holes */
+  size_t count; /* allocated at setup */
+  size_t holes; /* freed again at setup */
+  size_t live;  /* count - holes */
   size_t live_bytes;
   size_t hole_bytes;
 } bm_live_t;
@@ -238,8 +237,8 @@ typedef struct bm_thread_s {
   cp_pool_t *pool;
   cp_stream_t stream;
   size_t size;
-  int reps;          /* timing mode: batches; counting mode: 0 */
-  long batch;        /* pairs per batch, or the pairs of counting mode */
+  int reps;   /* timing mode: batches; counting mode: 0 */
+  long batch; /* pairs per batch, or the pairs of counting mode */
   pthread_barrier_t *start;
   pthread_barrier_t *end;
   double *ns_per_pair; /* [reps]: this thread's own time per pair in each batch */
@@ -255,7 +254,7 @@ static void bm_barrier_wait(pthread_barrier_t *b) {
 static void *bm_thread_main(void *arg) {
   bm_thread_t *t = arg;
   bm_pairs(t->pool, t->size, t->stream, 1); /* warm: the stream's first segment */
-  if (t->reps == 0) { /* counting mode */
+  if (t->reps == 0) {                       /* counting mode */
     bm_pairs(t->pool, t->size, t->stream, t->batch);
     return NULL;
   }
@@ -279,15 +278,15 @@ static void *bm_thread_main(void *arg) {
 typedef struct bm_result_s {
   int ran;
   bm_summary_t s;
-  double *samples;   /* ns per pair of each batch, sorted */
+  double *samples; /* ns per pair of each batch, sorted */
   int reps;
-  long batch;        /* pairs per batch (all threads together for the threaded case) */
+  long batch; /* pairs per batch (all threads together for the threaded case) */
   /* pair_100k_live */
   bm_live_t live;
   cp_pool_info_t info; /* the pool just before the measured loop */
   /* pair_4_threads */
   bm_summary_t thread_s[BM_THREADS]; /* each thread's own ns per pair */
-  double seconds;    /* wall time of the measured batches */
+  double seconds;                    /* wall time of the measured batches */
 } bm_result_t;
 
 /* ------------------------------------------------------------------------------------------
@@ -461,9 +460,10 @@ static void bm_print_table(const bm_result_t *res) {
   }
   const bm_result_t *l = &res[BM_PAIR_LIVE];
   if (l->ran) {
-    printf("\npair_100k_live: %zu blocks allocated, %zu freed again; %zu live blocks, %zu free blocks "
-           "in the index, %zu segments\n",
-           l->live.count, l->live.holes, l->info.live_blocks, l->info.free_blocks, l->info.segments);
+    printf(
+        "\npair_100k_live: %zu blocks allocated, %zu freed again; %zu live blocks, %zu free blocks "
+        "in the index, %zu segments\n",
+        l->live.count, l->live.holes, l->info.live_blocks, l->info.free_blocks, l->info.segments);
   }
 }
 
@@ -489,8 +489,9 @@ static void bm_write_json(const char *path, const bm_options_t *o, const bm_resu
     bm_json_summary(f, &r->s);
     fprintf(f, ", \"reps\": %d, \"pairs_per_batch\": %ld, \"seconds\": %.3f", r->reps, r->batch, r->seconds);
     if (c == BM_PAIR_LIVE) {
-      fprintf(f, ", \"setup_blocks\": %zu, \"holes\": %zu, \"live_blocks\": %zu, \"free_blocks\": %zu, "
-                 "\"segments\": %zu, \"live_bytes\": %zu, \"hole_bytes\": %zu",
+      fprintf(f,
+              ", \"setup_blocks\": %zu, \"holes\": %zu, \"live_blocks\": %zu, \"free_blocks\": %zu, "
+              "\"segments\": %zu, \"live_bytes\": %zu, \"hole_bytes\": %zu",
               r->live.count, r->live.holes, r->info.live_blocks, r->info.free_blocks, r->info.segments,
               r->live.live_bytes, r->live.hole_bytes);
     }
@@ -563,14 +564,22 @@ static void bm_parse_args(int argc, char **argv, bm_options_t *o) {
       exit(2);
     }
     const char *v = argv[++i];
-    if (strcmp(a, "--case") == 0) which = v;
-    else if (strcmp(a, "--json") == 0) o->json_path = v;
-    else if (strcmp(a, "--reps") == 0) o->reps = (int)bm_parse_long(a, v, 1);
-    else if (strcmp(a, "--batch") == 0) o->batch = bm_parse_long(a, v, 1);
-    else if (strcmp(a, "--thread-reps") == 0) o->thread_reps = (int)bm_parse_long(a, v, 1);
-    else if (strcmp(a, "--thread-batch") == 0) o->thread_batch = bm_parse_long(a, v, 1);
-    else if (strcmp(a, "--size") == 0) o->size = (size_t)bm_parse_long(a, v, 1);
-    else if (strcmp(a, "--pairs") == 0) o->pairs = bm_parse_long(a, v, 0);
+    if (strcmp(a, "--case") == 0)
+      which = v;
+    else if (strcmp(a, "--json") == 0)
+      o->json_path = v;
+    else if (strcmp(a, "--reps") == 0)
+      o->reps = (int)bm_parse_long(a, v, 1);
+    else if (strcmp(a, "--batch") == 0)
+      o->batch = bm_parse_long(a, v, 1);
+    else if (strcmp(a, "--thread-reps") == 0)
+      o->thread_reps = (int)bm_parse_long(a, v, 1);
+    else if (strcmp(a, "--thread-batch") == 0)
+      o->thread_batch = bm_parse_long(a, v, 1);
+    else if (strcmp(a, "--size") == 0)
+      o->size = (size_t)bm_parse_long(a, v, 1);
+    else if (strcmp(a, "--pairs") == 0)
+      o->pairs = bm_parse_long(a, v, 0);
     else {
       fprintf(stderr, "bench_micro: unknown option %s\n", a);
       bm_usage(stderr);

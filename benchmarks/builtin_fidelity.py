@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu_common import skipped_without_gpu, tail as _tail, write_json  # noqa: E402
+from _gpu_common import skipped_without_gpu, write_json  # noqa: E402
+from _gpu_common import tail as _tail
 
 WORKLOADS = ("transformer", "cnn", "random")
 RESULT_PREFIX = "FIDELITY_RESULT "
@@ -64,6 +65,7 @@ ALLOCATOR_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_
 # --------------------------------------------------------------------------------------------
 # The workloads (run in the child process, under the built-in allocator)
 # --------------------------------------------------------------------------------------------
+
 
 def _transformer(torch, args: argparse.Namespace) -> Dict[str, Any]:
     import random
@@ -103,7 +105,7 @@ def _transformer(torch, args: argparse.Namespace) -> Dict[str, Any]:
         del logits, tokens, loss
     return {
         "what": f"TransformerEncoder d_model={d_model} heads={heads} layers={layers} vocab={vocab}, "
-                f"batch {batch}, seq 64..512, AdamW, {'bf16 autocast' if use_amp else 'float32'}",
+        f"batch {batch}, seq 64..512, AdamW, {'bf16 autocast' if use_amp else 'float32'}",
         "steps": args.steps,
         "seq_lengths": lengths,
     }
@@ -125,8 +127,15 @@ def _cnn(torch, args: argparse.Namespace) -> Dict[str, Any]:
         )
 
     model = nn.Sequential(
-        block(3, 32, 1), block(32, 64, 2), block(64, 64, 1), block(64, 128, 2), block(128, 128, 1),
-        block(128, 256, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, classes),
+        block(3, 32, 1),
+        block(32, 64, 2),
+        block(64, 64, 1),
+        block(64, 128, 2),
+        block(128, 128, 1),
+        block(128, 256, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, classes),
     ).to("cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for px in sizes:
@@ -168,7 +177,7 @@ def _random(torch, args: argparse.Namespace) -> Dict[str, Any]:
     live.clear()
     return {
         "what": f"{ops} torch.empty/free operations, sizes 512 B..128 MiB log-uniform, random lifetimes, "
-                f"{side_share:.0%} on a second stream, at most {cap // GiB} GiB live",
+        f"{side_share:.0%} on a second stream, at most {cap // GiB} GiB live",
         "allocations": allocs,
         "on_second_stream": on_side,
     }
@@ -289,6 +298,7 @@ def run_worker(args: argparse.Namespace) -> int:
 # The driver (parent process)
 # --------------------------------------------------------------------------------------------
 
+
 class RunFailed(Exception):
     pass
 
@@ -304,8 +314,18 @@ def child_env() -> Dict[str, str]:
 
 def run_child(workload: str, snapshot: Path, args: argparse.Namespace) -> Dict[str, Any]:
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", workload, "--snapshot", str(snapshot),
-        "--steps", str(args.steps), "--seed", str(args.seed), "--max-entries", str(args.max_entries),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        workload,
+        "--snapshot",
+        str(snapshot),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--max-entries",
+        str(args.max_entries),
     ]
     try:
         proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=args.timeout)
@@ -317,7 +337,7 @@ def run_child(workload: str, snapshot: Path, args: argparse.Namespace) -> Dict[s
         raise RunFailed(
             f"{workload}: {what}\n--- stdout ---\n{_tail(proc.stdout)}\n--- stderr ---\n{_tail(proc.stderr)}"
         )
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
 def _rel(value: Optional[int], reference: Optional[int]) -> Optional[float]:
@@ -397,19 +417,25 @@ def notes(rows: List[Dict[str, Any]], runs: Dict[str, Dict[str, Any]]) -> List[s
         run = runs.get(r["workload"], {})
         name = r["workload"]
         if r["bad_events"] or r["frees_without_alloc"]:
-            out.append(f"{name}: {r['bad_events']} bad event(s), {r['frees_without_alloc']} free(s) without an "
-                       f"alloc: the snapshot does not hold the whole run")
+            out.append(
+                f"{name}: {r['bad_events']} bad event(s), {r['frees_without_alloc']} free(s) without an "
+                f"alloc: the snapshot does not hold the whole run"
+            )
         if run.get("history_wrapped"):
             out.append(f"{name}: the history filled its {run['max_entries']:,} entries: raise --max-entries")
         if run.get("reserved_at_start"):
             out.append(f"{name}: {run['reserved_at_start']:,} B were reserved before recording started")
         snap = run.get("snapshot") or {}
         if snap.get("expandable_segments") or snap.get("segment_map"):
-            out.append(f"{name}: the built-in allocator used expandable segments (segment_map events): "
-                       f"the builtin policy models the default, non-expandable segments")
+            out.append(
+                f"{name}: the built-in allocator used expandable segments (segment_map events): "
+                f"the builtin policy models the default, non-expandable segments"
+            )
         if r["snapshot_error"]:
-            out.append(f"{name}: the peak rebuilt from the snapshot's segment events differs from "
-                       f"max_memory_reserved() by {_pct(r['snapshot_error'])}")
+            out.append(
+                f"{name}: the peak rebuilt from the snapshot's segment events differs from "
+                f"max_memory_reserved() by {_pct(r['snapshot_error'])}"
+            )
         if run.get("num_alloc_retries") or run.get("num_ooms"):
             out.append(f"{name}: the real run had {run['num_alloc_retries']} alloc retries and {run['num_ooms']} OOMs")
     return out
@@ -417,12 +443,14 @@ def notes(rows: List[Dict[str, Any]], runs: Dict[str, Dict[str, Any]]) -> List[s
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)")
-    p.add_argument("--steps", type=int, default=20, help="transformer training steps (default 20; the CNN runs 3/5 as many)")
+    p.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=20, help="transformer training steps (default 20; the CNN runs 3/5 as many)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-entries", type=int, default=2_000_000,
-                   help="the memory history's length (default 2000000)")
+    p.add_argument("--max-entries", type=int, default=2_000_000, help="the memory history's length (default 2000000)")
     p.add_argument("--timeout", type=int, default=120, help="seconds allowed per workload run (default 120)")
     p.add_argument("--keep-snapshots", metavar="DIR", help="keep the snapshot pickles in DIR")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -455,16 +483,24 @@ def main(argv=None) -> int:
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
             import cudapool.replay  # noqa: F401
     except Exception as exc:
-        print(f"builtin_fidelity: cannot import cudapool.replay ({exc.__class__.__name__}: {exc}); "
-              f"install cudapool first (pip install -e .)", file=sys.stderr)
+        print(
+            f"builtin_fidelity: cannot import cudapool.replay ({exc.__class__.__name__}: {exc}); "
+            f"install cudapool first (pip install -e .)",
+            file=sys.stderr,
+        )
         write_json(args.json, {"error": f"cudapool.replay is not importable: {exc}"})
         return 1
 
     cleared = {name: os.environ[name] for name in ALLOCATOR_SETTINGS if name in os.environ}
     if cleared:
         print(f"builtin_fidelity: cleared for the recorded runs: {cleared}", file=sys.stderr)
-    settings = {"workloads": args.workload_list, "steps": args.steps, "seed": args.seed,
-                "max_entries": args.max_entries, "cleared_environment": cleared}
+    settings = {
+        "workloads": args.workload_list,
+        "steps": args.steps,
+        "seed": args.seed,
+        "max_entries": args.max_entries,
+        "cleared_environment": cleared,
+    }
     runs: Dict[str, Dict[str, Any]] = {}
     rows: List[Dict[str, Any]] = []
     errors: Dict[str, str] = {}
@@ -501,8 +537,10 @@ def main(argv=None) -> int:
         print(markdown_table(rows))
         print()
         worst = max(rows, key=lambda r: abs(r["relative_error"] or 0.0))
-        print(f"largest |relative error| of the replayed builtin peak reserved: "
-              f"{_pct(worst['relative_error'])} ({worst['workload']})")
+        print(
+            f"largest |relative error| of the replayed builtin peak reserved: "
+            f"{_pct(worst['relative_error'])} ({worst['workload']})"
+        )
         for line in notes(rows, runs):
             print(f"note: {line}")
     for workload, message in errors.items():

@@ -178,17 +178,36 @@ def plot(row: Dict[str, Any], curves: Dict[str, List[List[int]]], builtin_reserv
     for policy, curve in curves.items():
         xs = [p[0] for p in curve]
         res = row["policies"][policy]
-        ax.plot(xs, [p[2] / div for p in curve], color=colors.get(policy), lw=1.6,
-                label=f"{policy} reserved (peak {format_bytes(res['peak_reserved'])})")
-        ax.plot(xs, [p[1] / div for p in curve], color=colors.get(policy), lw=1.0, ls="--",
-                label=f"{policy} allocated (peak {format_bytes(res['peak_allocated'])})")
+        ax.plot(
+            xs,
+            [p[2] / div for p in curve],
+            color=colors.get(policy),
+            lw=1.6,
+            label=f"{policy} reserved (peak {format_bytes(res['peak_reserved'])})",
+        )
+        ax.plot(
+            xs,
+            [p[1] / div for p in curve],
+            color=colors.get(policy),
+            lw=1.0,
+            ls="--",
+            label=f"{policy} allocated (peak {format_bytes(res['peak_allocated'])})",
+        )
     if builtin_reserved:
-        ax.step([p[0] for p in builtin_reserved], [p[1] / div for p in builtin_reserved], where="post",
-                color="black", lw=1.0, alpha=0.6, label="built-in allocator, recorded run")
+        ax.step(
+            [p[0] for p in builtin_reserved],
+            [p[1] / div for p in builtin_reserved],
+            where="post",
+            color="black",
+            lw=1.0,
+            alpha=0.6,
+            label="built-in allocator, recorded run",
+        )
     ax.set_xlabel("event index")
     ax.set_ylabel(unit)
-    ax.set_title(f"{row['workload']} ({scale}, {row['events']:,} events): allocated and reserved memory "
-                 f"(maxima per window)")
+    ax.set_title(
+        f"{row['workload']} ({scale}, {row['events']:,} events): allocated and reserved memory (maxima per window)"
+    )
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
@@ -210,8 +229,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-plot", action="store_true", help="draw no plot (matplotlib not needed)")
     parser.add_argument("--recapture", action="store_true", help="capture every trace again")
     parser.add_argument("--trace-dir", metavar="DIR", default=os.path.join(ROOT, "build", "traces"))
-    parser.add_argument("--registry", metavar="MODULE", default="workloads",
-                        help="the module whose WORKLOADS to run (default: benchmarks/workloads)")
+    parser.add_argument(
+        "--registry",
+        metavar="MODULE",
+        default="workloads",
+        help="the module whose WORKLOADS to run (default: benchmarks/workloads)",
+    )
     args = parser.parse_args(argv)
 
     if not args.no_plot:
@@ -246,8 +269,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             want_curve = not args.no_plot and name == PLOT_WORKLOAD
             results = {}
             for policy in POLICIES:
-                results[policy] = replay(trace, policy=policy, progress=True,
-                                         curve_points=CURVE_POINTS if want_curve else 0)
+                results[policy] = replay(
+                    trace, policy=policy, progress=True, curve_points=CURVE_POINTS if want_curve else 0
+                )
             curves = {p: r.pop("curve") for p, r in results.items() if "curve" in r}
             row = {
                 "workload": name,
@@ -266,16 +290,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             traceback.print_exc()
             errors.append({"workload": name, "error": f"{exc.__class__.__name__}: {exc}"})
 
-    print(f"replay of the {args.scale} workloads on a simulated device "
-          f"(peak reserved: lower is better; util = peak allocated / peak reserved)\n")
+    print(
+        f"replay of the {args.scale} workloads on a simulated device "
+        f"(peak reserved: lower is better; util = peak allocated / peak reserved)\n"
+    )
     print(format_table(rows))
     met = sum(1 for r in rows if r["targets"]["ok"])
-    print(f"targets met on {met} of {len(rows)} workload(s); replay speed (min over policies): "
-          + ", ".join(f"{r['workload']} {min(p['events_per_s'] for p in r['policies'].values()) / 1e6:.2f} M ev/s" for r in rows))
+    print(
+        f"targets met on {met} of {len(rows)} workload(s); replay speed (min over policies): "
+        + ", ".join(
+            f"{r['workload']} {min(p['events_per_s'] for p in r['policies'].values()) / 1e6:.2f} M ev/s" for r in rows
+        )
+    )
     for r in rows:
         if r["trace_builtin_peak_reserved"]:
-            print(f"{r['workload']}: the trace records the built-in allocator's peak reserved in the real run: "
-                  f"{format_bytes(r['trace_builtin_peak_reserved'])}")
+            print(
+                f"{r['workload']}: the trace records the built-in allocator's peak reserved in the real run: "
+                f"{format_bytes(r['trace_builtin_peak_reserved'])}"
+            )
         for key, t in r["targets"].items():
             if isinstance(t, dict) and not t["ok"]:
                 print(f"{r['workload']}: target missed: {t['why']}")

@@ -52,6 +52,7 @@ def log(msg: str) -> None:
 # Build
 # --------------------------------------------------------------------------------------------
 
+
 def sources() -> list[Path]:
     files = [ROOT / "benchmarks" / "bench_micro.c", ROOT / "csrc" / "backend" / "sim.c"]
     files += sorted((ROOT / "csrc" / "core").glob("*.c"))
@@ -79,8 +80,20 @@ def build() -> None:
     else:
         cc = os.environ.get("CC") or "gcc"
         core = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "core").glob("*.c"))
-        cmd = [cc, "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O2", "-DNDEBUG", "-pthread", "-Icsrc",
-               "benchmarks/bench_micro.c", *core, "csrc/backend/sim.c", "-o", "build/bench_micro"]
+        cmd = [
+            cc,
+            "-std=c11",
+            "-D_POSIX_C_SOURCE=200809L",
+            "-O2",
+            "-DNDEBUG",
+            "-pthread",
+            "-Icsrc",
+            "benchmarks/bench_micro.c",
+            *core,
+            "csrc/backend/sim.c",
+            "-o",
+            "build/bench_micro",
+        ]
     BUILD.mkdir(parents=True, exist_ok=True)
     log("building: " + " ".join(cmd))
     proc = subprocess.run(cmd, cwd=ROOT)
@@ -91,6 +104,7 @@ def build() -> None:
 # --------------------------------------------------------------------------------------------
 # Timed run
 # --------------------------------------------------------------------------------------------
+
 
 def run_timed(json_path: Path, extra: list[str]) -> dict:
     if json_path.exists():
@@ -117,6 +131,7 @@ def run_timed(json_path: Path, extra: list[str]) -> dict:
 # Instruction counts (callgrind)
 # --------------------------------------------------------------------------------------------
 
+
 def parse_callgrind_total(out_file: Path, stderr: str) -> int:
     """Total Ir of a callgrind run: the 'totals:' or 'summary:' line of its output file, else
     the 'Collected : N' line that callgrind prints on stderr."""
@@ -136,17 +151,25 @@ def parse_callgrind_total(out_file: Path, stderr: str) -> int:
 
 def callgrind_count(valgrind: str, case: str, pairs: int, workdir: Path) -> int:
     out_file = workdir / f"callgrind.{case}.{pairs}.out"
-    cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
-           str(BINARY), "--case", case, "--pairs", str(pairs)]
+    cmd = [
+        valgrind,
+        "--tool=callgrind",
+        f"--callgrind-out-file={out_file}",
+        str(BINARY),
+        "--case",
+        case,
+        "--pairs",
+        str(pairs),
+    ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CALLGRIND_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise BenchError(f"callgrind of {case} with {pairs} pairs did not finish "
-                         f"within {CALLGRIND_TIMEOUT_S} s") from None
+        raise BenchError(
+            f"callgrind of {case} with {pairs} pairs did not finish within {CALLGRIND_TIMEOUT_S} s"
+        ) from None
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
-        raise BenchError(f"bench_micro under callgrind ({case}, {pairs} pairs) failed "
-                         f"(exit {proc.returncode})")
+        raise BenchError(f"bench_micro under callgrind ({case}, {pairs} pairs) failed (exit {proc.returncode})")
     return parse_callgrind_total(out_file, proc.stderr)
 
 
@@ -166,20 +189,25 @@ def run_callgrind(data: dict, pairs: int) -> None:
             base = callgrind_count(valgrind, case, 0, Path(tmp))
             total = callgrind_count(valgrind, case, pairs, Path(tmp))
             if total < base:
-                raise BenchError(f"callgrind: {case}: {pairs} pairs counted fewer instructions "
-                                 f"({total}) than none ({base})")
+                raise BenchError(
+                    f"callgrind: {case}: {pairs} pairs counted fewer instructions ({total}) than none ({base})"
+                )
             per_pair = (total - base) / pairs
             data[f"{case}_instr"] = round(per_pair, 1)
-            counts[case] = {"pairs": pairs, "instr_without_pairs": base, "instr_with_pairs": total,
-                            "instr_per_pair": round(per_pair, 3)}
-            log(f"callgrind {case}: {per_pair:.1f} instructions per pair "
-                f"({time.monotonic() - t0:.1f} s)")
+            counts[case] = {
+                "pairs": pairs,
+                "instr_without_pairs": base,
+                "instr_with_pairs": total,
+                "instr_per_pair": round(per_pair, 3),
+            }
+            log(f"callgrind {case}: {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
     details["callgrind"] = counts
 
 
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
+
 
 def report(data: dict) -> str:
     pair = data["pair_ns"]
@@ -196,11 +224,13 @@ def report(data: dict) -> str:
 
     rows = [
         ("pair_ns", f"{pair:.1f} ns", f"<= {TARGET_PAIR_NS:g} ns", mark(pair <= TARGET_PAIR_NS)),
-        ("pair_ns_100k_live", f"{live:.1f} ns ({ratio:.2f} x pair_ns)",
-         f"<= {TARGET_LIVE_RATIO:g} x pair_ns ({TARGET_LIVE_RATIO * pair:.1f} ns)",
-         mark(ratio <= TARGET_LIVE_RATIO)),
-        ("pair_ns_4_threads", f"{threads:.1f} ns ({1e3 / threads:.2f} M pairs/s)" if threads > 0 else "0",
-         "-", ""),
+        (
+            "pair_ns_100k_live",
+            f"{live:.1f} ns ({ratio:.2f} x pair_ns)",
+            f"<= {TARGET_LIVE_RATIO:g} x pair_ns ({TARGET_LIVE_RATIO * pair:.1f} ns)",
+            mark(ratio <= TARGET_LIVE_RATIO),
+        ),
+        ("pair_ns_4_threads", f"{threads:.1f} ns ({1e3 / threads:.2f} M pairs/s)" if threads > 0 else "0", "-", ""),
         ("pair_instr", instr("pair_instr"), "-", ""),
         ("pair_100k_live_instr", instr("pair_100k_live_instr"), "-", ""),
     ]
@@ -216,8 +246,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batch", type=int, help="pairs per batch (bench_micro's default if unset)")
     ap.add_argument("--thread-reps", type=int, help="timed batches of pair_4_threads")
     ap.add_argument("--thread-batch", type=int, help="pairs per batch and thread in pair_4_threads")
-    ap.add_argument("--callgrind-pairs", type=int, default=200000,
-                    help="pairs counted under callgrind (default 200000)")
+    ap.add_argument(
+        "--callgrind-pairs", type=int, default=200000, help="pairs counted under callgrind (default 200000)"
+    )
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     args = ap.parse_args(argv)
     if args.callgrind_pairs <= 0:

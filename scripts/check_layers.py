@@ -96,7 +96,9 @@ def check_c(root: Path) -> list[str]:
                 errors.append(f'{where}:{lineno}: "{name}" does not name its layer (write "layer/file.h")')
             elif target not in C_LAYERS[layer]:
                 allowed = ", ".join(sorted(C_LAYERS[layer]))
-                errors.append(f'{where}:{lineno}: layer {layer} includes "{name}" of layer {target} (allowed: {allowed})')
+                errors.append(
+                    f'{where}:{lineno}: layer {layer} includes "{name}" of layer {target} (allowed: {allowed})'
+                )
             elif not (csrc / name).is_file():
                 errors.append(f'{where}:{lineno}: "{name}" does not exist under csrc/')
     return errors

@@ -76,8 +76,11 @@ def main(argv: list[str]) -> int:
         args.readme.write_text(head + BEGIN + "\n" + generated + "\n" + END + tail, encoding="utf-8")
         return 0
     if body.strip() != generated:
-        print(f"config_doc: the table in {args.readme.name} is not the one CP_CONFIG_KEYS gives; "
-              "run `python3 scripts/config_doc.py --write`", file=sys.stderr)
+        print(
+            f"config_doc: the table in {args.readme.name} is not the one CP_CONFIG_KEYS gives; "
+            "run `python3 scripts/config_doc.py --write`",
+            file=sys.stderr,
+        )
         return 1
     print(f"config_doc: {args.readme.name} lists the {len(keys())} keys of CP_CONFIG_KEYS")
     return 0

@@ -13,7 +13,6 @@ from typing import Dict, Optional, Sequence
 
 import pytest
 
-
 # Scenario code that declares the C entry points torch calls, as `lib` (ctypes releases the GIL
 # around each call, so Python threads really are inside the pool at once).
 ENTRY_POINTS = """

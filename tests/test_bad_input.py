@@ -15,18 +15,18 @@ import subprocess
 import textwrap
 
 import pytest
-from scenario import ENTRY_POINTS, expect_ok, run_python
-
-import cudapool
 from cudapool import _C, _config, _testhooks
 from cudapool.sim import OutOfMemoryError, Pool
+from scenario import ENTRY_POINTS, expect_ok, run_python
 
 MiB = 1 << 20
 SIZE_MAX = (1 << 64) - 1
 TIMEOUT_S = 120
 
 # Common head of every scenario: the entry points through ctypes, on simulated devices.
-PRELUDE = ENTRY_POINTS + """
+PRELUDE = (
+    ENTRY_POINTS
+    + """
 import ctypes, math, os, sys, tempfile
 import cudapool
 from cudapool import _C
@@ -55,6 +55,7 @@ def stderr_of(fn, *args):
 def allocated(device=0):
     return cudapool.memory_stats(device)["allocated_bytes.all.current"]
 """
+)
 
 SIM2 = "_C.use_sim_devices(64 * MiB, count=2)\n"
 
@@ -62,7 +63,7 @@ SIM2 = "_C.use_sim_devices(64 * MiB, count=2)\n"
 def run_py(code: str, env: dict = None) -> subprocess.CompletedProcess:
     """PRELUDE + code (after an optional SIM2 head) in a fresh interpreter."""
     head = SIM2 if code.startswith(SIM2) else ""
-    return run_python(PRELUDE + head + textwrap.dedent(code[len(head):]), timeout=TIMEOUT_S, env=env)
+    return run_python(PRELUDE + head + textwrap.dedent(code[len(head) :]), timeout=TIMEOUT_S, env=env)
 
 
 def ok(code: str, env: dict = None) -> str:
@@ -78,9 +79,7 @@ def _torch_cuda_build() -> bool:
     return hasattr(torch._C, "_cuda_customAllocator")
 
 
-needs_torch_cuda_build = pytest.mark.skipif(
-    not _torch_cuda_build(), reason="enable() needs a CUDA build of torch"
-)
+needs_torch_cuda_build = pytest.mark.skipif(not _torch_cuda_build(), reason="enable() needs a CUDA build of torch")
 
 
 @pytest.fixture

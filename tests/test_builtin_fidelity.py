@@ -36,8 +36,16 @@ def _entry(action, addr, size, stream=0, t=[0]):
 
 
 def _segment(addr, size, stream=0):
-    return {"device": 0, "address": addr, "total_size": size, "allocated_size": 0, "requested_size": 0,
-            "stream": stream, "segment_type": "small" if size == 2 * MiB else "large", "blocks": []}
+    return {
+        "device": 0,
+        "address": addr,
+        "total_size": size,
+        "allocated_size": 0,
+        "requested_size": 0,
+        "stream": stream,
+        "segment_type": "small" if size == 2 * MiB else "large",
+        "blocks": [],
+    }
 
 
 def _handcrafted():
@@ -84,8 +92,12 @@ def snapshot_path(tmp_path):
 
 
 def test_builtin_replay_reproduces_the_recorded_run(snapshot_path):
-    real = {"peak_reserved": PEAK_RESERVED, "peak_allocated": PEAK_ALLOCATED, "num_device_alloc": 4,
-            "snapshot": {"segment_alloc": 4}}
+    real = {
+        "peak_reserved": PEAK_RESERVED,
+        "peak_allocated": PEAK_ALLOCATED,
+        "num_device_alloc": 4,
+        "snapshot": {"segment_alloc": 4},
+    }
     row = fidelity.compare("hand", snapshot_path, real)
     assert row["events"] == 10  # 6 allocs, 4 frees (the 1000 B and 6 MiB blocks stay live)
     assert row["bad_events"] == 0 and row["frees_without_alloc"] == 0
@@ -104,8 +116,12 @@ def test_builtin_replay_reproduces_the_recorded_run(snapshot_path):
 
 
 def test_device_allocs_fall_back_to_segment_alloc_entries(snapshot_path):
-    real = {"peak_reserved": 2 * PEAK_RESERVED, "peak_allocated": PEAK_ALLOCATED, "num_device_alloc": None,
-            "snapshot": {"segment_alloc": 4}}
+    real = {
+        "peak_reserved": 2 * PEAK_RESERVED,
+        "peak_allocated": PEAK_ALLOCATED,
+        "num_device_alloc": None,
+        "snapshot": {"segment_alloc": 4},
+    }
     row = fidelity.compare("hand", snapshot_path, real)
     assert row["real_device_allocs"] == 4
     assert row["relative_error"] == pytest.approx(-0.5)
@@ -129,10 +145,21 @@ def test_a_window_that_misses_the_start_is_flagged(tmp_path):
 
 def test_main_prints_the_table_and_writes_json(tmp_path, monkeypatch, capsys):
     """The driver end to end, with the recorded runs stood in for by the handcrafted snapshot."""
-    real = {"what": "handcrafted", "seconds": 0.1, "device": "NVIDIA H200", "torch": "2.x", "cuda": "13.0",
-            "peak_reserved": PEAK_RESERVED, "peak_allocated": PEAK_ALLOCATED, "num_device_alloc": 4,
-            "reserved_at_start": 0, "history_wrapped": False, "num_alloc_retries": 0, "num_ooms": 0,
-            "snapshot": {"segment_alloc": 4, "segment_map": 0, "expandable_segments": False}}
+    real = {
+        "what": "handcrafted",
+        "seconds": 0.1,
+        "device": "NVIDIA H200",
+        "torch": "2.x",
+        "cuda": "13.0",
+        "peak_reserved": PEAK_RESERVED,
+        "peak_allocated": PEAK_ALLOCATED,
+        "num_device_alloc": 4,
+        "reserved_at_start": 0,
+        "history_wrapped": False,
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+        "snapshot": {"segment_alloc": 4, "segment_map": 0, "expandable_segments": False},
+    }
 
     def fake_run_child(workload, snapshot, args):
         if workload == "cnn":
@@ -170,8 +197,9 @@ def test_arguments():
 @pytest.mark.skipif(gpu_skip_reason() is None, reason="a CUDA GPU is here: the check would run")
 def test_without_a_gpu_it_skips(tmp_path):
     out = tmp_path / "fidelity.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--json", str(out)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("no CUDA GPU: skipped")
     assert set(json.loads(out.read_text())) == {"skipped"}

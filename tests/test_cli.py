@@ -5,9 +5,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import cudapool
+import pytest
 
 TIMEOUT_S = 120
 

@@ -2,7 +2,6 @@
 their merge (keywords win per key). No torch needed."""
 
 import pytest
-
 from cudapool import _C, _config
 from cudapool.sim import config_string
 
@@ -48,7 +47,10 @@ def test_entry_without_a_colon_is_named():
 
 
 def test_keyword_replacing_a_bad_environment_value_is_valid():
-    assert _config.resolve({"max_split_size_mb": 64}, env={"CUDAPOOL_CONF": "max_split_size_mb:abc"}) == "max_split_size_mb:64"
+    assert (
+        _config.resolve({"max_split_size_mb": 64}, env={"CUDAPOOL_CONF": "max_split_size_mb:abc"})
+        == "max_split_size_mb:64"
+    )
 
 
 def test_bad_combination_is_reported_as_a_whole():

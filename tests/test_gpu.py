@@ -555,9 +555,7 @@ def test_summary_and_stats_keys(child_env):
     expected = set(builtin["keys"])
     for name in ("keys", "torch_keys"):
         got = set(ours[name])
-        assert got == expected, (
-            f"{name}: missing {sorted(expected - got)}, extra {sorted(got - expected)}"
-        )
+        assert got == expected, f"{name}: missing {sorted(expected - got)}, extra {sorted(got - expected)}"
 
 
 # -- g. set_per_process_memory_fraction caps the pool -------------------------------------------
@@ -647,10 +645,11 @@ result(live=_C.device_pool(0).info()["live_blocks"])
 
 def test_exit_with_live_tensors_and_busy_streams_is_clean(child_env):
     code = PRELUDE + ENABLE + textwrap.dedent(EXIT_WITH_LIVE_TENSORS)
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "cudapool:" not in proc.stderr, proc.stderr[-4000:]   # no failed frees reported
+    assert "cudapool:" not in proc.stderr, proc.stderr[-4000:]  # no failed frees reported
     assert "RESULT" in proc.stdout
 
 

@@ -21,7 +21,9 @@ def run_checker(root: Path) -> subprocess.CompletedProcess:
 def tree(tmp_path: Path) -> Path:
     """A copy of the sources the checker reads."""
     shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
-    shutil.copytree(ROOT / "python" / "cudapool", tmp_path / "python" / "cudapool", ignore=shutil.ignore_patterns("*.so"))
+    shutil.copytree(
+        ROOT / "python" / "cudapool", tmp_path / "python" / "cudapool", ignore=shutil.ignore_patterns("*.so")
+    )
     return tmp_path
 
 

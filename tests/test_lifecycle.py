@@ -13,7 +13,9 @@ from scenario import ENTRY_POINTS, run_python
 
 DEADLINE_S = 120
 
-PRELUDE = ENTRY_POINTS + """
+PRELUDE = (
+    ENTRY_POINTS
+    + """
 import ctypes, os, sys, threading, time
 import cudapool
 from cudapool import _C
@@ -40,6 +42,7 @@ def wait_child(pid, deadline_s=20.0):
     os.waitpid(pid, 0)
     return "deadlocked"
 """
+)
 
 
 def run(body: str, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
-from cudapool import _C, replay as rp
+from cudapool import _C
+from cudapool import replay as rp
 from cudapool.replay import ReplayError, config_text, format_bytes, parse_size, replay
 from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
 from cudapool.trace import ALLOC, EVENT, FREE, Trace, TraceWriter, load, save
@@ -697,7 +697,11 @@ def test_snapshot_start_is_never_below_zero():
 
 def test_snapshot_several_devices_merge_by_time():
     snap = {
-        "segments": [segment(SEG_A, 20 * MiB, device=0), segment(SEG_B, 20 * MiB, device=1), segment(SEG_C, 2 * MiB, device=1)],
+        "segments": [
+            segment(SEG_A, 20 * MiB, device=0),
+            segment(SEG_B, 20 * MiB, device=1),
+            segment(SEG_C, 2 * MiB, device=1),
+        ],
         "device_traces": [
             [entry("alloc", SEG_A, MiB * 2, time_us=1), entry("alloc", SEG_A + 2 * MiB, MiB * 2, time_us=5)],
             [
@@ -735,7 +739,10 @@ class Evil:
     "obj, message",
     [
         ({"device_traces": [[Evil()]]}, "refusing to load"),
-        ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 2, "x": random.Random()}]]}, "refusing"),
+        (
+            {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 2, "x": random.Random()}]]},
+            "refusing",
+        ),
         ([1, 2, 3], "not a torch memory snapshot"),
         ({"segments": []}, "not a torch memory snapshot"),
         ({"segments": [], "device_traces": [[]]}, "no trace entries"),
@@ -868,7 +875,9 @@ def test_cli_errors_exit_2(tmp_path, trace_file, args, message):
 
 
 def test_cli_help_lists_replay():
-    proc = subprocess.run([sys.executable, "-m", "cudapool", "--help"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cudapool", "--help"], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert proc.returncode == 0 and "replay" in proc.stdout
 
 
@@ -879,7 +888,7 @@ def test_cli_help_lists_replay():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLAY_ALL = os.path.join(REPO, "benchmarks", "replay_all.py")
 
-FAKE_REGISTRY = '''
+FAKE_REGISTRY = """
 import os
 from cudapool.trace import ALLOC, FREE, Trace
 
@@ -913,7 +922,7 @@ def broken(scale="small", seed=0):
 
 
 WORKLOADS = {"gpt": gpt, "tiny": tiny, "broken": broken}
-'''
+"""
 
 
 def run_replay_all(tmp_path, *args, registry=True):
@@ -925,7 +934,15 @@ def run_replay_all(tmp_path, *args, registry=True):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
         args = ("--registry", "fake_workloads", *args)
     return subprocess.run(
-        [sys.executable, REPLAY_ALL, "--trace-dir", str(tmp_path / "traces"), "--json", str(tmp_path / "all.json"), *args],
+        [
+            sys.executable,
+            REPLAY_ALL,
+            "--trace-dir",
+            str(tmp_path / "traces"),
+            "--json",
+            str(tmp_path / "all.json"),
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

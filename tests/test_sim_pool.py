@@ -3,9 +3,8 @@
 import itertools
 from collections import OrderedDict
 
-import pytest
-
 import cudapool
+import pytest
 from cudapool import _C
 from cudapool.sim import OutOfMemoryError, Pool
 

@@ -7,6 +7,7 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 
+from cudapool.sim import OutOfMemoryError, Pool  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import (  # noqa: E402
@@ -15,8 +16,6 @@ from hypothesis.stateful import (  # noqa: E402
     precondition,
     rule,
 )
-
-from cudapool.sim import OutOfMemoryError, Pool  # noqa: E402
 
 MiB = 1 << 20
 CAPACITY = 64 * MiB
@@ -275,10 +274,7 @@ class SimPoolMachine(RuleBasedStateMachine):
         large_rounded = sum(b.rounded for b in large)
         large_bytes = s["allocated_bytes.large_pool.current"]
         assert large_rounded <= large_bytes <= large_rounded + len(large) * LARGE_SPLIT_SLACK
-        assert (
-            s["allocated_bytes.all.current"]
-            == s["allocated_bytes.small_pool.current"] + large_bytes
-        )
+        assert s["allocated_bytes.all.current"] == s["allocated_bytes.small_pool.current"] + large_bytes
         # requested_bytes and active count live blocks plus frees still waiting for events
         # (the pool learns that events completed only when it next polls them).
         live_req = sum(b.size for b in self.live.values())

@@ -14,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the comparison needs torch's own formatter")
 import torch.cuda.memory as tcm  # noqa: E402
-
 from cudapool import _C  # noqa: E402
 from cudapool.sim import Pool  # noqa: E402
 from cudapool.summary import DEFAULT_TITLE, format_summary  # noqa: E402
@@ -47,10 +46,7 @@ def assert_same_but_title(ours, theirs):
 
 
 def all_stat_keys():
-    keys = [
-        f"{f}.{k}.{m}"
-        for f, k, m in itertools.product(_C.STAT_FAMILIES, _C.POOL_KINDS, _C.STAT_METRICS)
-    ]
+    keys = [f"{f}.{k}.{m}" for f, k, m in itertools.product(_C.STAT_FAMILIES, _C.POOL_KINDS, _C.STAT_METRICS)]
     keys += [f"oversize_{x}.{m}" for x in ("allocations", "segments") for m in _C.STAT_METRICS]
     keys += list(_C.STAT_COUNTERS) + ["max_split_size"]
     return keys

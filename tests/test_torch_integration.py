@@ -536,9 +536,15 @@ def test_stats_keys_equal_the_keys_torch_documents():
 @needs_gpu
 def test_stats_keys_equal_the_builtin_allocators_on_a_gpu():
     proc = subprocess.run(
-        [sys.executable, "-c",
-         "import torch; x = torch.empty(1 << 20, device='cuda'); print(sorted(torch.cuda.memory_stats()))"],
-        capture_output=True, text=True, timeout=TIMEOUT_S, env={k: v for k, v in os.environ.items() if k != "CUDAPOOL_CONF"},
+        [
+            sys.executable,
+            "-c",
+            "import torch; x = torch.empty(1 << 20, device='cuda'); print(sorted(torch.cuda.memory_stats()))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={k: v for k, v in os.environ.items() if k != "CUDAPOOL_CONF"},
     )
     assert proc.returncode == 0, proc.stderr
     builtin = set(eval(proc.stdout.strip()))

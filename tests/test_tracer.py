@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cudapool.trace import ALLOC, FREE, load, save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +131,7 @@ def test_storages_made_outside_dispatch_are_adopted_at_first_use():
     with Tracer(device="cpu", adopt_inputs=False) as tr:
         x = torch.tensor([1.0, 2.0])  # on the CPU, torch.tensor goes through lift_fresh
         assert tr.ident_of(x) == 1
-        y = torch.ones(3, device="meta") + 1  # another device: ignored
+        _ = torch.ones(3, device="meta") + 1  # another device: ignored
     assert [e[:3] for e in tr.events] == [(ALLOC, 1, 8)]
 
 
@@ -200,8 +199,14 @@ def test_streams_and_exit():
         kept = torch.ones(16)
     del a, kept  # after the with block: not recorded
     assert [(e[0], e[3], e[4]) for e in tr.events] == [
-        (ALLOC, 0, 3), (ALLOC, 2, 3), (ALLOC, 5, 3), (ALLOC, 2, 3),
-        (FREE, 2, 3), (FREE, 5, 3), (FREE, 2, 3), (ALLOC, 0, 3),
+        (ALLOC, 0, 3),
+        (ALLOC, 2, 3),
+        (ALLOC, 5, 3),
+        (ALLOC, 2, 3),
+        (FREE, 2, 3),
+        (FREE, 5, 3),
+        (FREE, 2, 3),
+        (ALLOC, 0, 3),
     ]
     trace = tr.trace(meta={"x": 1})
     assert trace.meta["x"] == 1 and trace.meta["traced_device"] == "cpu"
@@ -251,8 +256,20 @@ def test_meta_and_cpu_give_the_same_trace():
         ("gpt", dict(layers=2, d_model=32, heads=2, vocab=256, steps=3, max_seq=64, optimizer="sgd")),
         ("cnn", dict(batch=3, image=16, width=8, blocks=(1, 1), steps=2)),
         ("kvcache", dict(layers=2, d_model=32, heads=2, vocab=256, requests=3, max_prompt=40, max_new=12)),
-        ("kvcache", dict(layers=2, d_model=32, heads=2, vocab=256, requests=3, max_prompt=40, max_new=12,
-                         cache="chunked", chunk=8)),
+        (
+            "kvcache",
+            dict(
+                layers=2,
+                d_model=32,
+                heads=2,
+                vocab=256,
+                requests=3,
+                max_prompt=40,
+                max_new=12,
+                cache="chunked",
+                chunk=8,
+            ),
+        ),
     ],
 )
 def test_workloads_meta_equals_cpu(name, kw):
@@ -342,7 +359,10 @@ def test_cli_writes_trace(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "workloads" / "rmm_random.py"), "--count", "300", "--out", str(out)],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert r.returncode == 0, r.stderr
     assert "events=600" in r.stdout and "peak live bytes=" in r.stdout

@@ -98,8 +98,10 @@ def main(
     allocs, frees = counts(trace)
     peak = peak_live_bytes(trace)
     changed = " ".join(f"{k}={v}" for k, v in kw.items() if scales[args.scale].get(k) != v)
-    print(f"{name}: scale={args.scale}{' ' + changed if changed else ''} seed={args.seed} "
-          f"events={len(trace)} allocs={allocs} frees={frees}")
+    print(
+        f"{name}: scale={args.scale}{' ' + changed if changed else ''} seed={args.seed} "
+        f"events={len(trace)} allocs={allocs} frees={frees}"
+    )
     print(f"{name}: peak live bytes={peak} ({format_bytes(peak, largest='GiB')}) capture_s={secs:.2f}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

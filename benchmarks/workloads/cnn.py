@@ -28,12 +28,31 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 SCALES = {
-    "small": dict(batch=16, image=64, width=32, blocks=(2, 2, 2), classes=10, steps=4, lr=0.1,
-                  weight_decay=5e-4, device="meta"),
-    "medium": dict(batch=64, image=224, width=64, blocks=(2, 2, 2, 2), classes=1000, steps=10, lr=0.1,
-                   weight_decay=5e-4, device="meta"),
-    "large": dict(batch=128, image=224, width=64, blocks=(3, 4, 6, 3), classes=1000, steps=20, lr=0.1,
-                  weight_decay=5e-4, device="meta"),
+    "small": dict(
+        batch=16, image=64, width=32, blocks=(2, 2, 2), classes=10, steps=4, lr=0.1, weight_decay=5e-4, device="meta"
+    ),
+    "medium": dict(
+        batch=64,
+        image=224,
+        width=64,
+        blocks=(2, 2, 2, 2),
+        classes=1000,
+        steps=10,
+        lr=0.1,
+        weight_decay=5e-4,
+        device="meta",
+    ),
+    "large": dict(
+        batch=128,
+        image=224,
+        width=64,
+        blocks=(3, 4, 6, 3),
+        classes=1000,
+        steps=20,
+        lr=0.1,
+        weight_decay=5e-4,
+        device="meta",
+    ),
 }
 
 
@@ -90,7 +109,6 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace ``steps`` SGD training steps of the ResNet at ``scale`` (kw overrides settings)."""
     import torch
     import torch.nn.functional as F
-
     from cudapool.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)
@@ -101,8 +119,9 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     torch.manual_seed(seed)
     with Tracer(device=device) as tr:
         model = build_model(cfg["width"], cfg["blocks"], cfg["classes"], device)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9,
-                              weight_decay=cfg["weight_decay"], foreach=True)
+        opt = torch.optim.SGD(
+            model.parameters(), lr=cfg["lr"], momentum=0.9, weight_decay=cfg["weight_decay"], foreach=True
+        )
         for _ in range(cfg["steps"]):
             images = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], device=device)
             labels = torch.randint(0, cfg["classes"], (cfg["batch"],), device=device)

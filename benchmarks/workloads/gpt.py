@@ -36,12 +36,51 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 SCALES = {
-    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, steps=20, min_seq=32, max_seq=512,
-                  min_batch=2, max_batch=8, lr=3e-4, weight_decay=0.1, optimizer="adamw", device="meta"),
-    "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, steps=50, min_seq=64, max_seq=1024,
-                   min_batch=4, max_batch=16, lr=3e-4, weight_decay=0.1, optimizer="adamw", device="meta"),
-    "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, steps=100, min_seq=128, max_seq=2048,
-                  min_batch=4, max_batch=16, lr=3e-4, weight_decay=0.1, optimizer="adamw", device="meta"),
+    "small": dict(
+        layers=4,
+        d_model=256,
+        heads=4,
+        vocab=8192,
+        steps=20,
+        min_seq=32,
+        max_seq=512,
+        min_batch=2,
+        max_batch=8,
+        lr=3e-4,
+        weight_decay=0.1,
+        optimizer="adamw",
+        device="meta",
+    ),
+    "medium": dict(
+        layers=12,
+        d_model=768,
+        heads=12,
+        vocab=50304,
+        steps=50,
+        min_seq=64,
+        max_seq=1024,
+        min_batch=4,
+        max_batch=16,
+        lr=3e-4,
+        weight_decay=0.1,
+        optimizer="adamw",
+        device="meta",
+    ),
+    "large": dict(
+        layers=24,
+        d_model=1024,
+        heads=16,
+        vocab=50304,
+        steps=100,
+        min_seq=128,
+        max_seq=2048,
+        min_batch=4,
+        max_batch=16,
+        lr=3e-4,
+        weight_decay=0.1,
+        optimizer="adamw",
+        device="meta",
+    ),
 }
 
 
@@ -128,7 +167,9 @@ def build_model(layers: int, d_model: int, heads: int, vocab: int, max_seq: int,
     return GPT()
 
 
-def draw_shapes(seed: int, steps: int, min_seq: int, max_seq: int, min_batch: int, max_batch: int) -> List[Tuple[int, int]]:
+def draw_shapes(
+    seed: int, steps: int, min_seq: int, max_seq: int, min_batch: int, max_batch: int
+) -> List[Tuple[int, int]]:
     """(batch, seq_len) of every step: lengths in multiples of 8, from a generator seeded with seed."""
     if not 8 <= min_seq <= max_seq:
         raise ValueError(f"need 8 <= min_seq <= max_seq, got {min_seq}, {max_seq}")
@@ -143,7 +184,6 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace ``steps`` AdamW training steps of the GPT model at ``scale`` (settings in kw override)."""
     import torch
     import torch.nn.functional as F
-
     from cudapool.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)

@@ -38,12 +38,54 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 SCALES = {
-    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, requests=5, min_prompt=16, max_prompt=256,
-                  min_new=8, max_new=48, min_batch=1, max_batch=8, cache="cat", chunk=64, device="meta"),
-    "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, requests=16, min_prompt=32, max_prompt=768,
-                   min_new=32, max_new=256, min_batch=1, max_batch=16, cache="cat", chunk=128, device="meta"),
-    "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, requests=32, min_prompt=64, max_prompt=1536,
-                  min_new=64, max_new=512, min_batch=1, max_batch=32, cache="cat", chunk=256, device="meta"),
+    "small": dict(
+        layers=4,
+        d_model=256,
+        heads=4,
+        vocab=8192,
+        requests=5,
+        min_prompt=16,
+        max_prompt=256,
+        min_new=8,
+        max_new=48,
+        min_batch=1,
+        max_batch=8,
+        cache="cat",
+        chunk=64,
+        device="meta",
+    ),
+    "medium": dict(
+        layers=12,
+        d_model=768,
+        heads=12,
+        vocab=50304,
+        requests=16,
+        min_prompt=32,
+        max_prompt=768,
+        min_new=32,
+        max_new=256,
+        min_batch=1,
+        max_batch=16,
+        cache="cat",
+        chunk=128,
+        device="meta",
+    ),
+    "large": dict(
+        layers=24,
+        d_model=1024,
+        heads=16,
+        vocab=50304,
+        requests=32,
+        min_prompt=64,
+        max_prompt=1536,
+        min_new=64,
+        max_new=512,
+        min_batch=1,
+        max_batch=32,
+        cache="cat",
+        chunk=256,
+        device="meta",
+    ),
 }
 
 
@@ -104,8 +146,11 @@ def draw_requests(seed: int, cfg: dict) -> List[Tuple[int, int, int]]:
         if not 1 <= cfg[lo] <= cfg[hi]:
             raise ValueError(f"need 1 <= {lo} <= {hi}, got {cfg[lo]}, {cfg[hi]}")
     return [
-        (rng.randint(cfg["min_batch"], cfg["max_batch"]), rng.randint(cfg["min_prompt"], cfg["max_prompt"]),
-         rng.randint(cfg["min_new"], cfg["max_new"]))
+        (
+            rng.randint(cfg["min_batch"], cfg["max_batch"]),
+            rng.randint(cfg["min_prompt"], cfg["max_prompt"]),
+            rng.randint(cfg["min_new"], cfg["max_new"]),
+        )
         for _ in range(cfg["requests"])
     ]
 
@@ -113,7 +158,6 @@ def draw_requests(seed: int, cfg: dict) -> List[Tuple[int, int, int]]:
 def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace inference over ``requests`` requests with the model at ``scale`` (kw overrides settings)."""
     import torch
-
     from cudapool.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)

@@ -20,19 +20,15 @@
  * ---------------------------------------------------------------------------------------- */
 
 typedef int CUresult;
-typedef int CUdevice;                    /* device handle (an ordinal in practice) */
+typedef int CUdevice; /* device handle (an ordinal in practice) */
 typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;    /* NULL is the legacy default stream */
+typedef struct CUstream_st *CUstream; /* NULL is the legacy default stream */
 typedef struct CUevent_st *CUevent;
-typedef unsigned long long CUdeviceptr;  /* 64-bit builds */
+typedef unsigned long long CUdeviceptr; /* 64-bit builds */
 typedef uint64_t cuuint64_t;
 typedef int CUdriverProcAddressQueryResult;
 
-enum {
-  CUDA_SUCCESS = 0,
-  CUDA_ERROR_OUT_OF_MEMORY = 2,
-  CUDA_ERROR_NOT_READY = 600
-};
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_NOT_READY = 600 };
 
 enum { CU_GET_PROC_ADDRESS_SUCCESS = 0 };
 
@@ -55,8 +51,7 @@ enum { CU_GET_PROC_ADDRESS_SUCCESS = 0 };
 
 _Static_assert(sizeof(void *) == 8, "cuda.c assumes a 64-bit build (CUdeviceptr)");
 _Static_assert(sizeof(CUdeviceptr) == sizeof(uintptr_t), "a device address fits a uintptr_t");
-_Static_assert(sizeof(void *) == sizeof(void (*)(void)),
-               "POSIX: a function address travels through a void *");
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function address travels through a void *");
 
 /* ------------------------------------------------------------------------------------------
  * The driver-function table, defined once: X(name, return type, parameters). It generates the
@@ -64,26 +59,26 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
  * hands back the variant (e.g. cuMemAlloc_v2) matching the requested API version.
  * ---------------------------------------------------------------------------------------- */
 
-#define CUDA_DRIVER_FUNCTIONS(X)                                                               \
-  X(cuGetErrorName, CUresult, (CUresult result, const char **out_name))                       \
-  X(cuGetErrorString, CUresult, (CUresult result, const char **out_text))                     \
-  X(cuInit, CUresult, (unsigned int init_flags))                                               \
-  X(cuDriverGetVersion, CUresult, (int *out_version))                                          \
-  X(cuDeviceGetCount, CUresult, (int *out_count))                                              \
-  X(cuDeviceGet, CUresult, (CUdevice *out_dev, int ordinal))                                   \
-  X(cuDeviceGetName, CUresult, (char *out_name, int name_bytes, CUdevice dev))                 \
-  X(cuDeviceTotalMem, CUresult, (size_t *out_bytes, CUdevice dev))                             \
-  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *out_ctx, CUdevice dev))                    \
-  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice dev))                                       \
-  X(cuCtxGetCurrent, CUresult, (CUcontext *out_ctx))                                           \
-  X(cuCtxSetCurrent, CUresult, (CUcontext cu_ctx))                                             \
-  X(cuMemAlloc, CUresult, (CUdeviceptr *out_ptr, size_t size_bytes))                           \
-  X(cuMemFree, CUresult, (CUdeviceptr ptr))                                                    \
-  X(cuMemGetInfo, CUresult, (size_t *out_free_bytes, size_t *out_total_bytes))                 \
-  X(cuEventCreate, CUresult, (CUevent *out_event, unsigned int event_flags))                   \
-  X(cuEventDestroy, CUresult, (CUevent cu_event))                                              \
-  X(cuEventRecord, CUresult, (CUevent cu_event, CUstream cu_stream))                           \
-  X(cuEventQuery, CUresult, (CUevent cu_event))                                                \
+#define CUDA_DRIVER_FUNCTIONS(X)                                                 \
+  X(cuGetErrorName, CUresult, (CUresult result, const char **out_name))          \
+  X(cuGetErrorString, CUresult, (CUresult result, const char **out_text))        \
+  X(cuInit, CUresult, (unsigned int init_flags))                                 \
+  X(cuDriverGetVersion, CUresult, (int *out_version))                            \
+  X(cuDeviceGetCount, CUresult, (int *out_count))                                \
+  X(cuDeviceGet, CUresult, (CUdevice * out_dev, int ordinal))                    \
+  X(cuDeviceGetName, CUresult, (char *out_name, int name_bytes, CUdevice dev))   \
+  X(cuDeviceTotalMem, CUresult, (size_t * out_bytes, CUdevice dev))              \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * out_ctx, CUdevice dev))     \
+  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice dev))                         \
+  X(cuCtxGetCurrent, CUresult, (CUcontext * out_ctx))                            \
+  X(cuCtxSetCurrent, CUresult, (CUcontext cu_ctx))                               \
+  X(cuMemAlloc, CUresult, (CUdeviceptr * out_ptr, size_t size_bytes))            \
+  X(cuMemFree, CUresult, (CUdeviceptr ptr))                                      \
+  X(cuMemGetInfo, CUresult, (size_t * out_free_bytes, size_t * out_total_bytes)) \
+  X(cuEventCreate, CUresult, (CUevent * out_event, unsigned int event_flags))    \
+  X(cuEventDestroy, CUresult, (CUevent cu_event))                                \
+  X(cuEventRecord, CUresult, (CUevent cu_event, CUstream cu_stream))             \
+  X(cuEventQuery, CUresult, (CUevent cu_event))                                  \
   X(cuEventSynchronize, CUresult, (CUevent cu_event))
 
 #define CP_X(name, ret, params) typedef ret(*cuda_##name##_fn) params;
@@ -97,8 +92,8 @@ typedef struct cuda_driver_s {
 } cuda_driver_t;
 
 typedef struct cuda_symbol_s {
-  const char *name;    /* base name given to cuGetProcAddress */
-  size_t offset;       /* where its pointer lives in cuda_driver_t */
+  const char *name; /* base name given to cuGetProcAddress */
+  size_t offset;    /* where its pointer lives in cuda_driver_t */
 } cuda_symbol_t;
 
 static const cuda_symbol_t cuda_symbols[] = {
@@ -108,10 +103,9 @@ static const cuda_symbol_t cuda_symbols[] = {
 };
 
 /* The two entry points the loader may find with dlsym (CUDA 12.0+, and 11.3+). */
-typedef CUresult (*cuda_get_proc_v2_fn)(const char *symbol, void **pfn, int cuda_version,
-                                        cuuint64_t flags, CUdriverProcAddressQueryResult *status);
-typedef CUresult (*cuda_get_proc_v1_fn)(const char *symbol, void **pfn, int cuda_version,
-                                        cuuint64_t flags);
+typedef CUresult (*cuda_get_proc_v2_fn)(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult *status);
+typedef CUresult (*cuda_get_proc_v1_fn)(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags);
 
 /* ------------------------------------------------------------------------------------------
  * Process-wide state
@@ -136,7 +130,7 @@ typedef struct cuda_device_s {
   atomic_int live;
   int ordinal;
   CUdevice dev;
-  CUcontext ctx;       /* the device's primary context */
+  CUcontext ctx; /* the device's primary context */
 } cuda_device_t;
 
 static pthread_mutex_t cuda_devices_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -151,10 +145,8 @@ static cuda_device_t cuda_devices[CP_MAX_DEVICES];
 static const char *cuda_why(CUresult result, char *buf, size_t buf_bytes) {
   const char *name = NULL;
   const char *text = NULL;
-  if (cuda_fn.cuGetErrorName == NULL || cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS)
-    name = NULL;
-  if (cuda_fn.cuGetErrorString == NULL || cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS)
-    text = NULL;
+  if (cuda_fn.cuGetErrorName == NULL || cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS) name = NULL;
+  if (cuda_fn.cuGetErrorString == NULL || cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS) text = NULL;
   if (name != NULL && text != NULL)
     snprintf(buf, buf_bytes, "%s (%s)", name, text);
   else if (name != NULL)
@@ -186,14 +178,13 @@ static int cuda_fail(int status, CUresult result, const char *fmt, ...) {
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct cuda_get_proc_s {
-  cuda_get_proc_v2_fn v2;  /* preferred when the driver exports it */
+  cuda_get_proc_v2_fn v2; /* preferred when the driver exports it */
   cuda_get_proc_v1_fn v1;
 } cuda_get_proc_t;
 
 /* Look up `name` for API `version`. A lookup that succeeds without a function (not on this
  * platform, or not at this version) leaves *out_fn NULL. */
-static CUresult cuda_get_proc(const cuda_get_proc_t *gp, const char *name, int version,
-                              void **out_fn) {
+static CUresult cuda_get_proc(const cuda_get_proc_t *gp, const char *name, int version, void **out_fn) {
   void *fn = NULL;
   CUresult r;
   if (gp->v2 != NULL) {
@@ -236,7 +227,8 @@ static int cuda_load_driver(void) {
   cuda_get_proc_t gp = {NULL, NULL};
   if (cuda_dlsym_fn(library, "cuGetProcAddress_v2", &gp.v2, sizeof gp.v2) != 0 &&
       cuda_dlsym_fn(library, "cuGetProcAddress", &gp.v1, sizeof gp.v1) != 0) {
-    return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: libcuda has no "
+    return cp_set_error(CP_ERR_BACKEND,
+                        "cudapool: no CUDA driver: libcuda has no "
                         "cuGetProcAddress (a driver for CUDA 11.3 or newer is needed)");
   }
 
@@ -253,9 +245,10 @@ static int cuda_load_driver(void) {
         snprintf(why, sizeof why, "not provided by this driver");
       else
         cuda_why(r, why, sizeof why);
-      return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: cuGetProcAddress(\"%s\") "
-                          "for CUDA %d or %d: %s", sym->name, CUDA_API_VERSION,
-                          CUDA_API_VERSION_FALLBACK, why);
+      return cp_set_error(CP_ERR_BACKEND,
+                          "cudapool: no CUDA driver: cuGetProcAddress(\"%s\") "
+                          "for CUDA %d or %d: %s",
+                          sym->name, CUDA_API_VERSION, CUDA_API_VERSION_FALLBACK, why);
     }
     memcpy((char *)&cuda_fn + sym->offset, &addr, sizeof addr);
   }
@@ -302,8 +295,10 @@ static int cuda_check_ordinal(int device) {
   const CUresult r = cuda_fn.cuDeviceGetCount(&count);
   if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
   if (device < 0 || device >= count)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d does not exist (%d CUDA "
-                        "device%s visible)", device, count, count == 1 ? "" : "s");
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: CUDA device %d does not exist (%d CUDA "
+                        "device%s visible)",
+                        device, count, count == 1 ? "" : "s");
   return CP_OK;
 }
 
@@ -320,8 +315,7 @@ int cp_cuda_device_count(int *out) {
 
 int cp_cuda_device_name(int device, char *buf, size_t n) {
   if (buf == NULL || n == 0)
-    return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_name: %s",
-                        buf == NULL ? "buf is NULL" : "n must be > 0");
+    return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_name: %s", buf == NULL ? "buf is NULL" : "n must be > 0");
   int rc = cp_cuda_load();
   if (rc == CP_OK) rc = cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
@@ -349,8 +343,8 @@ int cp_cuda_device_name(int device, char *buf, size_t n) {
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct cuda_scope_s {
-  CUcontext prev_ctx;  /* current before the operation; NULL when none was */
-  int switched;        /* 1 when prev_ctx must be put back */
+  CUcontext prev_ctx; /* current before the operation; NULL when none was */
+  int switched;       /* 1 when prev_ctx must be put back */
 } cuda_scope_t;
 
 static int cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
@@ -358,18 +352,18 @@ static int cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
   scope->switched = 0;
   if (d == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: %s: no CUDA device", call);
   if (!atomic_load_explicit(&d->live, memory_order_acquire))
-    return cp_set_error(CP_ERR_STATE, "cudapool: %s on device %d: the CUDA backend was shut "
-                        "down", call, d->ordinal);
+    return cp_set_error(CP_ERR_STATE,
+                        "cudapool: %s on device %d: the CUDA backend was shut "
+                        "down",
+                        call, d->ordinal);
   CUcontext current = NULL;
   CUresult r = cuda_fn.cuCtxGetCurrent(&current);
   if (r != CUDA_SUCCESS)
-    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call,
-                     d->ordinal);
+    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call, d->ordinal);
   if (current == d->ctx) return CP_OK;
   r = cuda_fn.cuCtxSetCurrent(d->ctx);
   if (r != CUDA_SUCCESS)
-    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s",
-                     d->ordinal, call);
+    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s", d->ordinal, call);
   scope->prev_ctx = current;
   scope->switched = 1;
   return CP_OK;
@@ -381,8 +375,7 @@ static int cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope
   if (!scope->switched) return rc;
   const CUresult r = cuda_fn.cuCtxSetCurrent(scope->prev_ctx);
   if (r == CUDA_SUCCESS || rc != CP_OK) return rc;
-  return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d",
-                   call, d->ordinal);
+  return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d", call, d->ordinal);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -400,13 +393,14 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   CUdeviceptr ptr = 0;
   const CUresult r = cuda_fn.cuMemAlloc(&ptr, size);
   if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
-                   "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);
+    rc = cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r, "cuMemAlloc(%zu bytes) on device %d",
+                   size, d->ordinal);
   } else if (ptr % CUDA_ALIGN_BYTES != 0) {
     (void)cuda_fn.cuMemFree(ptr);
-    rc = cp_set_error(CP_ERR_BACKEND, "cudapool: cuMemAlloc(%zu bytes) on device %d returned "
-                      "0x%llx, which is not %llu-byte aligned", size, d->ordinal, ptr,
-                      (unsigned long long)CUDA_ALIGN_BYTES);
+    rc = cp_set_error(CP_ERR_BACKEND,
+                      "cudapool: cuMemAlloc(%zu bytes) on device %d returned "
+                      "0x%llx, which is not %llu-byte aligned",
+                      size, d->ordinal, ptr, (unsigned long long)CUDA_ALIGN_BYTES);
   }
   const int acquired = rc == CP_OK;
   rc = cuda_leave(d, "cuMemAlloc", &scope, rc);
@@ -422,24 +416,21 @@ static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
   if (rc != CP_OK) return rc;
   const CUresult r = cuda_fn.cuMemFree((CUdeviceptr)addr);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr,
-                   size, d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
   (void)cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
 static int cuda_event_create(void *ctx, cp_event_t *out_event) {
   cuda_device_t *d = ctx;
-  if (out_event == NULL)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
+  if (out_event == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
   cuda_scope_t scope;
   int rc = cuda_enter(d, "cuEventCreate", &scope);
   if (rc != CP_OK) return rc;
   CUevent event = NULL;
   const CUresult r = cuda_fn.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d",
-                   d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d", d->ordinal);
   const int acquired = rc == CP_OK;
   rc = cuda_leave(d, "cuEventCreate", &scope, rc);
   if (acquired && rc != CP_OK) (void)cuda_fn.cuEventDestroy(event);
@@ -454,8 +445,7 @@ static int cuda_event_destroy(void *ctx, cp_event_t event) {
   if (rc != CP_OK) return rc;
   const CUresult r = cuda_fn.cuEventDestroy((CUevent)event);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event,
-                   d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event, d->ordinal);
   (void)cuda_leave(d, "cuEventDestroy", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
@@ -467,16 +457,19 @@ static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   if (rc != CP_OK) return rc;
   const CUresult r = cuda_fn.cuEventRecord((CUevent)event, (CUstream)stream);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR
-                   ") on device %d", event, stream, d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR ") on device %d", event,
+                   stream, d->ordinal);
   return cuda_leave(d, "cuEventRecord", &scope, rc);
 }
 
 static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
   cuda_device_t *d = ctx;
   if (out_done == NULL)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_query(0x%" PRIxPTR "): out_done "
-                        "is NULL", event);
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: cuda event_query(0x%" PRIxPTR
+                        "): out_done "
+                        "is NULL",
+                        event);
   cuda_scope_t scope;
   int rc = cuda_enter(d, "cuEventQuery", &scope);
   if (rc != CP_OK) return rc;
@@ -485,8 +478,7 @@ static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
   if (r == CUDA_SUCCESS)
     done = 1;
   else if (r != CUDA_ERROR_NOT_READY)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event,
-                   d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event, d->ordinal);
   rc = cuda_leave(d, "cuEventQuery", &scope, rc);
   if (rc == CP_OK) *out_done = done;
   return rc;
@@ -499,8 +491,7 @@ static int cuda_event_synchronize(void *ctx, cp_event_t event) {
   if (rc != CP_OK) return rc;
   const CUresult r = cuda_fn.cuEventSynchronize((CUevent)event);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event,
-                   d->ordinal);
+    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event, d->ordinal);
   return cuda_leave(d, "cuEventSynchronize", &scope, rc);
 }
 
@@ -532,8 +523,10 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   if (rc == CP_OK) rc = cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
   if (device >= CP_MAX_DEVICES)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d is beyond the %d devices "
-                        "cudapool serves", device, CP_MAX_DEVICES);
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: CUDA device %d is beyond the %d devices "
+                        "cudapool serves",
+                        device, CP_MAX_DEVICES);
 
   cuda_device_t *d = &cuda_devices[device];
   cp_fork_register_outer(&cuda_devices_lock); /* after the device table's: it nests inside */
@@ -546,8 +539,7 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
       rc = cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
     } else {
       r = cuda_fn.cuDevicePrimaryCtxRetain(&primary, dev);
-      if (r != CUDA_SUCCESS)
-        rc = cuda_fail(CP_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain(device %d)", device);
+      if (r != CUDA_SUCCESS) rc = cuda_fail(CP_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain(device %d)", device);
     }
     if (rc == CP_OK) {
       d->ordinal = device;

@@ -16,11 +16,11 @@
  * Constants
  * ---------------------------------------------------------------------------------------- */
 
-#define SIM_ALIGN_BYTES        ((size_t)512)           /* alignment of real reservations */
-#define SIM_FAKE_BASE_ADDR     ((uintptr_t)0x7f0000000000ull)
-#define SIM_FAKE_ALIGN_BYTES   ((uintptr_t)2 << 20)     /* 2 MiB between fake reservations */
-#define SIM_MAP_MIN_SLOTS      ((size_t)64)            /* initial slots of every map */
-#define SIM_FLAGS_KNOWN        (CP_SIM_AUTO_COMPLETE | CP_SIM_NO_TOUCH)
+#define SIM_ALIGN_BYTES      ((size_t)512) /* alignment of real reservations */
+#define SIM_FAKE_BASE_ADDR   ((uintptr_t)0x7f0000000000ull)
+#define SIM_FAKE_ALIGN_BYTES ((uintptr_t)2 << 20) /* 2 MiB between fake reservations */
+#define SIM_MAP_MIN_SLOTS    ((size_t)64)         /* initial slots of every map */
+#define SIM_FLAGS_KNOWN      (CP_SIM_AUTO_COMPLETE | CP_SIM_NO_TOUCH)
 
 /* Fake NO_TOUCH addresses start high in a 64-bit address space. */
 _Static_assert(sizeof(uintptr_t) >= 8, "sim.c assumes 64-bit addresses");
@@ -32,14 +32,14 @@ _Static_assert(sizeof(uintptr_t) >= 8, "sim.c assumes 64-bit addresses");
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct sim_stream_s {
-  uint64_t recorded_seq;     /* sequence number of the last event_record on this stream */
-  uint64_t completed_seq;    /* every record with seq <= this has completed */
-  int invalid;               /* cp_sim_invalidate_stream: records on it fail */
+  uint64_t recorded_seq;  /* sequence number of the last event_record on this stream */
+  uint64_t completed_seq; /* every record with seq <= this has completed */
+  int invalid;            /* cp_sim_invalidate_stream: records on it fail */
 } sim_stream_t;
 
 typedef struct sim_event_s {
-  cp_stream_t stream;        /* stream of the last record (meaningless while seq == 0) */
-  uint64_t seq;              /* position on that stream; 0 = never recorded */
+  cp_stream_t stream; /* stream of the last record (meaningless while seq == 0) */
+  uint64_t seq;       /* position on that stream; 0 = never recorded */
 } sim_event_t;
 
 /* ------------------------------------------------------------------------------------------
@@ -47,13 +47,13 @@ typedef struct sim_event_s {
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct sim_delay_s {
-  uint64_t countdown;        /* calls left until the delayed one; 0 = disarmed */
-  unsigned ms;               /* how long it sleeps, with the device lock held */
+  uint64_t countdown; /* calls left until the delayed one; 0 = disarmed */
+  unsigned ms;        /* how long it sleeps, with the device lock held */
 } sim_delay_t;
 
 typedef struct sim_fault_s {
-  uint64_t countdown;        /* calls left until the injected failure; 0 = disarmed */
-  int status;                /* what the failing call returns */
+  uint64_t countdown; /* calls left until the injected failure; 0 = disarmed */
+  int status;         /* what the failing call returns */
 } sim_fault_t;
 
 /* Invariants (all under `lock`):
@@ -64,22 +64,22 @@ typedef struct sim_fault_s {
  *    every address handed out so far (addresses are never reused). */
 struct cp_sim_s {
   pthread_mutex_t lock;
-  cp_fork_lock_t fork_node;       /* `lock` is held across fork() */
+  cp_fork_lock_t fork_node; /* `lock` is held across fork() */
   size_t capacity_bytes;
   size_t used_bytes;
-  unsigned flags;                 /* CP_SIM_* given at create */
-  int auto_complete;              /* events complete at record time */
-  uintptr_t next_fake_addr;       /* NO_TOUCH bump pointer, 2 MiB aligned */
-  uintptr_t next_event_id;        /* handles are never reused, so a stale one is detected */
-  cp_ptrmap_t reservations;       /* address -> size in bytes as asked for (not rounded) */
-  cp_ptrmap_t streams;            /* stream handle -> sim_stream_t (owned) */
-  cp_ptrmap_t events;             /* event handle -> sim_event_t (owned) */
+  unsigned flags;           /* CP_SIM_* given at create */
+  int auto_complete;        /* events complete at record time */
+  uintptr_t next_fake_addr; /* NO_TOUCH bump pointer, 2 MiB aligned */
+  uintptr_t next_event_id;  /* handles are never reused, so a stale one is detected */
+  cp_ptrmap_t reservations; /* address -> size in bytes as asked for (not rounded) */
+  cp_ptrmap_t streams;      /* stream handle -> sim_stream_t (owned) */
+  cp_ptrmap_t events;       /* event handle -> sim_event_t (owned) */
   uint64_t calls[CP_SIM_CALL_COUNT];
   sim_fault_t faults[CP_SIM_CALL_COUNT];
   uint64_t faults_injected;
   sim_delay_t delays[CP_SIM_CALL_COUNT];
   atomic_uint_fast64_t delays_entered; /* read without the lock, while a delay holds it */
-  int lost;                       /* every call fails: the driver is gone */
+  int lost;                            /* every call fails: the driver is gone */
 };
 
 static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
@@ -94,17 +94,11 @@ static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
 
 /* The getters take a const device; the lock inside it is still mutable state (the device is
  * always heap-allocated, never a const object, so dropping the qualifier here is sound). */
-static void sim_lock(const cp_sim_t *sim) {
-  pthread_mutex_lock(&((cp_sim_t *)sim)->lock);
-}
+static void sim_lock(const cp_sim_t *sim) { pthread_mutex_lock(&((cp_sim_t *)sim)->lock); }
 
-static void sim_unlock(const cp_sim_t *sim) {
-  pthread_mutex_unlock(&((cp_sim_t *)sim)->lock);
-}
+static void sim_unlock(const cp_sim_t *sim) { pthread_mutex_unlock(&((cp_sim_t *)sim)->lock); }
 
-static int sim_kind_valid(cp_sim_call_t kind) {
-  return (int)kind >= 0 && kind < CP_SIM_CALL_COUNT;
-}
+static int sim_kind_valid(cp_sim_call_t kind) { return (int)kind >= 0 && kind < CP_SIM_CALL_COUNT; }
 
 /* Count one call of `kind` and fire its armed failure if this is the one. Returns CP_OK or the
  * injected status (last error set). Called with the lock held, before any side effect. */
@@ -114,37 +108,28 @@ static int sim_enter(cp_sim_t *sim, cp_sim_call_t kind) {
   if (d->countdown != 0 && --d->countdown == 0) {
     atomic_fetch_add_explicit(&sim->delays_entered, 1, memory_order_release);
     struct timespec ts = {(time_t)(d->ms / 1000u), (long)(d->ms % 1000u) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
+    while (nanosleep(&ts, &ts) != 0) {}
   }
   if (sim->lost) {
-    return cp_set_error(CP_ERR_BACKEND, "sim: %s: device lost (the driver has shut down)",
-                        sim_call_names[kind]);
+    return cp_set_error(CP_ERR_BACKEND, "sim: %s: device lost (the driver has shut down)", sim_call_names[kind]);
   }
   sim_fault_t *f = &sim->faults[kind];
   if (f->countdown == 0) return CP_OK;
   if (--f->countdown != 0) return CP_OK;
   sim->faults_injected++;
-  return cp_set_error(f->status, "sim: injected failure in %s (call #%" PRIu64 ")",
-                      sim_call_names[kind], call_no);
+  return cp_set_error(f->status, "sim: injected failure in %s (call #%" PRIu64 ")", sim_call_names[kind], call_no);
 }
 
 /* Reservation values are sizes; both conversions in one place. */
-static void *sim_size_value(size_t size) {
-  return (void *)(uintptr_t)size; /* size > 0: never NULL */
-}
+static void *sim_size_value(size_t size) { return (void *)(uintptr_t)size; /* size > 0: never NULL */ }
 
-static size_t sim_value_size(const void *value) {
-  return (size_t)(uintptr_t)value;
-}
+static size_t sim_value_size(const void *value) { return (size_t)(uintptr_t)value; }
 
 static sim_stream_t *sim_stream_find(const cp_sim_t *sim, cp_stream_t stream) {
   return cp_ptrmap_get(&sim->streams, stream);
 }
 
-static sim_event_t *sim_event_find(const cp_sim_t *sim, cp_event_t event) {
-  return cp_ptrmap_get(&sim->events, event);
-}
+static sim_event_t *sim_event_find(const cp_sim_t *sim, cp_event_t event) { return cp_ptrmap_get(&sim->events, event); }
 
 /* The stream's state, created on first use. NULL when host memory for it is short; the
  * stream map is unchanged then. */
@@ -183,14 +168,16 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
     goto out;
   }
   if (size > sim->capacity_bytes - sim->used_bytes) {
-    rc = cp_set_error(CP_ERR_OOM, "sim: reserve(%zu bytes): out of memory (%zu of %zu bytes used)",
-                      size, sim->used_bytes, sim->capacity_bytes);
+    rc = cp_set_error(CP_ERR_OOM, "sim: reserve(%zu bytes): out of memory (%zu of %zu bytes used)", size,
+                      sim->used_bytes, sim->capacity_bytes);
     goto out;
   }
   /* Room first, so that the insert below cannot fail once memory is taken. */
   if (cp_ptrmap_reserve(&sim->reservations, 1) != CP_OK) {
-    rc = cp_set_error(CP_ERR_BACKEND, "sim: reserve(%zu bytes): host memory for the "
-                      "reservation table is short", size);
+    rc = cp_set_error(CP_ERR_BACKEND,
+                      "sim: reserve(%zu bytes): host memory for the "
+                      "reservation table is short",
+                      size);
     goto out;
   }
 
@@ -202,8 +189,7 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
       rc = cp_set_error(CP_ERR_OOM, "sim: reserve(%zu bytes): fake address space exhausted", size);
       goto out;
     }
-    const uintptr_t span =
-        ((uintptr_t)size + SIM_FAKE_ALIGN_BYTES - 1) & ~(SIM_FAKE_ALIGN_BYTES - 1);
+    const uintptr_t span = ((uintptr_t)size + SIM_FAKE_ALIGN_BYTES - 1) & ~(SIM_FAKE_ALIGN_BYTES - 1);
     addr = sim->next_fake_addr;
     sim->next_fake_addr += span;
   } else {
@@ -211,8 +197,10 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
      * AddressSanitizer flags even a one-byte overrun past the reservation. */
     void *p = NULL;
     if (posix_memalign(&p, SIM_ALIGN_BYTES, size) != 0 || p == NULL) {
-      rc = cp_set_error(CP_ERR_OOM, "sim: reserve(%zu bytes): host memory is short "
-                        "(%zu of %zu bytes used)", size, sim->used_bytes, sim->capacity_bytes);
+      rc = cp_set_error(CP_ERR_OOM,
+                        "sim: reserve(%zu bytes): host memory is short "
+                        "(%zu of %zu bytes used)",
+                        size, sim->used_bytes, sim->capacity_bytes);
       goto out;
     }
     addr = (uintptr_t)p;
@@ -234,13 +222,15 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->reservations, addr);
   if (value == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: release(0x%" PRIxPTR ", %zu bytes): unknown address",
-                      addr, size);
+    rc = cp_set_error(CP_ERR_INVALID, "sim: release(0x%" PRIxPTR ", %zu bytes): unknown address", addr, size);
     goto out;
   }
   if (sim_value_size(value) != size) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: release(0x%" PRIxPTR ", %zu bytes): address was "
-                      "reserved with %zu bytes", addr, size, sim_value_size(value));
+    rc = cp_set_error(CP_ERR_INVALID,
+                      "sim: release(0x%" PRIxPTR
+                      ", %zu bytes): address was "
+                      "reserved with %zu bytes",
+                      addr, size, sim_value_size(value));
     goto out;
   }
   if (!(sim->flags & CP_SIM_NO_TOUCH)) free((void *)addr);
@@ -264,8 +254,7 @@ static int sim_event_create(void *ctx, cp_event_t *out_event) {
   sim_event_t *ev = calloc(1, sizeof *ev); /* seq 0: never recorded */
   if (ev == NULL || cp_ptrmap_insert(&sim->events, sim->next_event_id, ev) != CP_OK) {
     free(ev);
-    rc = cp_set_error(CP_ERR_BACKEND,
-                      "sim: event_create: host memory for the event table is short");
+    rc = cp_set_error(CP_ERR_BACKEND, "sim: event_create: host memory for the event table is short");
     goto out;
   }
   *out_event = sim->next_event_id++;
@@ -299,20 +288,24 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   if (rc != CP_OK) goto out;
   sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
-                      "): unknown event", event, stream);
+    rc = cp_set_error(CP_ERR_INVALID, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR "): unknown event", event,
+                      stream);
     goto out;
   }
   /* `ev` is a heap struct of its own, so it stays valid if the stream map grows. */
   sim_stream_t *st = sim_stream_get_or_add(sim, stream);
   if (st == NULL) {
-    rc = cp_set_error(CP_ERR_BACKEND, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
-                      "): host memory for the stream table is short", event, stream);
+    rc = cp_set_error(CP_ERR_BACKEND,
+                      "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
+                      "): host memory for the stream table is short",
+                      event, stream);
     goto out;
   }
   if (st->invalid) {
-    rc = cp_set_error(CP_ERR_BACKEND, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
-                      "): invalid resource handle (the stream is invalid)", event, stream);
+    rc = cp_set_error(CP_ERR_BACKEND,
+                      "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
+                      "): invalid resource handle (the stream is invalid)",
+                      event, stream);
     goto out;
   }
   const uint64_t seq = ++st->recorded_seq;
@@ -353,8 +346,7 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
   if (rc != CP_OK) goto out;
   const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_synchronize(0x%" PRIxPTR "): unknown event",
-                      event);
+    rc = cp_set_error(CP_ERR_INVALID, "sim: event_synchronize(0x%" PRIxPTR "): unknown event", event);
     goto out;
   }
   /* The device "runs" the stream up to the event; later work on it stays pending. */
@@ -391,8 +383,7 @@ out:
 int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
   if (out_sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_create: out_sim is NULL");
   if (flags & ~(unsigned)SIM_FLAGS_KNOWN)
-    return cp_set_error(CP_ERR_INVALID, "cp_sim_create: unknown flags 0x%x",
-                        flags & ~(unsigned)SIM_FLAGS_KNOWN);
+    return cp_set_error(CP_ERR_INVALID, "cp_sim_create: unknown flags 0x%x", flags & ~(unsigned)SIM_FLAGS_KNOWN);
   cp_sim_t *sim = calloc(1, sizeof *sim);
   if (sim == NULL) goto no_host_memory;
   if (cp_ptrmap_init(&sim->reservations, SIM_MAP_MIN_SLOTS) != CP_OK ||
@@ -546,8 +537,11 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
   if (st != NULL) st->invalid = 1;
   sim_unlock(sim);
   if (st == NULL) {
-    return cp_set_error(CP_ERR_HOST_OOM, "cp_sim_invalidate_stream(0x%" PRIxPTR "): host memory for the "
-                        "stream table is short", stream);
+    return cp_set_error(CP_ERR_HOST_OOM,
+                        "cp_sim_invalidate_stream(0x%" PRIxPTR
+                        "): host memory for the "
+                        "stream table is short",
+                        stream);
   }
   return CP_OK;
 }
@@ -576,9 +570,7 @@ void cp_sim_reset_counters(cp_sim_t *sim) {
   sim_unlock(sim); /* armed faults keep counting down */
 }
 
-const char *cp_sim_call_name(cp_sim_call_t kind) {
-  return sim_kind_valid(kind) ? sim_call_names[kind] : "unknown";
-}
+const char *cp_sim_call_name(cp_sim_call_t kind) { return sim_kind_valid(kind) ? sim_call_names[kind] : "unknown"; }
 
 /* ------------------------------------------------------------------------------------------
  * What is live
@@ -608,6 +600,4 @@ size_t cp_sim_live_events(const cp_sim_t *sim) {
   return n;
 }
 
-size_t cp_sim_capacity(const cp_sim_t *sim) {
-  return sim == NULL ? 0 : sim->capacity_bytes; /* fixed at create */
-}
+size_t cp_sim_capacity(const cp_sim_t *sim) { return sim == NULL ? 0 : sim->capacity_bytes; /* fixed at create */ }

@@ -11,13 +11,13 @@
 typedef struct cp_sim_s cp_sim_t;
 
 /* Backend calls, counted and individually fault-injectable. */
-#define CP_SIM_CALLS(X)  \
-  X(RESERVE, "reserve")  \
-  X(RELEASE, "release")  \
-  X(EVENT_CREATE, "event_create")   \
-  X(EVENT_DESTROY, "event_destroy") \
-  X(EVENT_RECORD, "event_record")   \
-  X(EVENT_QUERY, "event_query")     \
+#define CP_SIM_CALLS(X)                     \
+  X(RESERVE, "reserve")                     \
+  X(RELEASE, "release")                     \
+  X(EVENT_CREATE, "event_create")           \
+  X(EVENT_DESTROY, "event_destroy")         \
+  X(EVENT_RECORD, "event_record")           \
+  X(EVENT_QUERY, "event_query")             \
   X(EVENT_SYNCHRONIZE, "event_synchronize") \
   X(MEM_INFO, "mem_info")
 
@@ -25,7 +25,7 @@ typedef enum cp_sim_call_e {
 #define CP_X(id, name) CP_SIM_##id,
   CP_SIM_CALLS(CP_X)
 #undef CP_X
-  CP_SIM_CALL_COUNT
+      CP_SIM_CALL_COUNT
 } cp_sim_call_t;
 
 enum {

@@ -29,7 +29,7 @@ typedef uintptr_t cp_event_t;
 typedef struct cp_backend_s {
   const char *name; /* "sim", "cuda" */
   void *ctx;
-  int device;       /* device ordinal this instance serves */
+  int device; /* device ordinal this instance serves */
 
   /* Device memory. `size` > 0; the returned address is aligned to at least 512 bytes. */
   int (*reserve)(void *ctx, size_t size, uintptr_t *out_addr);

@@ -11,11 +11,11 @@ extern "C" {
 
 typedef enum cp_status_e {
   CP_OK = 0,
-  CP_ERR_OOM = 1,       /* device memory exhausted (or the memory cap reached) */
-  CP_ERR_INVALID = 2,   /* bad argument: unknown pointer, bad size, bad config value */
-  CP_ERR_BACKEND = 3,   /* the device failed in a way other than OOM */
-  CP_ERR_HOST_OOM = 4,  /* host memory for metadata could not be had */
-  CP_ERR_STATE = 5      /* called in a state that does not allow it (e.g. after shutdown) */
+  CP_ERR_OOM = 1,      /* device memory exhausted (or the memory cap reached) */
+  CP_ERR_INVALID = 2,  /* bad argument: unknown pointer, bad size, bad config value */
+  CP_ERR_BACKEND = 3,  /* the device failed in a way other than OOM */
+  CP_ERR_HOST_OOM = 4, /* host memory for metadata could not be had */
+  CP_ERR_STATE = 5     /* called in a state that does not allow it (e.g. after shutdown) */
 } cp_status_t;
 
 /* Short stable name of a status ("CP_ERR_OOM"). */

@@ -4,13 +4,13 @@
 
 #include "core/cp_internal.h"
 
-#define CP_VIOLATION(...)                      \
-  do {                                         \
-    v++;                                       \
-    if (out != NULL) {                         \
-      fprintf(out, __VA_ARGS__);               \
-      fputc('\n', out);                        \
-    }                                          \
+#define CP_VIOLATION(...)        \
+  do {                           \
+    v++;                         \
+    if (out != NULL) {           \
+      fprintf(out, __VA_ARGS__); \
+      fputc('\n', out);          \
+    }                            \
   } while (0)
 
 /* Figures recomputed from the blocks, per kind (index CP_KIND_SMALL / CP_KIND_LARGE). */
@@ -29,8 +29,8 @@ static size_t cp_check_stat(FILE *out, const char *name, int kind, const cp_stat
                  (long long)s->current, (long long)expect);
   }
   if (s->peak < s->current) {
-    CP_VIOLATION("stats: %s.%s.peak %lld is below current %lld", name, cp_pool_kind_names[kind],
-                 (long long)s->peak, (long long)s->current);
+    CP_VIOLATION("stats: %s.%s.peak %lld is below current %lld", name, cp_pool_kind_names[kind], (long long)s->peak,
+                 (long long)s->current);
   }
   return v;
 }
@@ -50,7 +50,8 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
       CP_VIOLATION("segment %#lx: bad kind %d", (unsigned long)seg->addr, k);
       continue;
     }
-    if (seg->next != NULL && seg->next->prev != seg) CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
+    if (seg->next != NULL && seg->next->prev != seg)
+      CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
     t[k].segments++;
     t[k].reserved += (int64_t)seg->size;
     if (seg->size >= cfg->max_split_size) oversize_segs++;
@@ -70,17 +71,23 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
         break;
       }
       if (b->segment != seg) CP_VIOLATION("block %#lx: wrong segment", (unsigned long)b->addr);
-      if (b->addr != expect_addr) CP_VIOLATION("block %#lx: expected at %#lx (gap or overlap)", (unsigned long)b->addr, (unsigned long)expect_addr);
-      if (b->size == 0 || b->size % cfg->granule != 0) CP_VIOLATION("block %#lx: size %zu is not a positive multiple of the granule", (unsigned long)b->addr, b->size);
+      if (b->addr != expect_addr)
+        CP_VIOLATION("block %#lx: expected at %#lx (gap or overlap)", (unsigned long)b->addr,
+                     (unsigned long)expect_addr);
+      if (b->size == 0 || b->size % cfg->granule != 0)
+        CP_VIOLATION("block %#lx: size %zu is not a positive multiple of the granule", (unsigned long)b->addr, b->size);
       if (b->addr % block_align != 0) CP_VIOLATION("block %#lx: not %zu-aligned", (unsigned long)b->addr, block_align);
       if (b->next != NULL && b->next->prev != b) CP_VIOLATION("block %#lx: broken back link", (unsigned long)b->addr);
       expect_addr = b->addr + b->size;
       switch (b->state) {
         case CP_BLOCK_FREE:
           t[k].free_blocks++;
-          if (b->next != NULL && b->next->state == CP_BLOCK_FREE) CP_VIOLATION("block %#lx: two free neighbours not merged", (unsigned long)b->addr);
-          if (!cp_index_contains(&seg->stream->index[k], b)) CP_VIOLATION("block %#lx: free but not in its stream's index", (unsigned long)b->addr);
-          if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("block %#lx: free but in the live map", (unsigned long)b->addr);
+          if (b->next != NULL && b->next->state == CP_BLOCK_FREE)
+            CP_VIOLATION("block %#lx: two free neighbours not merged", (unsigned long)b->addr);
+          if (!cp_index_contains(&seg->stream->index[k], b))
+            CP_VIOLATION("block %#lx: free but not in its stream's index", (unsigned long)b->addr);
+          if (cp_ptrmap_get(&pool->live, b->addr) == b)
+            CP_VIOLATION("block %#lx: free but in the live map", (unsigned long)b->addr);
           if (cp_block_is_split(b)) {
             t[k].inactive_split++;
             t[k].inactive_split_bytes += (int64_t)b->size;
@@ -93,8 +100,11 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           t[k].active_bytes += (int64_t)b->size;
           t[k].requested += (int64_t)b->requested;
           if (b->size >= cfg->max_split_size) oversize_live++;
-          if (b->requested == 0 || b->requested > b->size) CP_VIOLATION("block %#lx: requested %zu does not fit size %zu", (unsigned long)b->addr, b->requested, b->size);
-          if (cp_ptrmap_get(&pool->live, b->addr) != b) CP_VIOLATION("block %#lx: live but not in the live map", (unsigned long)b->addr);
+          if (b->requested == 0 || b->requested > b->size)
+            CP_VIOLATION("block %#lx: requested %zu does not fit size %zu", (unsigned long)b->addr, b->requested,
+                         b->size);
+          if (cp_ptrmap_get(&pool->live, b->addr) != b)
+            CP_VIOLATION("block %#lx: live but not in the live map", (unsigned long)b->addr);
           break;
         case CP_BLOCK_PENDING:
           pending_blocks++;
@@ -104,13 +114,15 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           t[k].active_bytes += (int64_t)b->size;
           t[k].requested += (int64_t)b->requested;
           if (b->pending_events == 0) CP_VIOLATION("block %#lx: pending with no event", (unsigned long)b->addr);
-          if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
+          if (cp_ptrmap_get(&pool->live, b->addr) == b)
+            CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
           break;
-        default:
-          CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
+        default: CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
       }
     }
-    if (expect_addr != seg->addr + seg->size) CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr, (size_t)(expect_addr - seg->addr), seg->size);
+    if (expect_addr != seg->addr + seg->size)
+      CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr,
+                   (size_t)(expect_addr - seg->addr), seg->size);
   }
   if (nseg != pool->segment_count) CP_VIOLATION("segments: %zu in the list, count says %zu", nseg, pool->segment_count);
 
@@ -119,10 +131,14 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
     bool is_free = seg->head != NULL && cp_segment_is_free(seg);
     wholly_free += is_free;
-    if (is_free != seg->in_free_list) CP_VIOLATION("segment %#lx: %s but %s the free-segment list", (unsigned long)seg->addr, is_free ? "wholly free" : "in use", seg->in_free_list ? "on" : "not on");
+    if (is_free != seg->in_free_list)
+      CP_VIOLATION("segment %#lx: %s but %s the free-segment list", (unsigned long)seg->addr,
+                   is_free ? "wholly free" : "in use", seg->in_free_list ? "on" : "not on");
   }
   for (cp_segment_t *seg = pool->free_segments_head; seg != NULL && listed <= nseg; seg = seg->free_next) listed++;
-  if (listed != wholly_free || pool->free_segment_count != wholly_free) CP_VIOLATION("free-segment list: %zu listed, count says %zu, %zu segments are wholly free", listed, pool->free_segment_count, wholly_free);
+  if (listed != wholly_free || pool->free_segment_count != wholly_free)
+    CP_VIOLATION("free-segment list: %zu listed, count says %zu, %zu segments are wholly free", listed,
+                 pool->free_segment_count, wholly_free);
 
   /* Index <=> free blocks: each free block is in its index (above), and the indexes hold no
    * more nodes than there are free blocks. */
@@ -135,29 +151,43 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     }
   }
   for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
-    if ((int64_t)index_nodes[k] != t[k].free_blocks) CP_VIOLATION("index: %zu %s nodes for %lld free blocks", index_nodes[k], cp_pool_kind_names[k], (long long)t[k].free_blocks);
+    if ((int64_t)index_nodes[k] != t[k].free_blocks)
+      CP_VIOLATION("index: %zu %s nodes for %lld free blocks", index_nodes[k], cp_pool_kind_names[k],
+                   (long long)t[k].free_blocks);
   }
 
   /* Live map <=> live blocks. */
   size_t live_total = (size_t)(t[CP_KIND_SMALL].live + t[CP_KIND_LARGE].live);
-  if (pool->live.count != live_total) CP_VIOLATION("live map: %zu entries for %zu live blocks", pool->live.count, live_total);
+  if (pool->live.count != live_total)
+    CP_VIOLATION("live map: %zu entries for %zu live blocks", pool->live.count, live_total);
 
   /* Stream ordering: queued events <=> pending blocks. */
   size_t queued = 0;
   for (size_t i = 0; i < pool->streams.count; i++) queued += pool->streams.list[i]->queue_len;
-  if (queued != pool->streams.pending_entries) CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->streams.pending_entries);
-  if (queued + pool->streams.detached_entries != pending_events) CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu", queued + pool->streams.detached_entries, pending_events);
-  if (pending_blocks != pool->streams.pending_blocks || pending_bytes != pool->streams.pending_bytes) CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes, pool->streams.pending_blocks, pool->streams.pending_bytes);
+  if (queued != pool->streams.pending_entries)
+    CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->streams.pending_entries);
+  if (queued + pool->streams.detached_entries != pending_events)
+    CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu",
+                 queued + pool->streams.detached_entries, pending_events);
+  if (pending_blocks != pool->streams.pending_blocks || pending_bytes != pool->streams.pending_bytes)
+    CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes,
+                 pool->streams.pending_blocks, pool->streams.pending_bytes);
 
   /* Stats <=> blocks. */
   for (int k = CP_KIND_ALL; k <= CP_KIND_LARGE; k++) {
     cp_tally_t e = t[k];
     if (k == CP_KIND_ALL) {
       cp_tally_t *s = &t[CP_KIND_SMALL], *l = &t[CP_KIND_LARGE];
-      e = (cp_tally_t){s->segments + l->segments, s->reserved + l->reserved, s->live + l->live,
-                       s->live_bytes + l->live_bytes, s->active + l->active, s->active_bytes + l->active_bytes,
-                       s->requested + l->requested, s->inactive_split + l->inactive_split,
-                       s->inactive_split_bytes + l->inactive_split_bytes, s->free_blocks + l->free_blocks};
+      e = (cp_tally_t){s->segments + l->segments,
+                       s->reserved + l->reserved,
+                       s->live + l->live,
+                       s->live_bytes + l->live_bytes,
+                       s->active + l->active,
+                       s->active_bytes + l->active_bytes,
+                       s->requested + l->requested,
+                       s->inactive_split + l->inactive_split,
+                       s->inactive_split_bytes + l->inactive_split_bytes,
+                       s->free_blocks + l->free_blocks};
     }
     const cp_stat_t *f[CP_STAT_FAMILY_COUNT];
     for (int i = 0; i < CP_STAT_FAMILY_COUNT; i++) f[i] = &pool->stats.family[i][k];
@@ -171,8 +201,12 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     v += cp_check_stat(out, "inactive_split", k, f[CP_STAT_INACTIVE_SPLIT], e.inactive_split);
     v += cp_check_stat(out, "inactive_split_bytes", k, f[CP_STAT_INACTIVE_SPLIT_BYTES], e.inactive_split_bytes);
   }
-  if (pool->stats.oversize_allocations.current != (int64_t)oversize_live) CP_VIOLATION("stats: oversize_allocations.current %lld, blocks say %zu", (long long)pool->stats.oversize_allocations.current, oversize_live);
-  if (pool->stats.oversize_segments.current != (int64_t)oversize_segs) CP_VIOLATION("stats: oversize_segments.current %lld, segments say %zu", (long long)pool->stats.oversize_segments.current, oversize_segs);
+  if (pool->stats.oversize_allocations.current != (int64_t)oversize_live)
+    CP_VIOLATION("stats: oversize_allocations.current %lld, blocks say %zu",
+                 (long long)pool->stats.oversize_allocations.current, oversize_live);
+  if (pool->stats.oversize_segments.current != (int64_t)oversize_segs)
+    CP_VIOLATION("stats: oversize_segments.current %lld, segments say %zu",
+                 (long long)pool->stats.oversize_segments.current, oversize_segs);
   return v;
 }
 

@@ -53,8 +53,8 @@
  *   was configured before.
  * ========================================================================================== */
 
-#define MIB_SHIFT CP_MIB_SHIFT
-#define MIB CP_MIB
+#define MIB_SHIFT   CP_MIB_SHIFT
+#define MIB         CP_MIB
 #define CONF_PREFIX "CUDAPOOL_CONF: "
 
 /* The largest division count accepted (a power of two that fits in `unsigned`). */
@@ -91,7 +91,6 @@ static int span_eq(span_t s, const char *lit) {
  * the error buffer itself. */
 #define SPAN_ARG(s) (int)((s).n > INT_MAX ? INT_MAX : (s).n), (s).p
 
-
 /* Write `bytes` as an exact decimal number of MiB ("20", "0.5", "0.00048828125"). Any byte
  * count has an exact decimal expansion in MiB with at most 20 fractional digits. `out` must
  * hold at least 48 characters. */
@@ -118,10 +117,10 @@ static void format_mib(size_t bytes, char *out, size_t out_size) {
 
 typedef enum num_status_e {
   NUM_OK = 0,
-  NUM_SYNTAX,    /* not a plain decimal number */
-  NUM_NEGATIVE,  /* a leading '-' */
-  NUM_OVERFLOW,  /* too large for the destination */
-  NUM_FRACTION   /* not a whole number of bytes */
+  NUM_SYNTAX,   /* not a plain decimal number */
+  NUM_NEGATIVE, /* a leading '-' */
+  NUM_OVERFLOW, /* too large for the destination */
+  NUM_FRACTION  /* not a whole number of bytes */
 } num_status_t;
 
 /* Parse an unsigned decimal DIGITS [ '.' DIGITS ] and scale it by 2^shift (shift <= 20),
@@ -229,7 +228,7 @@ typedef enum key_id_e {
 #define CP_X(id, name, kind, field, def, doc) KEY_##id,
   CP_CONFIG_KEYS(CP_X)
 #undef CP_X
-  KEY_COUNT
+      KEY_COUNT
 } key_id_t;
 
 typedef enum key_kind_e {
@@ -266,7 +265,7 @@ const cp_config_key_t cp_config_keys[KEY_COUNT] = {
 const size_t cp_config_key_count = KEY_COUNT;
 
 /* The field of `key` in `cfg`, typed by the caller from the key's kind. */
-#define KEY_FIELD(cfg, key, type) ((type *)(void *)((char *)(cfg) + keys[key].offset))
+#define KEY_FIELD(cfg, key, type)   ((type *)(void *)((char *)(cfg) + keys[key].offset))
 #define KEY_FIELD_C(cfg, key, type) ((const type *)(const void *)((const char *)(cfg) + keys[key].offset))
 
 static int is_true(span_t v) { return span_eq(v, "True") || span_eq(v, "true") || span_eq(v, "1"); }
@@ -285,8 +284,8 @@ static int bad_value(key_id_t key, span_t value, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
-  return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "bad value '%.*s' for %s: %s", SPAN_ARG(value),
-                      keys[key].name, reason);
+  return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "bad value '%.*s' for %s: %s", SPAN_ARG(value), keys[key].name,
+                      reason);
 }
 
 /* A size key: `shift` 20 for MiB, 0 for bytes. */
@@ -297,11 +296,9 @@ static int apply_size(key_id_t key, span_t value, unsigned shift, size_t *field)
     case NUM_OK: *field = bytes; return CP_OK;
     case NUM_NEGATIVE: return bad_value(key, value, "a size must not be negative");
     case NUM_OVERFLOW: return bad_value(key, value, "too large: the size in bytes overflows size_t");
-    case NUM_FRACTION:
-      return bad_value(key, value, "%.*s %s is not a whole number of bytes", SPAN_ARG(value), unit);
+    case NUM_FRACTION: return bad_value(key, value, "%.*s %s is not a whole number of bytes", SPAN_ARG(value), unit);
     case NUM_SYNTAX:
-    default:
-      return bad_value(key, value, "expected a size in %s (digits, optionally with a decimal point)", unit);
+    default: return bad_value(key, value, "expected a size in %s (digits, optionally with a decimal point)", unit);
   }
 }
 
@@ -322,11 +319,9 @@ static int apply_fraction(key_id_t key, span_t value, int one_allowed, double *f
 static int parse_divisions(key_id_t key, span_t whole, span_t s, unsigned *out) {
   uint64_t v = 0;
   num_status_t st = parse_uint(s, MAX_DIVISIONS, &v);
-  if (st == NUM_SYNTAX)
-    return bad_value(key, whole, "divisions '%.*s' is not a whole number", SPAN_ARG(s));
+  if (st == NUM_SYNTAX) return bad_value(key, whole, "divisions '%.*s' is not a whole number", SPAN_ARG(s));
   if (st != NUM_OK || (v != 0 && !cp_is_pow2((size_t)v)))
-    return bad_value(key, whole, "divisions '%.*s' must be 0 or a power of two up to %u", SPAN_ARG(s),
-                     MAX_DIVISIONS);
+    return bad_value(key, whole, "divisions '%.*s' must be 0 or a power of two up to %u", SPAN_ARG(s), MAX_DIVISIONS);
   *out = (unsigned)v;
   return CP_OK;
 }
@@ -344,13 +339,12 @@ static int apply_roundup(key_id_t key, span_t value, unsigned out[CP_ROUNDUP_INT
     for (int i = 0; i < CP_ROUNDUP_INTERVALS; i++) out[i] = n;
     return CP_OK;
   }
-  if (value.p[value.n - 1] != ']')
-    return bad_value(key, value, "a list must end with ']'");
+  if (value.p[value.n - 1] != ']') return bad_value(key, value, "a list must end with ']'");
   span_t inner = {value.p + 1, value.n - 2};
   if (span_trim(inner).n == 0) return bad_value(key, value, "empty list");
   const unsigned max_key_log2 = CP_ROUNDUP_INTERVALS - 1;
-  int last = -1;        /* highest interval assigned so far */
-  int have_rest = 0;    /* ">" seen */
+  int last = -1;     /* highest interval assigned so far */
+  int have_rest = 0; /* ">" seen */
   unsigned last_value = 0;
   size_t pos = 0;
   while (pos <= inner.n) {
@@ -361,12 +355,10 @@ static int apply_roundup(key_id_t key, span_t value, unsigned out[CP_ROUNDUP_INT
     if (item.n == 0) return bad_value(key, value, "empty entry in the list");
     if (have_rest) return bad_value(key, value, "'>' must be the last entry");
     const char *colon = memchr(item.p, ':', item.n);
-    if (colon == NULL)
-      return bad_value(key, value, "entry '%.*s' is not SIZE_MB:N", SPAN_ARG(item));
+    if (colon == NULL) return bad_value(key, value, "entry '%.*s' is not SIZE_MB:N", SPAN_ARG(item));
     span_t k = span_trim((span_t){item.p, (size_t)(colon - item.p)});
     span_t v = span_trim((span_t){colon + 1, item.n - (size_t)(colon - item.p) - 1});
-    if (k.n == 0 || v.n == 0)
-      return bad_value(key, value, "entry '%.*s' is not SIZE_MB:N", SPAN_ARG(item));
+    if (k.n == 0 || v.n == 0) return bad_value(key, value, "entry '%.*s' is not SIZE_MB:N", SPAN_ARG(item));
     /* The key: '>' (everything above the last key) or a size in MiB -> interval `idx`. */
     int idx = CP_ROUNDUP_INTERVALS - 1;
     int rest = span_eq(k, ">");
@@ -374,12 +366,11 @@ static int apply_roundup(key_id_t key, span_t value, unsigned out[CP_ROUNDUP_INT
       uint64_t mb = 0;
       num_status_t st = parse_uint(k, UINT64_MAX, &mb);
       if (st != NUM_OK || mb > ((uint64_t)1 << max_key_log2) || !cp_is_pow2((size_t)mb))
-        return bad_value(key, value, "size '%.*s' must be a power of two from 1 to %llu (MiB) or '>'",
-                         SPAN_ARG(k), (unsigned long long)1 << max_key_log2);
+        return bad_value(key, value, "size '%.*s' must be a power of two from 1 to %llu (MiB) or '>'", SPAN_ARG(k),
+                         (unsigned long long)1 << max_key_log2);
       idx = (int)cp_floor_log2((size_t)mb);
       if (idx <= last)
-        return bad_value(key, value, "sizes must be in increasing order ('%.*s' comes too late)",
-                         SPAN_ARG(k));
+        return bad_value(key, value, "sizes must be in increasing order ('%.*s' comes too late)", SPAN_ARG(k));
     }
     unsigned n = 0;
     int rc = parse_divisions(key, value, v, &n);
@@ -401,8 +392,7 @@ static int apply_roundup(key_id_t key, span_t value, unsigned out[CP_ROUNDUP_INT
 
 static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
   switch (keys[key].kind) {
-    case KIND_BYTES:
-      return apply_size(key, value, 0, KEY_FIELD(cfg, key, size_t));
+    case KIND_BYTES: return apply_size(key, value, 0, KEY_FIELD(cfg, key, size_t));
     case KIND_MIB_OR_UNLIMITED:
       if (span_eq(value, "unlimited")) {
         *KEY_FIELD(cfg, key, size_t) = SIZE_MAX;
@@ -410,14 +400,10 @@ static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
       }
       return apply_size(key, value, MIB_SHIFT, KEY_FIELD(cfg, key, size_t));
     case KIND_MIB:
-    case KIND_MIB_GRANULAR:
-      return apply_size(key, value, MIB_SHIFT, KEY_FIELD(cfg, key, size_t));
-    case KIND_DIVISIONS:
-      return apply_roundup(key, value, KEY_FIELD(cfg, key, unsigned));
-    case KIND_FRACTION_OPEN:
-      return apply_fraction(key, value, 0, KEY_FIELD(cfg, key, double));
-    case KIND_FRACTION:
-      return apply_fraction(key, value, 1, KEY_FIELD(cfg, key, double));
+    case KIND_MIB_GRANULAR: return apply_size(key, value, MIB_SHIFT, KEY_FIELD(cfg, key, size_t));
+    case KIND_DIVISIONS: return apply_roundup(key, value, KEY_FIELD(cfg, key, unsigned));
+    case KIND_FRACTION_OPEN: return apply_fraction(key, value, 0, KEY_FIELD(cfg, key, double));
+    case KIND_FRACTION: return apply_fraction(key, value, 1, KEY_FIELD(cfg, key, double));
     case KIND_BOOL:
       if (is_true(value) || is_false(value)) {
         *KEY_FIELD(cfg, key, int) = is_true(value);
@@ -430,8 +416,7 @@ static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
         return bad_value(key, value, "%s are not supported by cudapool (remove the key or set it to False)",
                          key == KEY_EXPANDABLE_SEGMENTS ? "expandable segments" : keys[key].name);
       return bad_value(key, value, "expected False (True is not supported)");
-    default:
-      break;
+    default: break;
   }
   return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "internal error: key %d", (int)key);
 }
@@ -491,22 +476,22 @@ int cp_config_parse(cp_config_t *cfg, const char *text) {
     size_t end = pos;
     int depth = 0;
     while (end < len && !(text[end] == ',' && depth == 0)) {
-      if (text[end] == '[') depth++;
-      else if (text[end] == ']' && depth > 0) depth--;
+      if (text[end] == '[')
+        depth++;
+      else if (text[end] == ']' && depth > 0)
+        depth--;
       end++;
     }
     span_t entry = span_trim((span_t){text + pos, end - pos});
     pos = end + 1;
-    if (entry.n == 0)
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty entry in '%s' (stray ',')", text);
+    if (entry.n == 0) return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty entry in '%s' (stray ',')", text);
 
     const char *colon = memchr(entry.p, ':', entry.n);
     if (colon == NULL)
       return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "entry '%.*s' is not key:value", SPAN_ARG(entry));
     span_t key = span_trim((span_t){entry.p, (size_t)(colon - entry.p)});
     span_t value = span_trim((span_t){colon + 1, entry.n - (size_t)(colon - entry.p) - 1});
-    if (key.n == 0)
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "entry '%.*s' has no key", SPAN_ARG(entry));
+    if (key.n == 0) return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "entry '%.*s' has no key", SPAN_ARG(entry));
 
     int id = -1;
     for (int i = 0; i < KEY_COUNT; i++) {
@@ -516,11 +501,9 @@ int cp_config_parse(cp_config_t *cfg, const char *text) {
       }
     }
     if (id < 0) return unknown_key(key);
-    if (seen & (1u << id))
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "duplicate key '%s'", keys[id].name);
+    if (seen & (1u << id)) return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "duplicate key '%s'", keys[id].name);
     seen |= 1u << id;
-    if (value.n == 0)
-      return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty value for %s", keys[id].name);
+    if (value.n == 0) return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "empty value for %s", keys[id].name);
 
     int rc = apply_key(&work, (key_id_t)id, value);
     if (rc != CP_OK) return rc;
@@ -555,8 +538,8 @@ int cp_config_validate(const cp_config_t *cfg) {
   if (cfg->small_size > cfg->small_segment) {
     format_mib(cfg->small_size, a, sizeof a);
     format_mib(cfg->small_segment, b, sizeof b);
-    return cp_set_error(CP_ERR_INVALID, "invalid config: small_size (%s MiB) must not exceed small_segment (%s MiB)",
-                        a, b);
+    return cp_set_error(CP_ERR_INVALID, "invalid config: small_size (%s MiB) must not exceed small_segment (%s MiB)", a,
+                        b);
   }
   if (cfg->small_size >= cfg->min_large_alloc) {
     format_mib(cfg->small_size, a, sizeof a);
@@ -662,9 +645,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     out_printf(&o, "%s%s:", sep, keys[k].name);
     sep = ",";
     switch (kind) {
-      case KIND_BYTES:
-        out_printf(&o, "%zu", *KEY_FIELD_C(cfg, k, size_t));
-        break;
+      case KIND_BYTES: out_printf(&o, "%zu", *KEY_FIELD_C(cfg, k, size_t)); break;
       case KIND_MIB_OR_UNLIMITED:
         if (*KEY_FIELD_C(cfg, k, size_t) == SIZE_MAX) {
           out_printf(&o, "unlimited");
@@ -676,20 +657,15 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
         format_mib(*KEY_FIELD_C(cfg, k, size_t), num, sizeof num);
         out_printf(&o, "%s", num);
         break;
-      case KIND_DIVISIONS:
-        format_divisions(&o, KEY_FIELD_C(cfg, k, unsigned));
-        break;
+      case KIND_DIVISIONS: format_divisions(&o, KEY_FIELD_C(cfg, k, unsigned)); break;
       case KIND_FRACTION_OPEN:
       case KIND_FRACTION:
         format_double(*KEY_FIELD_C(cfg, k, double), num, sizeof num);
         out_printf(&o, "%s", num);
         break;
-      case KIND_BOOL:
-        out_printf(&o, "%s", *KEY_FIELD_C(cfg, k, int) ? "True" : "False");
-        break;
+      case KIND_BOOL: out_printf(&o, "%s", *KEY_FIELD_C(cfg, k, int) ? "True" : "False"); break;
       case KIND_FALSE_ONLY:
-      default:
-        break;
+      default: break;
     }
   }
   return o.len > INT_MAX ? INT_MAX : (int)o.len;

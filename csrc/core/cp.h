@@ -23,12 +23,12 @@
 
 typedef struct cp_config_s {
   /* Size classes and segments (defaults equal the built-in allocator's). */
-  size_t granule;                /* 512 B: every block size is a multiple of this */
-  size_t small_size;             /* 1 MiB: requests <= this use the small pool */
-  size_t small_segment;          /* 2 MiB: segment size of the small pool */
-  size_t large_segment;          /* 20 MiB: segment for large requests < min_large_alloc */
-  size_t min_large_alloc;        /* 10 MiB: from here on, one segment per request */
-  size_t round_large;            /* 2 MiB: such segments are rounded up to this */
+  size_t granule;         /* 512 B: every block size is a multiple of this */
+  size_t small_size;      /* 1 MiB: requests <= this use the small pool */
+  size_t small_segment;   /* 2 MiB: segment size of the small pool */
+  size_t large_segment;   /* 20 MiB: segment for large requests < min_large_alloc */
+  size_t min_large_alloc; /* 10 MiB: from here on, one segment per request */
+  size_t round_large;     /* 2 MiB: such segments are rounded up to this */
   /* Splitting. */
   size_t max_split_size;         /* SIZE_MAX = unlimited; blocks >= this are never split */
   size_t max_non_split_rounding; /* 20 MiB: an oversize request may take a block this much larger */
@@ -56,27 +56,27 @@ typedef struct cp_config_s {
  *   FALSE_ONLY        accepted for compatibility with PYTORCH_CUDA_ALLOC_CONF when false; no
  *                     field (the field column names `granule` only to keep the table square). */
 #define CP_CONFIG_KEYS(X)                                                                                             \
-  X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)") \
-  X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")    \
-  X(SMALL_SEGMENT_MB, "small_segment_mb", MIB_GRANULAR, small_segment, "2", "segment size of the small pool")       \
+  X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")   \
+  X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")      \
+  X(SMALL_SEGMENT_MB, "small_segment_mb", MIB_GRANULAR, small_segment, "2", "segment size of the small pool")         \
   X(LARGE_SEGMENT_MB, "large_segment_mb", MIB_GRANULAR, large_segment, "20",                                          \
-    "segment size for large requests below `min_large_alloc_mb`")                                                    \
+    "segment size for large requests below `min_large_alloc_mb`")                                                     \
   X(MIN_LARGE_ALLOC_MB, "min_large_alloc_mb", MIB_GRANULAR, min_large_alloc, "10",                                    \
-    "from here on, one segment per request")                                                                         \
-  X(ROUND_LARGE_MB, "round_large_mb", MIB_GRANULAR, round_large, "2", "such segments round up to this")              \
-  X(MAX_SPLIT_SIZE_MB, "max_split_size_mb", MIB_OR_UNLIMITED, max_split_size, "unlimited",                           \
-    "blocks this large or larger are never split (must exceed `large_segment_mb`)")                                  \
-  X(MAX_NON_SPLIT_ROUNDING_MB, "max_non_split_rounding_mb", MIB, max_non_split_rounding, "20",                       \
-    "how much larger than an oversize request a reused block may be")                                                \
-  X(ROUNDUP_POWER2_DIVISIONS, "roundup_power2_divisions", DIVISIONS, roundup_power2_divisions, "0 (off)",            \
-    "`N`, or `[256:1,512:2,>:4]` per size interval (sizes in MiB, powers of two)")                                   \
-  X(RELEASE_BEFORE_GROW, "release_before_grow", BOOL, release_before_grow, "False",                                  \
-    "True: before growing past the high-water mark, give back wholly free segments (the `cudapool` policy sets it)") \
-  X(MEMORY_CAP_MB, "memory_cap_mb", MIB, memory_cap, "0 (none)", "growth stops at this many MiB")                    \
+    "from here on, one segment per request")                                                                          \
+  X(ROUND_LARGE_MB, "round_large_mb", MIB_GRANULAR, round_large, "2", "such segments round up to this")               \
+  X(MAX_SPLIT_SIZE_MB, "max_split_size_mb", MIB_OR_UNLIMITED, max_split_size, "unlimited",                            \
+    "blocks this large or larger are never split (must exceed `large_segment_mb`)")                                   \
+  X(MAX_NON_SPLIT_ROUNDING_MB, "max_non_split_rounding_mb", MIB, max_non_split_rounding, "20",                        \
+    "how much larger than an oversize request a reused block may be")                                                 \
+  X(ROUNDUP_POWER2_DIVISIONS, "roundup_power2_divisions", DIVISIONS, roundup_power2_divisions, "0 (off)",             \
+    "`N`, or `[256:1,512:2,>:4]` per size interval (sizes in MiB, powers of two)")                                    \
+  X(RELEASE_BEFORE_GROW, "release_before_grow", BOOL, release_before_grow, "False",                                   \
+    "True: before growing past the high-water mark, give back wholly free segments (the `cudapool` policy sets it)")  \
+  X(MEMORY_CAP_MB, "memory_cap_mb", MIB, memory_cap, "0 (none)", "growth stops at this many MiB")                     \
   X(GARBAGE_COLLECTION_THRESHOLD, "garbage_collection_threshold", FRACTION_OPEN, garbage_collection_threshold, "off", \
-    "in (0, 1): give back free segments before growing past this fraction of the limit")                            \
-  X(MEMORY_FRACTION, "memory_fraction", FRACTION, memory_fraction, "unset",                                          \
-    "in (0, 1]: cap at this fraction of the device's total")                                                         \
+    "in (0, 1): give back free segments before growing past this fraction of the limit")                              \
+  X(MEMORY_FRACTION, "memory_fraction", FRACTION, memory_fraction, "unset",                                           \
+    "in (0, 1]: cap at this fraction of the device's total")                                                          \
   X(EXPANDABLE_SEGMENTS, "expandable_segments", FALSE_ONLY, granule, "False", "accepted as `False` only")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
@@ -116,29 +116,29 @@ size_t cp_round_size(const cp_config_t *cfg, size_t size);
  * Statistics — named as the built-in allocator names them.
  * ---------------------------------------------------------------------------------------- */
 
-#define CP_STAT_FAMILIES(X)                      \
-  X(ALLOCATION, "allocation")                    \
-  X(SEGMENT, "segment")                          \
-  X(ACTIVE, "active")                            \
-  X(INACTIVE_SPLIT, "inactive_split")            \
-  X(ALLOCATED_BYTES, "allocated_bytes")          \
-  X(RESERVED_BYTES, "reserved_bytes")            \
-  X(ACTIVE_BYTES, "active_bytes")                \
+#define CP_STAT_FAMILIES(X)                       \
+  X(ALLOCATION, "allocation")                     \
+  X(SEGMENT, "segment")                           \
+  X(ACTIVE, "active")                             \
+  X(INACTIVE_SPLIT, "inactive_split")             \
+  X(ALLOCATED_BYTES, "allocated_bytes")           \
+  X(RESERVED_BYTES, "reserved_bytes")             \
+  X(ACTIVE_BYTES, "active_bytes")                 \
   X(INACTIVE_SPLIT_BYTES, "inactive_split_bytes") \
   X(REQUESTED_BYTES, "requested_bytes")
 
-#define CP_STAT_COUNTERS(X)                      \
-  X(num_alloc_retries)                           \
-  X(num_ooms)                                    \
-  X(num_sync_all_streams)                        \
-  X(num_device_alloc)                            \
+#define CP_STAT_COUNTERS(X) \
+  X(num_alloc_retries)      \
+  X(num_ooms)               \
+  X(num_sync_all_streams)   \
+  X(num_device_alloc)       \
   X(num_device_free)
 
 typedef enum cp_stat_family_e {
 #define CP_X(id, name) CP_STAT_##id,
   CP_STAT_FAMILIES(CP_X)
 #undef CP_X
-  CP_STAT_FAMILY_COUNT
+      CP_STAT_FAMILY_COUNT
 } cp_stat_family_t;
 
 /* Which pool a stat row counts: all, small_pool, large_pool. */
@@ -226,18 +226,18 @@ void cp_pool_reset_accumulated_stats(cp_pool_t *pool); /* allocated, freed, coun
 
 /* Facts beyond the stats, for reports. */
 typedef struct cp_pool_info_s {
-  size_t reserved;            /* bytes held from the backend */
-  size_t allocated;           /* bytes in live blocks */
-  size_t cached_free;         /* bytes in free blocks (reusable) */
-  size_t pending_free;        /* bytes freed but waiting for stream events */
-  size_t largest_free_block;  /* largest free block, any stream */
+  size_t reserved;           /* bytes held from the backend */
+  size_t allocated;          /* bytes in live blocks */
+  size_t cached_free;        /* bytes in free blocks (reusable) */
+  size_t pending_free;       /* bytes freed but waiting for stream events */
+  size_t largest_free_block; /* largest free block, any stream */
   size_t segments;
   size_t free_blocks;
   size_t live_blocks;
   size_t pending_blocks;
-  size_t streams;             /* streams the pool has seen */
-  size_t memory_cap;          /* effective cap in bytes, 0 = none */
-  size_t device_free;         /* from the backend, 0 when it cannot tell */
+  size_t streams;     /* streams the pool has seen */
+  size_t memory_cap;  /* effective cap in bytes, 0 = none */
+  size_t device_free; /* from the backend, 0 when it cannot tell */
   size_t device_total;
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
@@ -260,32 +260,32 @@ enum { CP_TRACE_ALLOC = 0, CP_TRACE_FREE = 1 };
 
 /* One event of a trace, 40 bytes, little-endian on disk (python/cudapool/trace.py). */
 typedef struct cp_trace_event_s {
-  uint8_t action;   /* CP_TRACE_ALLOC or CP_TRACE_FREE */
+  uint8_t action; /* CP_TRACE_ALLOC or CP_TRACE_FREE */
   uint8_t pad[3];
   int32_t device;
-  uint64_t id;      /* names one allocation from alloc to free */
-  uint64_t size;    /* requested bytes */
+  uint64_t id;   /* names one allocation from alloc to free */
+  uint64_t size; /* requested bytes */
   uint64_t stream;
-  int64_t time_ns;  /* -1 when unknown */
+  int64_t time_ns; /* -1 when unknown */
 } cp_trace_event_t;
 
 typedef struct cp_replay_result_s {
-  uint64_t events;          /* events fed */
-  uint64_t allocs;          /* allocations made */
-  uint64_t frees;           /* frees made */
-  uint64_t skipped;         /* other devices' events, size-0 allocations, and their frees */
-  uint64_t bad_events;      /* frees of unknown ids, allocations of live ids */
-  size_t peak_allocated;    /* bytes in live blocks (rounded sizes) */
-  size_t peak_requested;    /* bytes the trace asked for, live at once */
+  uint64_t events;       /* events fed */
+  uint64_t allocs;       /* allocations made */
+  uint64_t frees;        /* frees made */
+  uint64_t skipped;      /* other devices' events, size-0 allocations, and their frees */
+  uint64_t bad_events;   /* frees of unknown ids, allocations of live ids */
+  size_t peak_allocated; /* bytes in live blocks (rounded sizes) */
+  size_t peak_requested; /* bytes the trace asked for, live at once */
   size_t peak_reserved;
   size_t cached_free_at_peak;  /* at the peak of reserved: bytes cached but free */
   size_t largest_free_at_peak; /*   and the largest free block */
-  uint64_t device_allocs;   /* backend reserves and releases during the replay */
+  uint64_t device_allocs;      /* backend reserves and releases during the replay */
   uint64_t device_frees;
-  int oom;                  /* 1 when an allocation failed; the replay stops there */
-  uint64_t oom_event;       /* its index */
+  int oom;            /* 1 when an allocation failed; the replay stops there */
+  uint64_t oom_event; /* its index */
   uint64_t oom_size;
-  uint64_t ns;              /* host time spent in cp_replay_feed */
+  uint64_t ns; /* host time spent in cp_replay_feed */
 } cp_replay_result_t;
 
 typedef struct cp_replay_s cp_replay_t;

@@ -31,28 +31,28 @@ typedef enum cp_block_state_e { CP_BLOCK_FREE = 0, CP_BLOCK_LIVE = 1, CP_BLOCK_P
 
 struct cp_block_s {
   uintptr_t addr;
-  size_t size;          /* bytes, a multiple of the granule */
-  size_t requested;     /* bytes the user asked for; 0 when FREE */
+  size_t size;      /* bytes, a multiple of the granule */
+  size_t requested; /* bytes the user asked for; 0 when FREE */
   cp_segment_t *segment;
-  cp_block_t *prev;     /* lower neighbour in the segment, NULL for the head */
-  cp_block_t *next;     /* higher neighbour, NULL for the tail */
-  cp_block_t *left;     /* index (treap) children, FREE only; `left` doubles as the */
-  cp_block_t *right;    /*   spare-list link when the node is unused */
-  uint32_t priority;    /* treap heap key, derived from the address */
-  uint8_t state;        /* cp_block_state_t */
+  cp_block_t *prev;        /* lower neighbour in the segment, NULL for the head */
+  cp_block_t *next;        /* higher neighbour, NULL for the tail */
+  cp_block_t *left;        /* index (treap) children, FREE only; `left` doubles as the */
+  cp_block_t *right;       /*   spare-list link when the node is unused */
+  uint32_t priority;       /* treap heap key, derived from the address */
+  uint8_t state;           /* cp_block_state_t */
   uint32_t pending_events; /* PENDING: events still to complete */
-  uint32_t use_count;   /* streams other than the allocation stream (record_stream) */
+  uint32_t use_count;      /* streams other than the allocation stream (record_stream) */
   uint32_t use_cap;
-  cp_stream_t *uses;    /* heap array of those streams, NULL when none ever recorded */
+  cp_stream_t *uses; /* heap array of those streams, NULL when none ever recorded */
 };
 
 struct cp_segment_s {
   uintptr_t addr;
-  size_t size;          /* bytes reserved from the backend */
+  size_t size;               /* bytes reserved from the backend */
   cp_stream_state_t *stream; /* allocation stream: its blocks serve only this stream */
-  uint8_t kind;         /* CP_KIND_SMALL or CP_KIND_LARGE */
-  cp_block_t *head;     /* lowest-address block */
-  cp_segment_t *prev;   /* pool's segment list */
+  uint8_t kind;              /* CP_KIND_SMALL or CP_KIND_LARGE */
+  cp_block_t *head;          /* lowest-address block */
+  cp_segment_t *prev;        /* pool's segment list */
   cp_segment_t *next;
   cp_segment_t *free_prev; /* the pool's list of wholly free segments, while this one is */
   cp_segment_t *free_next;
@@ -72,8 +72,8 @@ static inline bool cp_segment_is_free(const cp_segment_t *s) {
 
 typedef struct cp_index_s {
   cp_block_t *root;
-  size_t count;   /* nodes in the tree */
-  size_t bytes;   /* sum of their sizes */
+  size_t count; /* nodes in the tree */
+  size_t bytes; /* sum of their sizes */
 } cp_index_t;
 
 void cp_index_insert(cp_index_t *ix, cp_block_t *b);
@@ -185,8 +185,10 @@ static inline void cp_stat_dec(cp_stat_t *s, int64_t amount) {
 }
 
 static inline void cp_stat_add(cp_stat_t *s, int64_t delta) {
-  if (delta >= 0) cp_stat_inc(s, delta);
-  else cp_stat_dec(s, -delta);
+  if (delta >= 0)
+    cp_stat_inc(s, delta);
+  else
+    cp_stat_dec(s, -delta);
 }
 
 /* Update the family's `all` row and the row of `kind`. */
@@ -220,16 +222,16 @@ typedef struct cp_block_slab_s {
 } cp_block_slab_t;
 
 struct cp_pool_s {
-  pthread_mutex_t lock;    /* guards everything below; never held across a blocking call */
+  pthread_mutex_t lock;     /* guards everything below; never held across a blocking call */
   cp_fork_lock_t fork_node; /* `lock` is held across fork() (Note [Locks across fork]) */
   cp_config_t cfg;
   cp_backend_t backend;
   cp_stats_t stats;
 
-  cp_ptrmap_t live;        /* addr -> LIVE block */
-  cp_streams_t streams;    /* per-stream state, events and the PENDING lifecycle (stream.c) */
+  cp_ptrmap_t live;     /* addr -> LIVE block */
+  cp_streams_t streams; /* per-stream state, events and the PENDING lifecycle (stream.c) */
 
-  cp_segment_t *segments;  /* every segment held, most recent first */
+  cp_segment_t *segments; /* every segment held, most recent first */
   size_t segment_count;
   cp_segment_t *free_segments_head; /* wholly free segments, in the order they became so */
   cp_segment_t *free_segments_tail;
@@ -238,10 +240,10 @@ struct cp_pool_s {
   cp_block_t *spare_blocks; /* unused block nodes, linked through `left` */
   cp_block_slab_t *slabs;
 
-  size_t inflight_bytes;    /* reserves under way without the lock (counted against the cap) */
-  size_t high_water;        /* the most ever reserved (+ in flight then); never reset */
-  size_t cap_bytes;         /* effective cap, 0 = none */
-  size_t device_total;      /* from the backend at creation, 0 when unknown */
+  size_t inflight_bytes; /* reserves under way without the lock (counted against the cap) */
+  size_t high_water;     /* the most ever reserved (+ in flight then); never reset */
+  size_t cap_bytes;      /* effective cap, 0 = none */
+  size_t device_total;   /* from the backend at creation, 0 when unknown */
 };
 
 /* The checker (check.c). */

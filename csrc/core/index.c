@@ -157,8 +157,7 @@ typedef struct cp_index_walk_s {
 } cp_index_walk_t;
 
 /* Check order within (lo, hi) bounds and the heap property; count nodes and bytes. */
-static void cp_index_check_rec(const cp_block_t *t, const cp_block_t *lo, const cp_block_t *hi,
-                               cp_index_walk_t *w) {
+static void cp_index_check_rec(const cp_block_t *t, const cp_block_t *lo, const cp_block_t *hi, cp_index_walk_t *w) {
   while (t != NULL) {
     w->count++;
     w->bytes += t->size;

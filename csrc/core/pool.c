@@ -66,18 +66,24 @@ static void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) {
 static void cp_free_segment_push_locked(cp_pool_t *pool, cp_segment_t *seg) {
   seg->free_next = NULL;
   seg->free_prev = pool->free_segments_tail;
-  if (pool->free_segments_tail != NULL) pool->free_segments_tail->free_next = seg;
-  else pool->free_segments_head = seg;
+  if (pool->free_segments_tail != NULL)
+    pool->free_segments_tail->free_next = seg;
+  else
+    pool->free_segments_head = seg;
   pool->free_segments_tail = seg;
   seg->in_free_list = true;
   pool->free_segment_count++;
 }
 
 static void cp_free_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  if (seg->free_prev != NULL) seg->free_prev->free_next = seg->free_next;
-  else pool->free_segments_head = seg->free_next;
-  if (seg->free_next != NULL) seg->free_next->free_prev = seg->free_prev;
-  else pool->free_segments_tail = seg->free_prev;
+  if (seg->free_prev != NULL)
+    seg->free_prev->free_next = seg->free_next;
+  else
+    pool->free_segments_head = seg->free_next;
+  if (seg->free_next != NULL)
+    seg->free_next->free_prev = seg->free_prev;
+  else
+    pool->free_segments_tail = seg->free_prev;
   seg->free_prev = seg->free_next = NULL;
   seg->in_free_list = false;
   pool->free_segment_count--;
@@ -213,8 +219,10 @@ static void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
 }
 
 static void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  if (seg->prev != NULL) seg->prev->next = seg->next;
-  else pool->segments = seg->next;
+  if (seg->prev != NULL)
+    seg->prev->next = seg->next;
+  else
+    pool->segments = seg->next;
   if (seg->next != NULL) seg->next->prev = seg->prev;
   pool->segment_count--;
   cp_segment_stats_locked(pool, seg, -1);
@@ -323,8 +331,8 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   }
   /* No device holds such a segment, and counting it in flight would wrap the sums. */
   if (seg_size > SIZE_MAX - reserved) {
-    return cp_set_error(CP_ERR_OOM, "cudapool: a segment of %zu bytes does not fit beside the %zu reserved",
-                        seg_size, reserved);
+    return cp_set_error(CP_ERR_OOM, "cudapool: a segment of %zu bytes does not fit beside the %zu reserved", seg_size,
+                        reserved);
   }
   pool->inflight_bytes += seg_size;
   pthread_mutex_unlock(&pool->lock);
@@ -525,16 +533,18 @@ static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, c
     rc = cp_set_error(CP_ERR_INVALID, "%s: %p was not allocated by this pool, or was already freed", who, ptr);
   } else if (expect_size != NULL && *expect_size != b->requested) {
     rc = cp_set_error(CP_ERR_INVALID,
-                      "%s: %p was allocated with %zu bytes, not %zu: not freed (the block stays allocated)", who,
-                      ptr, b->requested, *expect_size);
+                      "%s: %p was allocated with %zu bytes, not %zu: not freed (the block stays allocated)", who, ptr,
+                      b->requested, *expect_size);
     b = NULL;
   } else if (b->use_count > 0) {
     rc = cp_streams_defer_free_locked(&pool->streams, b);
     if (rc != CP_OK) {
       char why[1024];
       snprintf(why, sizeof why, "%s", cp_last_error());
-      cp_set_error(rc, "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
-                   "cannot be tracked)", who, ptr, why);
+      cp_set_error(rc,
+                   "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
+                   "cannot be tracked)",
+                   who, ptr, why);
     }
   }
   if (b != NULL && rc == CP_OK) {

@@ -13,11 +13,11 @@ static char cp_replay_skip_marker;
 
 struct cp_replay_s {
   cp_pool_t *pool;
-  int device;               /* -1: every device */
-  cp_ptrmap_t live;         /* trace id -> pointer, or -> &cp_replay_skip_marker */
+  int device;       /* -1: every device */
+  cp_ptrmap_t live; /* trace id -> pointer, or -> &cp_replay_skip_marker */
   cp_replay_result_t res;
-  cp_stats_t stats0;        /* the pool's stats when the replay began */
-  size_t win_allocated;     /* maxima since the last cp_replay_window */
+  cp_stats_t stats0;    /* the pool's stats when the replay began */
+  size_t win_allocated; /* maxima since the last cp_replay_window */
   size_t win_reserved;
 };
 

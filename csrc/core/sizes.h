@@ -12,7 +12,7 @@
 #include "core/cp.h"
 
 #define CP_MIB_SHIFT 20u
-#define CP_MIB ((size_t)1 << CP_MIB_SHIFT)
+#define CP_MIB       ((size_t)1 << CP_MIB_SHIFT)
 
 static inline bool cp_is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 

@@ -152,8 +152,10 @@ static void cp_pending_done_locked(cp_streams_t *ss, const cp_pending_t *entry, 
   ss->pending_blocks--;
   ss->pending_bytes -= b->size;
   b->left = NULL;
-  if (done->tail != NULL) done->tail->left = b;
-  else done->head = b;
+  if (done->tail != NULL)
+    done->tail->left = b;
+  else
+    done->head = b;
   done->tail = b;
 }
 

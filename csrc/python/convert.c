@@ -13,18 +13,10 @@ PyObject *cpy_raise_status(PyObject *oom_error, int status) {
   const char *msg = cp_last_error();
   if (msg == NULL || msg[0] == '\0') msg = cp_status_name(status);
   switch (status) {
-    case CP_ERR_OOM:
-      PyErr_SetString(oom_error, msg);
-      break;
-    case CP_ERR_INVALID:
-      PyErr_SetString(PyExc_ValueError, msg);
-      break;
-    case CP_ERR_HOST_OOM:
-      PyErr_SetString(PyExc_MemoryError, msg);
-      break;
-    default:
-      PyErr_Format(PyExc_RuntimeError, "%s: %s", cp_status_name(status), msg);
-      break;
+    case CP_ERR_OOM: PyErr_SetString(oom_error, msg); break;
+    case CP_ERR_INVALID: PyErr_SetString(PyExc_ValueError, msg); break;
+    case CP_ERR_HOST_OOM: PyErr_SetString(PyExc_MemoryError, msg); break;
+    default: PyErr_Format(PyExc_RuntimeError, "%s: %s", cp_status_name(status), msg); break;
   }
   return NULL;
 }

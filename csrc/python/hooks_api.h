@@ -25,7 +25,7 @@
 #define CPY_HOOKS_API_VERSION 1
 
 typedef struct cpy_hooks_api_s {
-  unsigned version;   /* CPY_HOOKS_API_VERSION */
+  unsigned version; /* CPY_HOOKS_API_VERSION */
   size_t size;      /* sizeof(cpy_hooks_api) */
 
   /* The binding's conversions (python/convert.h). */

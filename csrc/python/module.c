@@ -156,22 +156,18 @@ static PyObject *mod_interpreter_exiting(PyObject *Py_UNUSED(module), PyObject *
 }
 
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
-  Py_BEGIN_ALLOW_THREADS
-  cpd_shutdown();
-  Py_END_ALLOW_THREADS
-  Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS cpd_shutdown();
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
 /* What the CUDA driver says, without raising: {"available", "error", "driver_version",
  * "device_count", "devices": [names]}. */
 static PyObject *mod_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   int rc, version = 0, count = 0;
-  Py_BEGIN_ALLOW_THREADS
-  rc = cp_cuda_load();
+  Py_BEGIN_ALLOW_THREADS rc = cp_cuda_load();
   if (rc == CP_OK) rc = cp_cuda_driver_version(&version);
   if (rc == CP_OK) rc = cp_cuda_device_count(&count);
-  Py_END_ALLOW_THREADS
-  PyObject *names = PyList_New(0);
+  Py_END_ALLOW_THREADS PyObject *names = PyList_New(0);
   if (names == NULL) return NULL;
   for (int d = 0; rc == CP_OK && d < count; d++) {
     char name[256] = "";
@@ -184,9 +180,9 @@ static PyObject *mod_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(
     }
     Py_DECREF(n);
   }
-  return Py_BuildValue("{s:O,s:s,s:i,s:i,s:N}", "available", rc == CP_OK && count > 0 ? Py_True : Py_False,
-                       "error", rc == CP_OK ? "" : cp_last_error(), "driver_version", version, "device_count",
-                       count, "devices", names);
+  return Py_BuildValue("{s:O,s:s,s:i,s:i,s:N}", "available", rc == CP_OK && count > 0 ? Py_True : Py_False, "error",
+                       rc == CP_OK ? "" : cp_last_error(), "driver_version", version, "device_count", count, "devices",
+                       names);
 }
 
 static PyMethodDef module_methods[] = {

@@ -37,12 +37,11 @@
 #include "torch/devices.h"
 
 typedef struct pool_object_s {
-  PyObject_HEAD
-  int device;          /* >= 0: a handle naming that device; -1: a simulated pool */
-  cp_sim_t *sim;       /* simulated pool: the device; NULL once closed */
-  cp_pool_t *pool;     /* simulated pool: the pool; NULL once closed; destroyed before sim */
-  size_t capacity;     /* simulated pool: the device's capacity */
-  cp_replay_t *replay; /* simulated pool: the replay under way, or NULL; destroyed before pool */
+  PyObject_HEAD int device; /* >= 0: a handle naming that device; -1: a simulated pool */
+  cp_sim_t *sim;            /* simulated pool: the device; NULL once closed */
+  cp_pool_t *pool;          /* simulated pool: the pool; NULL once closed; destroyed before sim */
+  size_t capacity;          /* simulated pool: the device's capacity */
+  cp_replay_t *replay;      /* simulated pool: the replay under way, or NULL; destroyed before pool */
 } PoolObject;
 
 /* ------------------------------------------------------------------------------------------
@@ -80,13 +79,13 @@ static int resolve_pool(PoolObject *self, cp_pool_t **out) {
   return 0;
 }
 
-#define SIM_ONLY(op, self, what)              \
-  PoolObject *self = (PoolObject *)(op);      \
+#define SIM_ONLY(op, self, what)         \
+  PoolObject *self = (PoolObject *)(op); \
   if (require_sim(self, what) < 0) return NULL
 
-#define ANY_POOL(op, self, pool)              \
-  PoolObject *self = (PoolObject *)(op);      \
-  cp_pool_t *pool;                            \
+#define ANY_POOL(op, self, pool)         \
+  PoolObject *self = (PoolObject *)(op); \
+  cp_pool_t *pool;                       \
   if (resolve_pool(self, &pool) < 0) return NULL
 
 /* ------------------------------------------------------------------------------------------
@@ -323,8 +322,7 @@ static PyObject *Pool_empty_cache(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   int rc;
   cp_clear_error();
   if (self->device >= 0) {
-    Py_BEGIN_ALLOW_THREADS
-    rc = cp_empty_cache(pool);
+    Py_BEGIN_ALLOW_THREADS rc = cp_empty_cache(pool);
     Py_END_ALLOW_THREADS
   } else {
     rc = cp_empty_cache(pool);
@@ -340,8 +338,8 @@ static PyObject *Pool_set_memory_fraction(PyObject *op, PyObject *fraction_obj) 
   double fraction = PyFloat_AsDouble(fraction_obj);
   if (fraction == -1.0 && PyErr_Occurred()) return NULL;
   cp_clear_error();
-  int rc = self->device >= 0 ? cpd_set_memory_fraction(fraction, self->device)
-                             : cp_pool_set_memory_fraction(pool, fraction);
+  int rc =
+      self->device >= 0 ? cpd_set_memory_fraction(fraction, self->device) : cp_pool_set_memory_fraction(pool, fraction);
   if (rc != CP_OK) return raise_status(op, rc);
   Py_RETURN_NONE;
 }

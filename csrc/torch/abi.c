@@ -93,8 +93,10 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
     /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
     int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
     if (owner >= 0) {
-      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
-                 "not of device %d: not freed\n", ptr, size, device, owner, device);
+      cpd_report(
+          "cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
+          "not of device %d: not freed\n",
+          ptr, size, device, owner, device);
     } else {
       cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
     }

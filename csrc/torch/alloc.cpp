@@ -19,7 +19,7 @@ namespace {
 // An out-of-memory failure, distinct from every other one.
 class OutOfMemory : public std::runtime_error {
  public:
-  explicit OutOfMemory(const std::string& what) : std::runtime_error(what) {}
+  explicit OutOfMemory(const std::string &what) : std::runtime_error(what) {}
 };
 
 [[noreturn]] void throw_for(int status, size_t size, int device) {
@@ -29,10 +29,10 @@ class OutOfMemory : public std::runtime_error {
   throw std::runtime_error(buf);
 }
 
-}  // namespace
+} // namespace
 
-extern "C" void* cudapool_alloc(size_t size, int device, void* stream) {
-  void* ptr = nullptr;
+extern "C" void *cudapool_alloc(size_t size, int device, void *stream) {
+  void *ptr = nullptr;
   int status = cpd_alloc(size, device, stream, &ptr);
   if (status != CP_OK) throw_for(status, size, device);
   return ptr;
@@ -40,15 +40,15 @@ extern "C" void* cudapool_alloc(size_t size, int device, void* stream) {
 
 // For tests: the same path, with the exception caught here, since ctypes cannot catch one.
 // Returns the status; on failure the message is in buf.
-extern "C" int cudapool_alloc_catching(size_t size, int device, void* stream, void** out_ptr, char* buf,
+extern "C" int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf,
                                        size_t buf_size) {
   try {
     *out_ptr = cudapool_alloc(size, device, stream);
     return CP_OK;
-  } catch (const OutOfMemory& e) {
+  } catch (const OutOfMemory &e) {
     std::snprintf(buf, buf_size, "%s", e.what());
     return CP_ERR_OOM;
-  } catch (const std::exception& e) {
+  } catch (const std::exception &e) {
     std::snprintf(buf, buf_size, "%s", e.what());
     return CP_ERR_BACKEND;
   }

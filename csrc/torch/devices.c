@@ -53,8 +53,9 @@ int cpd_configure(const cp_config_t *cfg) {
   if (rc != CP_OK) return rc;
   cpd_table_lock();
   if (cpd_pool_count > 0) {
-    rc = cp_set_error(CP_ERR_STATE, "cudapool: the configuration cannot change once a device pool exists "
-                                    "(configure before the first CUDA allocation)");
+    rc = cp_set_error(CP_ERR_STATE,
+                      "cudapool: the configuration cannot change once a device pool exists "
+                      "(configure before the first CUDA allocation)");
   } else {
     cpd_cfg = *cfg;
     cpd_cfg_set = 1;

@@ -239,12 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--capacity",
         metavar="BYTES",
-        help="device memory: bytes or with a unit, e.g. 80GB (10^9), 16GiB (2^30), 512MiB "
-        "(default: unlimited)",
+        help="device memory: bytes or with a unit, e.g. 80GB (10^9), 16GiB (2^30), 512MiB (default: unlimited)",
     )
     replay.add_argument("--config", metavar="STR", help="configuration on top of the policy's: 'key:value,...'")
     replay.add_argument("--device", type=int, metavar="N", help="replay only device N's events")
-    replay.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)")
+    replay.add_argument(
+        "--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)"
+    )
     replay.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     return parser
 

@@ -131,7 +131,7 @@ def _reason(exc: ValueError) -> str:
     """The parser's message without its "CUDAPOOL_CONF: " lead: the caller names the source."""
     message = str(exc)
     lead = f"{ENV_VAR}: "
-    return message[len(lead):] if message.startswith(lead) else message
+    return message[len(lead) :] if message.startswith(lead) else message
 
 
 def check(entries: Mapping[str, Entry]) -> str:

@@ -91,5 +91,7 @@ class TraceWriter:
     def __len__(self) -> int:
         return self._n
 
-    def trace(self, meta: Optional[Dict[str, Any]] = None, builtin_reserved: Optional[Sequence[Sequence[int]]] = None) -> Trace:
+    def trace(
+        self, meta: Optional[Dict[str, Any]] = None, builtin_reserved: Optional[Sequence[Sequence[int]]] = None
+    ) -> Trace:
         return Trace(self._buf.getvalue(), meta=meta, builtin_reserved=builtin_reserved)

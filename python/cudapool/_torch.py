@@ -306,8 +306,7 @@ def _require_cuda_build() -> None:
 
     if not hasattr(torch._C, "_cuda_customAllocator"):
         raise RuntimeError(
-            f"cudapool needs a CUDA build of torch; torch {torch.__version__} is built without "
-            "CUDA support"
+            f"cudapool needs a CUDA build of torch; torch {torch.__version__} is built without CUDA support"
         )
 
 

@@ -57,7 +57,7 @@ import sys
 import time
 from collections import Counter
 from decimal import Decimal, InvalidOperation
-from typing import Any, Dict, IO, List, Optional, Union
+from typing import IO, Any, Dict, List, Optional, Union
 
 from . import _C, _config, policies
 from ._units import format_bytes
@@ -250,11 +250,7 @@ def _device_data(data: bytes, device: int) -> bytes:
         dev = rows[:, 4:8].copy().view("<i4").reshape(-1)
         return rows[dev == device].tobytes()
     size = EVENT.size
-    return b"".join(
-        data[i * size : (i + 1) * size]
-        for i, e in enumerate(EVENT.iter_unpack(data))
-        if e[1] == device
-    )
+    return b"".join(data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if e[1] == device)
 
 
 # ------------------------------------------------------------------------------------------
@@ -311,7 +307,9 @@ def _replay_data(
         res = pool.replay_result()
         violations = pool.check()
         if violations:
-            raise ReplayError(f"the pool's checker found {violations} violation(s) after the replay:\n{pool.check_report()}")
+            raise ReplayError(
+                f"the pool's checker found {violations} violation(s) after the replay:\n{pool.check_report()}"
+            )
         pool.replay_stop()
         violations = pool.check()
         if violations:
@@ -442,13 +440,23 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
     def row(label: str, value: str) -> None:
         lines.append(f"{indent}{label:<16}{value}")
 
-    row("events", f"{res['events']:,} ({res['allocs']:,} allocs, {res['frees']:,} frees"
-        + (f", {res['skipped']:,} skipped" if res["skipped"] else "") + ")")
+    row(
+        "events",
+        f"{res['events']:,} ({res['allocs']:,} allocs, {res['frees']:,} frees"
+        + (f", {res['skipped']:,} skipped" if res["skipped"] else "")
+        + ")",
+    )
     if res["bad_events"]:
-        row("bad events", f"{res['bad_events']:,} (frees of blocks allocated before the trace began, "
-            "or allocations of live ids: not replayed)")
-    row("peak allocated", f"{format_bytes(res['peak_allocated'])} ({res['peak_allocated']:,} B; "
-        f"requested {format_bytes(res['peak_requested'])})")
+        row(
+            "bad events",
+            f"{res['bad_events']:,} (frees of blocks allocated before the trace began, "
+            "or allocations of live ids: not replayed)",
+        )
+    row(
+        "peak allocated",
+        f"{format_bytes(res['peak_allocated'])} ({res['peak_allocated']:,} B; "
+        f"requested {format_bytes(res['peak_requested'])})",
+    )
     reserved = f"{format_bytes(res['peak_reserved'])} ({res['peak_reserved']:,} B)"
     builtin = res.get("builtin_peak_reserved")
     if builtin:
@@ -456,14 +464,20 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
         reserved += f"   built-in allocator in the recorded run: {format_bytes(builtin)} ({change:+.1f} %)"
     row("peak reserved", reserved)
     row("utilization", f"{_pct(res['utilization'])} (peak allocated / peak reserved)")
-    row("fragmentation", f"{_pct(res['fragmentation'])} (at the reserved peak: 1 - largest free block "
-        f"{format_bytes(res['largest_free_at_peak'])} / cached free {format_bytes(res['cached_free_at_peak'])})")
+    row(
+        "fragmentation",
+        f"{_pct(res['fragmentation'])} (at the reserved peak: 1 - largest free block "
+        f"{format_bytes(res['largest_free_at_peak'])} / cached free {format_bytes(res['cached_free_at_peak'])})",
+    )
     row("device allocs", f"{res['device_allocs']:,} (segments reserved; {res['device_frees']:,} given back)")
     row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
     if res["oom"]:
         where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
-        row("out of memory", f"YES{where}: at event {res['oom_event']:,}, allocating "
-            f"{format_bytes(res['oom_size'])} ({res['oom_size']:,} B); the replay stopped there")
+        row(
+            "out of memory",
+            f"YES{where}: at event {res['oom_event']:,}, allocating "
+            f"{format_bytes(res['oom_size'])} ({res['oom_size']:,} B); the replay stopped there",
+        )
     else:
         row("out of memory", "no")
     return lines
@@ -487,4 +501,3 @@ def format_report(res: Dict[str, Any], title: Optional[str] = None) -> str:
         lines.append(f"device {d}:")
         lines += _report_lines(r, indent="  ")
     return "\n".join(lines) + "\n"
-

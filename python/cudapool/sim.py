@@ -50,9 +50,7 @@ class Pool(_C.Pool):
         **config: Any,
     ) -> "Pool":
         text = config_string(config)
-        self = super().__new__(
-            cls, capacity, text, auto_complete=bool(auto_complete), touch_memory=bool(touch_memory)
-        )
+        self = super().__new__(cls, capacity, text, auto_complete=bool(auto_complete), touch_memory=bool(touch_memory))
         self._config_text = text
         return self
 
@@ -65,9 +63,7 @@ class Pool(_C.Pool):
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         """The statistics as a table, in the layout of ``torch.cuda.memory_summary``."""
-        return format_summary(
-            self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary"
-        )
+        return format_summary(self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary")
 
     # -- lifetime -----------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from ._events import ALLOC, FREE, EVENT, Trace
+from ._events import ALLOC, EVENT, FREE, Trace
 
 __all__ = ["load_snapshot", "from_snapshot", "SnapshotError"]
 
@@ -88,9 +88,7 @@ class _DataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in _SAFE_BUILTINS:
             return getattr(__import__("builtins"), name)
-        raise pickle.UnpicklingError(
-            f"refusing to load {module}.{name}: a memory snapshot holds only plain data"
-        )
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only plain data")
 
 
 def _unpickle(path: "Union[str, os.PathLike[str]]") -> Any:
@@ -260,7 +258,10 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
 
     # Merge the devices: by time when every item has one, else one device after another.
     timed = all(item[-1] is not None for items in per_device for item in items)
-    tagged = [[(item[-1] if timed else 0, dev, i, item) for i, item in enumerate(items)] for dev, items in enumerate(per_device)]
+    tagged = [
+        [(item[-1] if timed else 0, dev, i, item) for i, item in enumerate(items)]
+        for dev, items in enumerate(per_device)
+    ]
     merged = heapq.merge(*tagged) if timed else (x for lst in tagged for x in lst)
 
     buf = bytearray()

@@ -8,16 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int check_failures_ = 0;    /* failed CHECKs in the current test */
+static int check_failures_ = 0; /* failed CHECKs in the current test */
 static int check_tests_passed_ = 0;
 static int check_tests_failed_ = 0;
 
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-      check_failures_++;                                                         \
-    }                                                                            \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      check_failures_++;                                                       \
+    }                                                                          \
   } while (0)
 
 #define REQUIRE(cond)                                                            \
@@ -29,28 +29,27 @@ static int check_tests_failed_ = 0;
     }                                                                            \
   } while (0)
 
-#define CHECK_EQ_U(a, b)                                                          \
-  do {                                                                            \
-    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-    if (a_ != b_) {                                                               \
-      fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%llu != %llu)\n", __FILE__, \
-              __LINE__, #a, #b, a_, b_);                                          \
-      check_failures_++;                                                          \
-    }                                                                             \
+#define CHECK_EQ_U(a, b)                                                                                     \
+  do {                                                                                                       \
+    unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);                           \
+    if (a_ != b_) {                                                                                          \
+      fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%llu != %llu)\n", __FILE__, __LINE__, #a, #b, a_, b_); \
+      check_failures_++;                                                                                     \
+    }                                                                                                        \
   } while (0)
 
 #define TEST(name) static void test_##name(void)
 
-#define RUN(name)                                                \
-  do {                                                           \
-    check_failures_ = 0;                                         \
-    test_##name();                                               \
-    if (check_failures_ == 0) {                                  \
-      check_tests_passed_++;                                     \
-    } else {                                                     \
-      check_tests_failed_++;                                     \
-      fprintf(stderr, "FAILED: %s\n", #name);                    \
-    }                                                            \
+#define RUN(name)                             \
+  do {                                        \
+    check_failures_ = 0;                      \
+    test_##name();                            \
+    if (check_failures_ == 0) {               \
+      check_tests_passed_++;                  \
+    } else {                                  \
+      check_tests_failed_++;                  \
+      fprintf(stderr, "FAILED: %s\n", #name); \
+    }                                         \
   } while (0)
 
 static inline int check_summary(const char *suite) {

@@ -8,8 +8,8 @@
 
 #include "backend/sim.h"
 #include "check.h"
-#include "fixture.h"
 #include "core/cp.h"
+#include "fixture.h"
 
 static int same_stats(fixture_t *fx, const cp_stats_t *before) {
   cp_stats_t now = stats_of(fx);
@@ -80,7 +80,7 @@ TEST(row_huge_sizes_alloc_is_oom_and_changes_nothing) {
     fixture_t fx;
     REQUIRE(fx_open(&fx, 64 * MiB, confs[c]) == 0);
     void *keep = must_alloc(&fx, 4 * KiB, 0);
-    const size_t sizes[] = {SIZE_MAX,        SIZE_MAX - 511,    SIZE_MAX - 4 * MiB, SIZE_MAX - 20 * MiB,
+    const size_t sizes[] = {SIZE_MAX,        SIZE_MAX - 511,        SIZE_MAX - 4 * MiB, SIZE_MAX - 20 * MiB,
                             (size_t)1 << 63, ((size_t)1 << 63) + 1, 64 * MiB + 1};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
       void *p = (void *)1;
@@ -94,7 +94,7 @@ TEST(row_huge_sizes_alloc_is_oom_and_changes_nothing) {
     CHECK_EQ_U(s.num_ooms, sizeof sizes / sizeof *sizes);
     CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current, 1);
     CHECK_EQ_U(s.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current, 2 * MiB); /* keep's segment */
-    void *q = must_alloc(&fx, 3 * MiB, 0); /* a fitting request still works */
+    void *q = must_alloc(&fx, 3 * MiB, 0);                                      /* a fitting request still works */
     CHECK(cp_free(fx.pool, q) == CP_OK);
     CHECK(cp_free(fx.pool, keep) == CP_OK);
     fx_close(&fx);

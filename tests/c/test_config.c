@@ -45,8 +45,8 @@ static int expect_fail(const cp_config_t *start, const char *text, const char *w
   }
   const char *msg = cp_last_error();
   if (strstr(msg, want1) == NULL || (want2 != NULL && strstr(msg, want2) == NULL)) {
-    fprintf(stderr, "  parse(\"%s\") message \"%s\" lacks \"%s\"%s%s%s\n", text, msg, want1,
-            want2 ? " / \"" : "", want2 ? want2 : "", want2 ? "\"" : "");
+    fprintf(stderr, "  parse(\"%s\") message \"%s\" lacks \"%s\"%s%s%s\n", text, msg, want1, want2 ? " / \"" : "",
+            want2 ? want2 : "", want2 ? "\"" : "");
     ok = 0;
   }
   if (strncmp(msg, "CUDAPOOL_CONF: ", 15) != 0) {
@@ -59,12 +59,12 @@ static int expect_fail(const cp_config_t *start, const char *text, const char *w
 #define EXPECT_FAIL(start, text, w1, w2) CHECK(expect_fail((start), (text), (w1), (w2)))
 
 /* Parse `text` onto the defaults; REQUIRE success. */
-#define PARSE_OK(cfg, text)                                                          \
-  do {                                                                               \
-    cp_config_default(&(cfg));                                                       \
-    int rc_ = cp_config_parse(&(cfg), (text));                                       \
+#define PARSE_OK(cfg, text)                                                              \
+  do {                                                                                   \
+    cp_config_default(&(cfg));                                                           \
+    int rc_ = cp_config_parse(&(cfg), (text));                                           \
     if (rc_ != CP_OK) fprintf(stderr, "  parse(\"%s\"): %s\n", (text), cp_last_error()); \
-    REQUIRE(rc_ == CP_OK);                                                           \
+    REQUIRE(rc_ == CP_OK);                                                               \
   } while (0)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -396,7 +396,8 @@ TEST(errors_validation_through_parse) {
   cp_config_t def;
   cp_config_default(&def);
   EXPECT_FAIL(&def, "max_split_size_mb:20",
-              "CUDAPOOL_CONF: invalid config: max_split_size (20 MiB) must be larger than large_segment (20 MiB)", NULL);
+              "CUDAPOOL_CONF: invalid config: max_split_size (20 MiB) must be larger than large_segment (20 MiB)",
+              NULL);
   EXPECT_FAIL(&def, "max_split_size_mb:16", "max_split_size (16 MiB) must be larger than large_segment", NULL);
   EXPECT_FAIL(&def, "max_split_size_mb:0", "max_split_size (0 MiB)", NULL);
   EXPECT_FAIL(&def, "large_segment_mb:32,max_split_size_mb:25", "max_split_size (25 MiB)", "large_segment (32 MiB)");
@@ -421,14 +422,13 @@ TEST(validate_direct) {
   cp_config_default(&cfg);
   CHECK(cp_config_validate(&cfg) == CP_OK);
 
-#define BAD(field, val, want)                                      \
-  do {                                                             \
-    cp_config_default(&cfg);                                       \
-    cfg.field = (val);                                             \
-    CHECK(cp_config_validate(&cfg) == CP_ERR_INVALID);             \
-    CHECK(strstr(cp_last_error(), (want)) != NULL);                \
-    if (strstr(cp_last_error(), (want)) == NULL)                   \
-      fprintf(stderr, "  message: %s\n", cp_last_error());         \
+#define BAD(field, val, want)                                                                         \
+  do {                                                                                                \
+    cp_config_default(&cfg);                                                                          \
+    cfg.field = (val);                                                                                \
+    CHECK(cp_config_validate(&cfg) == CP_ERR_INVALID);                                                \
+    CHECK(strstr(cp_last_error(), (want)) != NULL);                                                   \
+    if (strstr(cp_last_error(), (want)) == NULL) fprintf(stderr, "  message: %s\n", cp_last_error()); \
   } while (0)
 
   BAD(granule, 511, "granule (511 bytes)");
@@ -486,8 +486,9 @@ TEST(format_defaults) {
 TEST(format_values) {
   cp_config_t cfg;
   char buf[1024];
-  PARSE_OK(cfg, "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],garbage_collection_threshold:0.6,"
-                "memory_fraction:0.8,max_split_size_mb:64,small_size_mb:0.5,memory_cap_mb:0.00000095367431640625");
+  PARSE_OK(cfg,
+           "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],garbage_collection_threshold:0.6,"
+           "memory_fraction:0.8,max_split_size_mb:64,small_size_mb:0.5,memory_cap_mb:0.00000095367431640625");
   cp_config_format(&cfg, buf, sizeof buf);
   const char *want =
       "granule_bytes:512,small_size_mb:0.5,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
@@ -523,9 +524,10 @@ TEST(round_trip) {
   cp_config_t def, other, cfg;
   cp_config_default(&def);
   /* A start config with every field changed (threshold and fraction off). */
-  PARSE_OK(other, "granule_bytes:1024,small_size_mb:2,small_segment_mb:4,large_segment_mb:40,"
-                  "min_large_alloc_mb:20,round_large_mb:4,max_split_size_mb:100,max_non_split_rounding_mb:7,"
-                  "roundup_power2_divisions:[2:2,>:4],memory_cap_mb:3");
+  PARSE_OK(other,
+           "granule_bytes:1024,small_size_mb:2,small_segment_mb:4,large_segment_mb:40,"
+           "min_large_alloc_mb:20,round_large_mb:4,max_split_size_mb:100,max_non_split_rounding_mb:7,"
+           "roundup_power2_divisions:[2:2,>:4],memory_cap_mb:3");
 
   CHECK(round_trips(&def, &def));
   CHECK(round_trips(&def, &other));
@@ -633,7 +635,7 @@ TEST(round_size_divisions) {
   CHECK_EQ_U(cp_round_size(&cfg, 32768), 32768);
   CHECK_EQ_U(cp_round_size(&cfg, 32767), 32768);
   CHECK_EQ_U(cp_round_size(&cfg, 20000), 20480);
-  CHECK_EQ_U(cp_round_size(&cfg, 40000), 40448); /* steps of 512 in [32768, 65536) */
+  CHECK_EQ_U(cp_round_size(&cfg, 40000), 40448);                   /* steps of 512 in [32768, 65536) */
   CHECK_EQ_U(cp_round_size(&cfg, 100 * MiB + 1), 100 * MiB + MiB); /* steps of 1 MiB in [64, 128) MiB */
   /* A huge d: granule * d overflows, so plain rounding. */
   PARSE_OK(cfg, "roundup_power2_divisions:2147483648");
@@ -646,21 +648,21 @@ TEST(round_size_divisions) {
   CHECK_EQ_U(cp_round_size(&cfg, 256 * MiB + 1), 384 * MiB);       /* (256, 512]: 2 */
   CHECK_EQ_U(cp_round_size(&cfg, 300 * MiB), 384 * MiB);
   CHECK_EQ_U(cp_round_size(&cfg, 512 * MiB), 512 * MiB);
-  CHECK_EQ_U(cp_round_size(&cfg, 512 * MiB + 1), 640 * MiB);       /* (512, 1024]: 4 */
+  CHECK_EQ_U(cp_round_size(&cfg, 512 * MiB + 1), 640 * MiB); /* (512, 1024]: 4 */
   CHECK_EQ_U(cp_round_size(&cfg, 600 * MiB), 640 * MiB);
   CHECK_EQ_U(cp_round_size(&cfg, 1024 * MiB), 1024 * MiB);
-  CHECK_EQ_U(cp_round_size(&cfg, 1100 * MiB), 1152 * MiB);         /* above 1024: 8 */
+  CHECK_EQ_U(cp_round_size(&cfg, 1100 * MiB), 1152 * MiB); /* above 1024: 8 */
   CHECK_EQ_U(cp_round_size(&cfg, 1200 * MiB), 1280 * MiB);
-  CHECK_EQ_U(cp_round_size(&cfg, 100 * GiB + 1), 104 * GiB);       /* [64, 128) GiB in 8 steps */
+  CHECK_EQ_U(cp_round_size(&cfg, 100 * GiB + 1), 104 * GiB); /* [64, 128) GiB in 8 steps */
 
   /* Interval boundaries: index = ceil(log2(size / 1 MiB)). */
   PARSE_OK(cfg, "roundup_power2_divisions:[1:0,2:2,>:0]");
   CHECK_EQ_U(cp_round_size(&cfg, MiB), MiB);
-  CHECK_EQ_U(cp_round_size(&cfg, MiB - 1), MiB);                 /* interval 0: off */
+  CHECK_EQ_U(cp_round_size(&cfg, MiB - 1), MiB); /* interval 0: off */
   CHECK_EQ_U(cp_round_size(&cfg, MiB - 513), MiB - 512);
-  CHECK_EQ_U(cp_round_size(&cfg, MiB + 1), MiB + MiB / 2);       /* interval 1: 2 */
+  CHECK_EQ_U(cp_round_size(&cfg, MiB + 1), MiB + MiB / 2); /* interval 1: 2 */
   CHECK_EQ_U(cp_round_size(&cfg, 2 * MiB - 1), 2 * MiB);
-  CHECK_EQ_U(cp_round_size(&cfg, 2 * MiB + 1), 2 * MiB + 512);   /* interval 2: off */
+  CHECK_EQ_U(cp_round_size(&cfg, 2 * MiB + 1), 2 * MiB + 512); /* interval 2: off */
   /* The last interval takes everything above 16 GiB. */
   PARSE_OK(cfg, "roundup_power2_divisions:[16384:0,>:2]");
   CHECK_EQ_U(cp_round_size(&cfg, 16 * GiB), 16 * GiB);

@@ -8,12 +8,10 @@
 #include "backend/cuda.h"
 #include "check.h"
 
-#define MiB ((size_t)1 << 20)
+#define MiB          ((size_t)1 << 20)
 #define LOAD_THREADS 8
 
-static int contains(const char *haystack, const char *needle) {
-  return strstr(haystack, needle) != NULL;
-}
+static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 /* The outcome of the first cp_cuda_load, taken by main before any test runs. */
 static int load_rc;
@@ -50,8 +48,7 @@ static void *load_thread(void *arg) {
 TEST(load_from_many_threads) {
   static load_result_t results[LOAD_THREADS];
   pthread_t threads[LOAD_THREADS];
-  for (int i = 0; i < LOAD_THREADS; i++)
-    REQUIRE(pthread_create(&threads[i], NULL, load_thread, &results[i]) == 0);
+  for (int i = 0; i < LOAD_THREADS; i++) REQUIRE(pthread_create(&threads[i], NULL, load_thread, &results[i]) == 0);
   for (int i = 0; i < LOAD_THREADS; i++) pthread_join(threads[i], NULL);
   for (int i = 0; i < LOAD_THREADS; i++) {
     CHECK(results[i].rc == load_rc);
@@ -164,8 +161,8 @@ TEST(gpu_round_trip) {
   CHECK(strcmp(be.name, "cuda") == 0);
   CHECK(be.device == 0);
   CHECK(be.ctx != NULL && be.ctx == again.ctx); /* one retained context per device */
-  CHECK(be.reserve && be.release && be.event_create && be.event_destroy && be.event_record &&
-        be.event_query && be.event_synchronize && be.mem_info);
+  CHECK(be.reserve && be.release && be.event_create && be.event_destroy && be.event_record && be.event_query &&
+        be.event_synchronize && be.mem_info);
 
   size_t free_b = 0, total_b = 0;
   REQUIRE(be.mem_info(be.ctx, &free_b, &total_b) == CP_OK);
@@ -218,8 +215,7 @@ TEST(gpu_round_trip) {
 int main(void) {
   load_rc = cp_cuda_load();
   snprintf(load_message, sizeof load_message, "%s", load_rc == CP_OK ? "" : cp_last_error());
-  printf("cp_cuda_load: %s%s%s\n", cp_status_name(load_rc), load_rc == CP_OK ? "" : ": ",
-         load_message);
+  printf("cp_cuda_load: %s%s%s\n", cp_status_name(load_rc), load_rc == CP_OK ? "" : ": ", load_message);
 
   RUN(load_is_remembered);
   RUN(load_from_many_threads);

@@ -13,9 +13,9 @@
 #include "torch/abi.h"
 #include "torch/devices.h"
 
-#define MiB ((size_t)1 << 20)
+#define MiB      ((size_t)1 << 20)
 #define CAPACITY (64 * MiB)
-#define DEVICES 3
+#define DEVICES  3
 
 static size_t allocated_on(int device) {
   cp_pool_t *pool = cpd_pool_if_created(device);
@@ -147,7 +147,7 @@ TEST(memory_fraction) {
   REQUIRE(cpd_use_sim(CAPACITY, 2, 0) == CP_OK);
   CHECK(cpd_set_memory_fraction(1.5, 0) == CP_ERR_INVALID);
   CHECK(cpd_pool_if_created(0) == NULL); /* a refused fraction creates nothing */
-  cudapool_set_memory_fraction(-1.0, 0);  /* reported on stderr */
+  cudapool_set_memory_fraction(-1.0, 0); /* reported on stderr */
   CHECK(cpd_pool_if_created(0) == NULL);
   cudapool_set_memory_fraction(0.25, 0);
   REQUIRE(cpd_pool_if_created(0) != NULL);
@@ -164,7 +164,7 @@ TEST(memory_fraction) {
 /* ---- threads on several devices ---------------------------------------------------------- */
 
 #define THREADS 4
-#define ROUNDS 3000
+#define ROUNDS  3000
 
 typedef struct worker_s {
   int index;

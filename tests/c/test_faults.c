@@ -15,7 +15,7 @@
 #define MiB ((size_t)1024 * 1024)
 
 #define CAPACITY (64 * MiB)
-#define NSLOTS 16
+#define NSLOTS   16
 
 enum { S1 = 1, S2 = 2, S3 = 3 };
 
@@ -39,43 +39,43 @@ typedef struct step_s {
  * exactly (every remainder is 0 or at least 2 MiB): a live block is then exactly its rounded
  * request, which lets the test predict allocated_bytes from what it holds. */
 static const step_t steps[] = {
-    {OP_ALLOC, 0, 1000, S1},          /*  0: small segment on S1 */
-    {OP_ALLOC, 1, 200 * KiB, S1},     /*  1: same segment */
-    {OP_ALLOC, 2, 4 * MiB, S1},       /*  2: 20 MiB segment on S1 */
-    {OP_ALLOC, 3, 3000, S2},          /*  3: small segment on S2 */
-    {OP_ALLOC, 4, 12 * MiB, S2},      /*  4: a 12 MiB segment of its own */
-    {OP_ALLOC, 5, 6 * MiB, S3},       /*  5: 20 MiB segment on S3; 56 MiB reserved */
-    {OP_RECORD, 2, 0, S2},            /*  6 */
-    {OP_RECORD, 2, 0, S3},            /*  7 */
-    {OP_FREE, 2, 0, 0},               /*  8: two events; the block stays pending */
-    {OP_FREE, 1, 0, 0},               /*  9: plain free */
-    {OP_ALLOC, 6, 2 * MiB, S1},       /* 10: from the free rest of S1's large segment */
-    {OP_COMPLETE, 0, 0, S2},          /* 11: one of the two events completes */
-    {OP_ALLOC, 7, 512, S1},           /* 12: polls: S2's event done, S3's not */
-    {OP_FREE, 7, 0, 0},               /* 13 */
-    {OP_RECORD, 4, 0, S1},            /* 14 */
-    {OP_FREE, 4, 0, 0},               /* 15: 12 MiB pending on S1's event */
-    {OP_FREE, 5, 0, 0},               /* 16: S3's segment is wholly free, cached */
-    {OP_ALLOC, 8, 16 * MiB, S2},      /* 17: no room: retry syncs and releases cached segments */
-    {OP_FREE, 0, 0, 0},               /* 18 */
-    {OP_ALLOC, 13, 4 * MiB, S1},      /* 19: where slot 2 was: its events are waited for */
-    {OP_EMPTY_CACHE, 0, 0, 0},        /* 20 */
-    {OP_SET_CAP, 0, 40 * MiB, 0},     /* 21 */
-    {OP_ALLOC, 9, 8 * MiB, S3},       /* 22: OOM: the cap */
-    {OP_SET_CAP, 0, 0, 0},            /* 23 */
-    {OP_ALLOC, 9, 8 * MiB, S3},       /* 24 */
-    {OP_RECORD, 8, 0, S3},            /* 25 */
-    {OP_FREE, 8, 0, 0},               /* 26: pending on S3 */
-    {OP_ALLOC, 10, 40 * MiB, S1},     /* 27: OOM: the device, after the retry */
-    {OP_COMPLETE, 0, 0, S3},          /* 28 */
-    {OP_ALLOC, 11, 700 * KiB, S3},    /* 29 */
-    {OP_FREE, 3, 0, 0},               /* 30 */
-    {OP_ALLOC, 12, 10 * MiB, S2},     /* 31 */
-    {OP_RECORD, 12, 0, S1},           /* 32 */
-    {OP_RECORD, 12, 0, S3},           /* 33 */
-    {OP_FREE, 12, 0, 0},              /* 34: pending on two streams until the end */
-    {OP_FREE, 6, 0, 0},               /* 35 */
-    {OP_EMPTY_CACHE, 0, 0, 0},        /* 36: waits for the pending block */
+    {OP_ALLOC, 0, 1000, S1},       /*  0: small segment on S1 */
+    {OP_ALLOC, 1, 200 * KiB, S1},  /*  1: same segment */
+    {OP_ALLOC, 2, 4 * MiB, S1},    /*  2: 20 MiB segment on S1 */
+    {OP_ALLOC, 3, 3000, S2},       /*  3: small segment on S2 */
+    {OP_ALLOC, 4, 12 * MiB, S2},   /*  4: a 12 MiB segment of its own */
+    {OP_ALLOC, 5, 6 * MiB, S3},    /*  5: 20 MiB segment on S3; 56 MiB reserved */
+    {OP_RECORD, 2, 0, S2},         /*  6 */
+    {OP_RECORD, 2, 0, S3},         /*  7 */
+    {OP_FREE, 2, 0, 0},            /*  8: two events; the block stays pending */
+    {OP_FREE, 1, 0, 0},            /*  9: plain free */
+    {OP_ALLOC, 6, 2 * MiB, S1},    /* 10: from the free rest of S1's large segment */
+    {OP_COMPLETE, 0, 0, S2},       /* 11: one of the two events completes */
+    {OP_ALLOC, 7, 512, S1},        /* 12: polls: S2's event done, S3's not */
+    {OP_FREE, 7, 0, 0},            /* 13 */
+    {OP_RECORD, 4, 0, S1},         /* 14 */
+    {OP_FREE, 4, 0, 0},            /* 15: 12 MiB pending on S1's event */
+    {OP_FREE, 5, 0, 0},            /* 16: S3's segment is wholly free, cached */
+    {OP_ALLOC, 8, 16 * MiB, S2},   /* 17: no room: retry syncs and releases cached segments */
+    {OP_FREE, 0, 0, 0},            /* 18 */
+    {OP_ALLOC, 13, 4 * MiB, S1},   /* 19: where slot 2 was: its events are waited for */
+    {OP_EMPTY_CACHE, 0, 0, 0},     /* 20 */
+    {OP_SET_CAP, 0, 40 * MiB, 0},  /* 21 */
+    {OP_ALLOC, 9, 8 * MiB, S3},    /* 22: OOM: the cap */
+    {OP_SET_CAP, 0, 0, 0},         /* 23 */
+    {OP_ALLOC, 9, 8 * MiB, S3},    /* 24 */
+    {OP_RECORD, 8, 0, S3},         /* 25 */
+    {OP_FREE, 8, 0, 0},            /* 26: pending on S3 */
+    {OP_ALLOC, 10, 40 * MiB, S1},  /* 27: OOM: the device, after the retry */
+    {OP_COMPLETE, 0, 0, S3},       /* 28 */
+    {OP_ALLOC, 11, 700 * KiB, S3}, /* 29 */
+    {OP_FREE, 3, 0, 0},            /* 30 */
+    {OP_ALLOC, 12, 10 * MiB, S2},  /* 31 */
+    {OP_RECORD, 12, 0, S1},        /* 32 */
+    {OP_RECORD, 12, 0, S3},        /* 33 */
+    {OP_FREE, 12, 0, 0},           /* 34: pending on two streams until the end */
+    {OP_FREE, 6, 0, 0},            /* 35 */
+    {OP_EMPTY_CACHE, 0, 0, 0},     /* 36: waits for the pending block */
 };
 #define NSTEPS ((int)(sizeof steps / sizeof *steps))
 
@@ -108,18 +108,17 @@ typedef struct slot_s {
 
 #define STREAM_BIT(s) (1u << (unsigned)(s))
 
-
 static const sweep_point_t *cur_point;
 static int cur_step;
 
-#define FCHECK(cond)                                                                              \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      fprintf(stderr, "%s:%d: CHECK failed: %s [fault: %s #%" PRIu64 " -> %s, step %d]\n",       \
-              __FILE__, __LINE__, #cond, cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", \
-              cur_point->nth, cp_status_name(cur_point->status), cur_step);                       \
-      check_failures_++;                                                                          \
-    }                                                                                             \
+#define FCHECK(cond)                                                                                                  \
+  do {                                                                                                                \
+    if (!(cond)) {                                                                                                    \
+      fprintf(stderr, "%s:%d: CHECK failed: %s [fault: %s #%" PRIu64 " -> %s, step %d]\n", __FILE__, __LINE__, #cond, \
+              cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", cur_point->nth,                            \
+              cp_status_name(cur_point->status), cur_step);                                                           \
+      check_failures_++;                                                                                              \
+    }                                                                                                                 \
   } while (0)
 
 /* Segment size the default configuration reserves for a request. */
@@ -223,9 +222,7 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
         cp_sim_complete(sim, st->stream);
         for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams &= ~STREAM_BIT(st->stream);
         break;
-      case OP_EMPTY_CACHE:
-        rc = cp_empty_cache(pool);
-        break;
+      case OP_EMPTY_CACHE: rc = cp_empty_cache(pool); break;
       case OP_SET_CAP:
         cap = st->size;
         rc = cp_pool_set_memory_cap(pool, cap);
@@ -245,8 +242,8 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
       for (int j = 0; j < NSLOTS; j++) {
         const slot_t *g = &slots[j];
         if (g->guard_streams == 0) continue;
-        int overlap = (uintptr_t)sl->ptr < g->guard_addr + g->guard_size &&
-                      g->guard_addr < (uintptr_t)sl->ptr + sl->rounded;
+        int overlap =
+            (uintptr_t)sl->ptr < g->guard_addr + g->guard_size && g->guard_addr < (uintptr_t)sl->ptr + sl->rounded;
         if (!overlap) continue;
         FCHECK(!"reused before the recorded streams completed");
       }
@@ -261,11 +258,12 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
         size_t seg = segment_for(&cfg, cp_round_size(&cfg, st->size));
         size_t pool_alloc = 0, pool_reserved = 0;
         cp_pool_usage(pool, &pool_alloc, &pool_reserved);
-        int exhausted = seg > CAPACITY - cp_sim_reserved_bytes(sim) ||
-                        (cap != 0 && pool_reserved + seg > cap);
+        int exhausted = seg > CAPACITY - cp_sim_reserved_bytes(sim) || (cap != 0 && pool_reserved + seg > cap);
         int injected_oom = fired && pt->status == CP_ERR_OOM;
-        if (rc == CP_ERR_OOM) FCHECK(exhausted || injected_oom);
-        else FCHECK(rc == CP_ERR_BACKEND && fired);
+        if (rc == CP_ERR_OOM)
+          FCHECK(exhausted || injected_oom);
+        else
+          FCHECK(rc == CP_ERR_BACKEND && fired);
       } else {
         /* Other calls fail only when the device failed them. */
         FCHECK(fired);

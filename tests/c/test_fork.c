@@ -14,14 +14,14 @@
 #include <unistd.h>
 
 #include "backend/sim.h"
+#include "base/fork.h"
 #include "check.h"
 #include "core/cp.h"
-#include "base/fork.h"
 #include "fixture.h"
 
-#define CAPACITY (256 * MiB)
+#define CAPACITY          (256 * MiB)
 #define CHILD_DEADLINE_MS 10000
-#define HOLD_MS 300u /* how long the other thread keeps the lock */
+#define HOLD_MS           300u /* how long the other thread keeps the lock */
 
 enum { S1 = 1, S2 = 2, S3 = 3 };
 
@@ -30,8 +30,7 @@ enum { CHILD_OK = 0, CHILD_ALLOC_FAILED = 10, CHILD_CHECK_FAILED = 11, CHILD_STA
 
 static void sleep_ms(unsigned ms) {
   struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
+  while (nanosleep(&ts, &ts) != 0) {}
 }
 
 static long now_ms(void) {
@@ -160,8 +159,8 @@ TEST(fork_while_another_thread_holds_the_device_lock) {
  * Many forks while several threads hammer two pools.
  * ---------------------------------------------------------------------------------------- */
 
-#define HAMMER_THREADS 4
-#define HAMMER_FORKS 60
+#define HAMMER_THREADS  4
+#define HAMMER_FORKS    60
 #define HAMMER_CAPACITY (1024 * MiB) /* > HAMMER_THREADS * 8 live * 12 MiB, with rounding */
 
 typedef struct hammer_s {

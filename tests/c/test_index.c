@@ -5,11 +5,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cp_internal.h"
 #include "check.h"
+#include "core/cp_internal.h"
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
+#define KiB       ((size_t)1 << 10)
+#define MiB       ((size_t)1 << 20)
 #define BASE_ADDR ((uintptr_t)0x7f0000000000ull)
 
 /* ------------------------------------------------------------------------------------------
@@ -265,8 +265,8 @@ TEST(random_against_reference) {
       cp_block_t *got = cp_index_lower_bound(&ix, want);
       cp_block_t *exp = ref_lower_bound(&ref, want);
       if (got != exp) {
-        fprintf(stderr, "op %d: lower_bound(%zu) gave %p (size %zu), expected %p (size %zu)\n", op, want,
-                (void *)got, got ? got->size : 0, (void *)exp, exp ? exp->size : 0);
+        fprintf(stderr, "op %d: lower_bound(%zu) gave %p (size %zu), expected %p (size %zu)\n", op, want, (void *)got,
+                got ? got->size : 0, (void *)exp, exp ? exp->size : 0);
         CHECK(got == exp);
       }
     }

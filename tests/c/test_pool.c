@@ -6,10 +6,10 @@
 
 #include "backend/sim.h"
 #include "check.h"
-#include "fixture.h"
 #include "core/cp.h"
+#include "fixture.h"
 
-#define CUR(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
+#define CUR(s, fam, kind)  ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
 #define PEAK(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].peak)
 
 TEST(size_zero) {
@@ -48,7 +48,7 @@ TEST(small_request_stats) {
   CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), 0);
   CHECK_EQ_U(CUR(s, ACTIVE, ALL), 0);
   CHECK_EQ_U(CUR(s, REQUESTED_BYTES, ALL), 0);
-  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, ALL), 0); /* merged back into one whole segment */
+  CHECK_EQ_U(CUR(s, INACTIVE_SPLIT, ALL), 0);       /* merged back into one whole segment */
   CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 2 * MiB); /* cached, not returned */
   CHECK_EQ_U(PEAK(s, ALLOCATED_BYTES, ALL), 1024);
   CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].allocated, 1);
@@ -159,12 +159,12 @@ TEST(small_pool_split_rules) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
   /* The small pool keeps any remainder of at least 512 bytes. */
-  void *a = must_alloc(&fx, 1 * MiB, 0);          /* the largest small request */
+  void *a = must_alloc(&fx, 1 * MiB, 0); /* the largest small request */
   void *a2 = must_alloc(&fx, 1 * MiB - 1024, 0);
   CHECK((uintptr_t)a2 == (uintptr_t)a + 1 * MiB);
   void *b = must_alloc(&fx, 512, 0);
   CHECK((uintptr_t)b == (uintptr_t)a + 2 * MiB - 1024);
-  void *c = must_alloc(&fx, 512, 0);                /* takes the last 512 bytes */
+  void *c = must_alloc(&fx, 512, 0); /* takes the last 512 bytes */
   CHECK((uintptr_t)c == (uintptr_t)b + 512);
   cp_stats_t s = stats_of(&fx);
   CHECK_EQ_U(CUR(s, SEGMENT, SMALL), 1);
@@ -348,7 +348,7 @@ TEST(release_before_grow) {
   CHECK_EQ_U(s.num_device_free, 1);
   CHECK_EQ_U(s.num_alloc_retries, 0);
   CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 12 * MiB + 2 * MiB); /* the live small one stays */
-  void *c = must_alloc(&fx, 4 * MiB, 1); /* a 20 MiB segment; nothing to give back */
+  void *c = must_alloc(&fx, 4 * MiB, 1);                       /* a 20 MiB segment; nothing to give back */
   CHECK_EQ_U(stats_of(&fx).num_device_free, 1);
   CHECK(cp_free(fx.pool, b) == CP_OK);
   void *d = must_alloc(&fx, 10 * MiB, 1); /* best fit: b's 12, not c's 16 MiB rest */
@@ -545,7 +545,7 @@ TEST(bad_pointers) {
   cp_stats_t after = stats_of(&fx);
   CHECK(memcmp(&before, &after, sizeof before) == 0);
   CHECK(cp_free(fx.pool, p) == CP_OK);
-  CHECK(cp_free(fx.pool, p) == CP_ERR_INVALID); /* double free */
+  CHECK(cp_free(fx.pool, p) == CP_ERR_INVALID);             /* double free */
   CHECK(cp_record_stream(fx.pool, p, 3) == CP_ERR_INVALID); /* after free */
   fx_close(&fx);
 }

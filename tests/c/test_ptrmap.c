@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cp_internal.h"
 #include "check.h"
+#include "core/cp_internal.h"
 
 /* ------------------------------------------------------------------------------------------
  * Helpers
@@ -167,7 +167,8 @@ TEST(interleaved_runs_wrapping) {
     /* Insert in a random order so that the runs interleave differently each round. */
     for (size_t k = 0; k < 3 * N; k++) {
       size_t i;
-      do i = rng_below(3 * N); while (in[i]);
+      do i = rng_below(3 * N);
+      while (in[i]);
       CHECK(cp_ptrmap_insert(&m, all[i], vals[i]) == CP_OK);
       in[i] = 1;
     }
@@ -175,7 +176,8 @@ TEST(interleaved_runs_wrapping) {
     /* Remove in another random order; after each, everything still present is found. */
     for (size_t k = 0; k < 3 * N; k++) {
       size_t i;
-      do i = rng_below(3 * N); while (!in[i]);
+      do i = rng_below(3 * N);
+      while (!in[i]);
       CHECK(cp_ptrmap_remove(&m, all[i]) == vals[i]);
       in[i] = 0;
       for (size_t j = 0; j < 3 * N; j++) CHECK(cp_ptrmap_get(&m, all[j]) == (in[j] ? vals[j] : NULL));
@@ -306,7 +308,7 @@ TEST(reserve_then_insert) {
   CHECK(cp_ptrmap_reserve(&m, 3) == CP_OK); /* 8 <= 16 / 2: already room */
   CHECK_EQ_U(m.mask + 1, 16);
   CHECK(cp_ptrmap_reserve(&m, 1000) == CP_OK);
-  CHECK_EQ_U(m.mask + 1, 2048); /* 1005 keys need 2010 slots */
+  CHECK_EQ_U(m.mask + 1, 2048);                                                          /* 1005 keys need 2010 slots */
   for (size_t i = 0; i < 5; i++) CHECK(cp_ptrmap_get(&m, 512 * i + 512) == value_of(i)); /* rehashed */
   cp_ptrmap_slot_t *slots = m.slots;
   for (size_t i = 5; i < 1005; i++) CHECK(cp_ptrmap_insert(&m, 512 * i + 512, value_of(i)) == CP_OK);

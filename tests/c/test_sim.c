@@ -17,9 +17,7 @@ static cp_sim_t *make_sim(size_t capacity, unsigned flags, cp_backend_t *be) {
   return sim;
 }
 
-static int contains(const char *haystack, const char *needle) {
-  return strstr(haystack, needle) != NULL;
-}
+static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 TEST(create_and_backend_table) {
   cp_backend_t be;
@@ -28,8 +26,8 @@ TEST(create_and_backend_table) {
   CHECK(strcmp(be.name, "sim") == 0);
   CHECK(be.ctx == sim);
   CHECK(be.device == 0);
-  CHECK(be.reserve && be.release && be.event_create && be.event_destroy && be.event_record &&
-        be.event_query && be.event_synchronize && be.mem_info);
+  CHECK(be.reserve && be.release && be.event_create && be.event_destroy && be.event_record && be.event_query &&
+        be.event_synchronize && be.mem_info);
   CHECK_EQ_U(cp_sim_capacity(sim), 64 * MiB);
   CHECK_EQ_U(cp_sim_reserved_bytes(sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(sim), 0);
@@ -183,7 +181,9 @@ TEST(reservation_churn) {
   }
   uint64_t x = 88172645463325252ull;
   for (int r = 0; r < ROUNDS; r++) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     const int i = (int)(x % LIVE);
     REQUIRE(be.release(be.ctx, addr[i], size[i]) == CP_OK);
     size[i] = (size_t)(x % 4096 + 1) * 512;
@@ -306,8 +306,8 @@ TEST(auto_complete) {
 }
 
 /* Make one call of `kind` on a prepared device; returns its status. */
-static int call_kind(cp_backend_t *be, cp_sim_call_t kind, uintptr_t addr, size_t size,
-                     cp_event_t ev, uintptr_t *out_u, int *out_i) {
+static int call_kind(cp_backend_t *be, cp_sim_call_t kind, uintptr_t addr, size_t size, cp_event_t ev, uintptr_t *out_u,
+                     int *out_i) {
   size_t f = 0, t = 0;
   switch (kind) {
     case CP_SIM_RESERVE: return be->reserve(be->ctx, size, out_u);
@@ -464,8 +464,10 @@ static void *worker(void *arg) {
       addr[i] = 0;
     }
     size[i] = (size_t)((r * 7 + w->id) % 64 + 1) * 512;
-    if (w->be.reserve(w->be.ctx, size[i], &addr[i]) != CP_OK) w->errors++;
-    else ((unsigned char *)addr[i])[size[i] - 1] = (unsigned char)r; /* real, private bytes */
+    if (w->be.reserve(w->be.ctx, size[i], &addr[i]) != CP_OK)
+      w->errors++;
+    else
+      ((unsigned char *)addr[i])[size[i] - 1] = (unsigned char)r; /* real, private bytes */
     if (w->be.event_record(w->be.ctx, ev, (cp_stream_t)(w->id + 1)) != CP_OK) w->errors++;
     int done = 0;
     if (w->be.event_query(w->be.ctx, ev, &done) != CP_OK) w->errors++;

@@ -15,8 +15,8 @@
 #include <time.h>
 
 #include "backend/sim.h"
-#include "core/cp.h"
 #include "check.h"
+#include "core/cp.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -27,8 +27,8 @@
 #define DEFAULT_ITERS 20000
 #endif
 
-#define MAX_LIVE 64              /* live blocks per thread at most */
-#define SIM_CAPACITY (512 * MiB) /* the device */
+#define MAX_LIVE        64          /* live blocks per thread at most */
+#define SIM_CAPACITY    (512 * MiB) /* the device */
 #define CAP_WHILE_TIGHT (128 * MiB) /* the cap the driver sets now and then */
 
 /* ------------------------------------------------------------------------------------------
@@ -192,8 +192,7 @@ static void free_one(shared_t *sh, int id, live_t *l, uint64_t *rs) {
       /* Any stream the test uses, the allocation stream (a no-op), or a side stream that
        * never allocates. */
       cp_stream_t other = (cp_stream_t)rng_below(rs, (uint64_t)sh->opt.streams + 3);
-      if (cp_record_stream(sh->pool, l->ptr, other) != CP_OK)
-        worker_error(sh, cp_last_error(), id, l->ptr, l->size);
+      if (cp_record_stream(sh->pool, l->ptr, other) != CP_OK) worker_error(sh, cp_last_error(), id, l->ptr, l->size);
       atomic_fetch_add(&sh->records, 1);
     }
   }
@@ -261,8 +260,8 @@ static void *worker_main(void *arg) {
  * checker follow the workers' progress, so that slow (sanitized) and fast builds see about
  * as many of them per operation. */
 #define ALLOCS_PER_EMPTY_CACHE 1500
-#define ALLOCS_PER_CAP_TOGGLE 700
-#define ALLOCS_PER_CHECK 600
+#define ALLOCS_PER_CAP_TOGGLE  700
+#define ALLOCS_PER_CHECK       600
 
 static long driver_loop(shared_t *sh, long *empty_caches, long *checks) {
   uint64_t rs = mix64(sh->opt.seed ^ 0xD1B54A32D192ED03ull) | 1;
@@ -298,7 +297,8 @@ static long driver_loop(shared_t *sh, long *empty_caches, long *checks) {
       cp_pool_stats(sh->pool, &st);
       cp_pool_info(sh->pool, &info);
       if (st.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current < 0 ||
-          st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current < st.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current ||
+          st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current <
+              st.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current ||
           info.reserved > SIM_CAPACITY)
         worker_error(sh, "stats out of range while running", -1, NULL, 0);
     }
@@ -334,10 +334,14 @@ static int parse_options(int argc, char **argv, options_t *opt) {
       fprintf(stderr, "test_stress: bad value for %s: %s\n", a, argv[i]);
       return -1;
     }
-    if (strcmp(a, "--threads") == 0 && v >= 1 && v <= 256) opt->threads = (int)v;
-    else if (strcmp(a, "--iters") == 0) opt->iters = (long)v;
-    else if (strcmp(a, "--streams") == 0 && v >= 1 && v <= 1024) opt->streams = (int)v;
-    else if (strcmp(a, "--seed") == 0) opt->seed = (uint64_t)v;
+    if (strcmp(a, "--threads") == 0 && v >= 1 && v <= 256)
+      opt->threads = (int)v;
+    else if (strcmp(a, "--iters") == 0)
+      opt->iters = (long)v;
+    else if (strcmp(a, "--streams") == 0 && v >= 1 && v <= 1024)
+      opt->streams = (int)v;
+    else if (strcmp(a, "--seed") == 0)
+      opt->seed = (uint64_t)v;
     else {
       fprintf(stderr, "usage: test_stress [--threads 1..256] [--iters N] [--streams 1..1024] [--seed N]\n");
       return -1;
@@ -415,13 +419,14 @@ TEST(threads_on_streams) {
 
   long ops = atomic_load(&sh.allocs) + atomic_load(&sh.frees) + atomic_load(&sh.ooms) + atomic_load(&sh.records) +
              atomic_load(&sh.zero_allocs);
-  printf("test_stress: threads=%d streams=%d iters=%ld: %ld ops (%ld allocs, %ld frees, %ld record_stream, "
-         "%ld OOMs), %ld driver ticks, %ld empty_cache, %ld checks, %lld segments reserved, peak %.1f MiB, "
-         "%s stamps, %.2f s\n",
-         sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs), atomic_load(&sh.frees),
-         atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks, (long long)st.num_device_alloc,
-         (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB, SPARSE_STAMPS ? "sparse" : "dense",
-         elapsed);
+  printf(
+      "test_stress: threads=%d streams=%d iters=%ld: %ld ops (%ld allocs, %ld frees, %ld record_stream, "
+      "%ld OOMs), %ld driver ticks, %ld empty_cache, %ld checks, %lld segments reserved, peak %.1f MiB, "
+      "%s stamps, %.2f s\n",
+      sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs), atomic_load(&sh.frees),
+      atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks, (long long)st.num_device_alloc,
+      (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB, SPARSE_STAMPS ? "sparse" : "dense",
+      elapsed);
 }
 
 int main(int argc, char **argv) {

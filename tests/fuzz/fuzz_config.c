@@ -16,15 +16,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define FZ_ASSERT(cond, ...)                                                               \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "fuzz_config: %s:%d: assertion failed: %s\n  ", __FILE__, __LINE__, \
-              #cond);                                                                      \
-      fprintf(stderr, __VA_ARGS__);                                                        \
-      fprintf(stderr, "\n  last error: %s\n", cp_last_error());                           \
-      abort();                                                                             \
-    }                                                                                      \
+#define FZ_ASSERT(cond, ...)                                                                      \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      fprintf(stderr, "fuzz_config: %s:%d: assertion failed: %s\n  ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                                               \
+      fprintf(stderr, "\n  last error: %s\n", cp_last_error());                                   \
+      abort();                                                                                    \
+    }                                                                                             \
   } while (0)
 
 /* Field by field (the struct has padding, which assignment need not copy). */
@@ -76,13 +75,31 @@ static void check_rounding(const cp_config_t *cfg, uint64_t seed) {
   const size_t M = (size_t)1 << 20;
   size_t sizes[64];
   size_t n = 0;
-  const size_t fixed[] = {1,          g - 1,          g,          g + 1,         3 * g + 7,
-                          M - 1,      M,              M + 1,      3 * M + 1,     cfg->small_size,
-                          cfg->small_size + 1,        cfg->min_large_alloc - 1,  cfg->min_large_alloc,
-                          (size_t)1 << 30,            ((size_t)1 << 30) + 1,     ((size_t)1 << 34) + 12345,
-                          ((size_t)1 << 40) + 3,      SIZE_MAX / 4,              SIZE_MAX / 2,
-                          SIZE_MAX / 2 + 1,           SIZE_MAX / 2 + 2,          SIZE_MAX - 3 * g,
-                          SIZE_MAX - g,               SIZE_MAX - g + 1,          SIZE_MAX - 1,
+  const size_t fixed[] = {1,
+                          g - 1,
+                          g,
+                          g + 1,
+                          3 * g + 7,
+                          M - 1,
+                          M,
+                          M + 1,
+                          3 * M + 1,
+                          cfg->small_size,
+                          cfg->small_size + 1,
+                          cfg->min_large_alloc - 1,
+                          cfg->min_large_alloc,
+                          (size_t)1 << 30,
+                          ((size_t)1 << 30) + 1,
+                          ((size_t)1 << 34) + 12345,
+                          ((size_t)1 << 40) + 3,
+                          SIZE_MAX / 4,
+                          SIZE_MAX / 2,
+                          SIZE_MAX / 2 + 1,
+                          SIZE_MAX / 2 + 2,
+                          SIZE_MAX - 3 * g,
+                          SIZE_MAX - g,
+                          SIZE_MAX - g + 1,
+                          SIZE_MAX - 1,
                           SIZE_MAX};
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) sizes[n++] = fixed[i];
   /* A few more, from the input: at every scale. */

@@ -38,12 +38,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MiB ((size_t)1024 * 1024)
 
-#define NSLOTS 24
-#define NSTREAMS 4     /* stream handles 0 (the default stream) .. 3 */
-#define MAX_OPS 400
+#define NSLOTS     24
+#define NSTREAMS   4 /* stream handles 0 (the default stream) .. 3 */
+#define MAX_OPS    400
 #define MAX_GUARDS (MAX_OPS + 8)
-#define HEAD_BYTES 16  /* pattern bytes written at each end of an allocation */
-#define SPREAD 8       /* and at this many places in between */
+#define HEAD_BYTES 16 /* pattern bytes written at each end of an allocation */
+#define SPREAD     8  /* and at this many places in between */
 
 /* ------------------------------------------------------------------------------------------
  * Reading the input
@@ -95,20 +95,19 @@ typedef struct dev_s {
   size_t events_cap;
   capture_t captured[3 * NSTREAMS]; /* records made during the current operation */
   size_t ncaptured;
-  int overflow;                 /* more records in one operation than fit above */
+  int overflow; /* more records in one operation than fit above */
 } dev_t;
 
 static int op_index = -1; /* for messages only; reset at the start of every input */
 
-#define FZ_ASSERT(cond, ...)                                                                \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "fuzz_pool: %s:%d: assertion failed: %s (op %d)\n  ", __FILE__,      \
-              __LINE__, #cond, op_index);                                                   \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fprintf(stderr, "\n  last error: %s\n", cp_last_error());                            \
-      abort();                                                                              \
-    }                                                                                       \
+#define FZ_ASSERT(cond, ...)                                                                                      \
+  do {                                                                                                            \
+    if (!(cond)) {                                                                                                \
+      fprintf(stderr, "fuzz_pool: %s:%d: assertion failed: %s (op %d)\n  ", __FILE__, __LINE__, #cond, op_index); \
+      fprintf(stderr, __VA_ARGS__);                                                                               \
+      fprintf(stderr, "\n  last error: %s\n", cp_last_error());                                                   \
+      abort();                                                                                                    \
+    }                                                                                                             \
   } while (0)
 
 static mirror_event_t *dev_event(dev_t *d, cp_event_t ev) {
@@ -170,8 +169,7 @@ static int dev_event_query(void *ctx, cp_event_t event, int *out_done) {
   if (rc == CP_OK) {
     const mirror_event_t *m = dev_event(d, event);
     int expect = m->seq == 0 || d->completed[m->stream] >= m->seq;
-    FZ_ASSERT(*out_done == expect, "event %" PRIuPTR ": device says done=%d, mirror says %d", event,
-              *out_done, expect);
+    FZ_ASSERT(*out_done == expect, "event %" PRIuPTR ": device says done=%d, mirror says %d", event, *out_done, expect);
   }
   return rc;
 }
@@ -219,7 +217,7 @@ static void dev_complete_all(dev_t *d) {
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct slot_s {
-  uint8_t *ptr;      /* NULL: the slot holds nothing */
+  uint8_t *ptr; /* NULL: the slot holds nothing */
   size_t requested;
   size_t rounded;    /* cp_round_size */
   size_t block;      /* the block's real size (allocated_bytes grew by this much) */
@@ -248,7 +246,7 @@ typedef struct model_s {
   slot_t slot[NSLOTS];
   guard_t guard[MAX_GUARDS];
   size_t nguards;
-  uintptr_t stale[8];     /* recently freed addresses, for double frees */
+  uintptr_t stale[8]; /* recently freed addresses, for double frees */
   size_t nstale;
 } model_t;
 
@@ -261,28 +259,29 @@ static uint8_t pattern_byte(uint32_t seed, size_t off) {
 }
 
 /* Visit the sampled offsets of an allocation: both ends and SPREAD places in between. */
-#define FOR_EACH_SAMPLE(len, off, body)                                        \
-  do {                                                                         \
-    size_t len_ = (len);                                                       \
-    for (size_t i_ = 0; i_ < 2 * HEAD_BYTES + SPREAD; i_++) {                  \
-      size_t off;                                                              \
-      if (i_ < HEAD_BYTES) off = i_;                                           \
-      else if (i_ < 2 * HEAD_BYTES) off = len_ - 1 - (i_ - HEAD_BYTES);        \
-      else off = len_ / (SPREAD + 1) * (i_ - 2 * HEAD_BYTES + 1);              \
-      if (off >= len_) continue;                                               \
-      body;                                                                    \
-    }                                                                          \
+#define FOR_EACH_SAMPLE(len, off, body)                        \
+  do {                                                         \
+    size_t len_ = (len);                                       \
+    for (size_t i_ = 0; i_ < 2 * HEAD_BYTES + SPREAD; i_++) {  \
+      size_t off;                                              \
+      if (i_ < HEAD_BYTES)                                     \
+        off = i_;                                              \
+      else if (i_ < 2 * HEAD_BYTES)                            \
+        off = len_ - 1 - (i_ - HEAD_BYTES);                    \
+      else                                                     \
+        off = len_ / (SPREAD + 1) * (i_ - 2 * HEAD_BYTES + 1); \
+      if (off >= len_) continue;                               \
+      body;                                                    \
+    }                                                          \
   } while (0)
 
-static void fill_slot(const slot_t *s) {
-  FOR_EACH_SAMPLE(s->requested, off, s->ptr[off] = pattern_byte(s->seed, off));
-}
+static void fill_slot(const slot_t *s) { FOR_EACH_SAMPLE(s->requested, off, s->ptr[off] = pattern_byte(s->seed, off)); }
 
 static void verify_slot(const slot_t *s, int index) {
   FOR_EACH_SAMPLE(s->requested, off, {
     FZ_ASSERT(s->ptr[off] == pattern_byte(s->seed, off),
-              "slot %d (%p, %zu bytes): byte %zu is %#x, expected %#x: someone else wrote here", index,
-              (void *)s->ptr, s->requested, off, s->ptr[off], pattern_byte(s->seed, off));
+              "slot %d (%p, %zu bytes): byte %zu is %#x, expected %#x: someone else wrote here", index, (void *)s->ptr,
+              s->requested, off, s->ptr[off], pattern_byte(s->seed, off));
   });
 }
 
@@ -343,8 +342,8 @@ static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
       const slot_t *t = &m->slot[j];
       if (t->ptr == NULL) continue;
       FZ_ASSERT(!overlaps((uintptr_t)s->ptr, s->block, (uintptr_t)t->ptr, t->block),
-                "live blocks overlap: slot %d [%p, +%zu) and slot %d [%p, +%zu)", i, (void *)s->ptr,
-                s->block, j, (void *)t->ptr, t->block);
+                "live blocks overlap: slot %d [%p, +%zu) and slot %d [%p, +%zu)", i, (void *)s->ptr, s->block, j,
+                (void *)t->ptr, t->block);
     }
   }
   bytes[CP_KIND_ALL] = bytes[CP_KIND_SMALL] + bytes[CP_KIND_LARGE];
@@ -356,8 +355,9 @@ static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
     FZ_ASSERT(cur(&st, CP_STAT_ALLOCATED_BYTES, k) == (int64_t)bytes[k],
               "allocated_bytes.%s is %" PRId64 ", the caller holds %zu", cp_pool_kind_names[k],
               cur(&st, CP_STAT_ALLOCATED_BYTES, k), bytes[k]);
-    FZ_ASSERT(cur(&st, CP_STAT_ALLOCATION, k) == (int64_t)count[k], "allocation.%s is %" PRId64 ", the caller holds %zu",
-              cp_pool_kind_names[k], cur(&st, CP_STAT_ALLOCATION, k), count[k]);
+    FZ_ASSERT(cur(&st, CP_STAT_ALLOCATION, k) == (int64_t)count[k],
+              "allocation.%s is %" PRId64 ", the caller holds %zu", cp_pool_kind_names[k],
+              cur(&st, CP_STAT_ALLOCATION, k), count[k]);
   }
 
   cp_pool_info_t in;
@@ -369,7 +369,8 @@ static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
             "info: allocated %zu + cached %zu + pending %zu != reserved %zu", in.allocated, in.cached_free,
             in.pending_free, in.reserved);
   FZ_ASSERT(in.reserved == dev_reserved, "the pool says %zu bytes reserved, the device %zu", in.reserved, dev_reserved);
-  FZ_ASSERT(in.reserved == (size_t)cur(&st, CP_STAT_RESERVED_BYTES, CP_KIND_ALL), "info and stats disagree on reserved");
+  FZ_ASSERT(in.reserved == (size_t)cur(&st, CP_STAT_RESERVED_BYTES, CP_KIND_ALL),
+            "info and stats disagree on reserved");
   FZ_ASSERT(dev_reserved <= m->capacity, "device holds %zu of %zu bytes", dev_reserved, m->capacity);
   FZ_ASSERT(in.live_blocks == count[CP_KIND_ALL], "info: %zu live blocks, the caller holds %zu", in.live_blocks,
             count[CP_KIND_ALL]);
@@ -395,7 +396,7 @@ static void take_snapshot(cp_pool_t *pool, snapshot_t *s) {
   cp_pool_info(pool, &s->info);
   s->info.device_free = 0; /* the device's own figures are not the pool's */
   s->info.device_total = 0;
-  s->info.streams = 0;     /* a failed free may have met a stream for the first time */
+  s->info.streams = 0; /* a failed free may have met a stream for the first time */
 }
 
 static void expect_unchanged(cp_pool_t *pool, const snapshot_t *before, const char *what) {
@@ -410,9 +411,21 @@ static void expect_unchanged(cp_pool_t *pool, const snapshot_t *before, const ch
  * ---------------------------------------------------------------------------------------- */
 
 enum {
-  OP_ALLOC_A, OP_ALLOC_B, OP_ALLOC_C, OP_ALLOC_D,
-  OP_FREE_A, OP_FREE_B, OP_FREE_C,
-  OP_RECORD, OP_STREAM, OP_COMPLETE, OP_MISC, OP_CAP, OP_FRACTION, OP_FAULT, OP_BAD_POINTER,
+  OP_ALLOC_A,
+  OP_ALLOC_B,
+  OP_ALLOC_C,
+  OP_ALLOC_D,
+  OP_FREE_A,
+  OP_FREE_B,
+  OP_FREE_C,
+  OP_RECORD,
+  OP_STREAM,
+  OP_COMPLETE,
+  OP_MISC,
+  OP_CAP,
+  OP_FRACTION,
+  OP_FAULT,
+  OP_BAD_POINTER,
   OP_COUNT
 };
 
@@ -421,29 +434,40 @@ static size_t pick_size(reader_t *r, const model_t *m) {
   const cp_config_t *c = &m->cfg;
   size_t cap = m->capacity;
   switch (rd_u8(r) % 10) {
-    case 0: return 1 + rd_u32(r) % c->small_size;                       /* small */
-    case 1: return 1 + rd_u8(r);                                       /* tiny, odd */
-    case 2: return c->granule * (1 + rd_u16(r) % (c->small_size / c->granule)); /* exact */
+    case 0: return 1 + rd_u32(r) % c->small_size;                                        /* small */
+    case 1: return 1 + rd_u8(r);                                                         /* tiny, odd */
+    case 2: return c->granule * (1 + rd_u16(r) % (c->small_size / c->granule));          /* exact */
     case 3: return c->small_size + 1 + rd_u32(r) % (c->min_large_alloc - c->small_size); /* large */
-    case 4: return (size_t)(1 + rd_u8(r) % 12) * 2 * MiB;              /* whole 2 MiB steps */
-    case 5: return c->min_large_alloc + rd_u32(r) % (40 * MiB);        /* big, maybe oversize */
+    case 4: return (size_t)(1 + rd_u8(r) % 12) * 2 * MiB;                                /* whole 2 MiB steps */
+    case 5: return c->min_large_alloc + rd_u32(r) % (40 * MiB);                          /* big, maybe oversize */
     case 6: {
-      const size_t edge[] = {c->granule - 1,         c->granule,          c->granule + 1,
-                             c->small_size - 1,      c->small_size,       c->small_size + 1,
-                             c->min_large_alloc - 1, c->min_large_alloc,  c->min_large_alloc + 1,
-                             c->large_segment,       c->large_segment + 1, c->max_split_size - 1,
-                             c->max_split_size,      cap / 2,              cap - c->granule,
-                             cap,                    cap + 1};
+      const size_t edge[] = {c->granule - 1,
+                             c->granule,
+                             c->granule + 1,
+                             c->small_size - 1,
+                             c->small_size,
+                             c->small_size + 1,
+                             c->min_large_alloc - 1,
+                             c->min_large_alloc,
+                             c->min_large_alloc + 1,
+                             c->large_segment,
+                             c->large_segment + 1,
+                             c->max_split_size - 1,
+                             c->max_split_size,
+                             cap / 2,
+                             cap - c->granule,
+                             cap,
+                             cap + 1};
       return edge[rd_u8(r) % (sizeof edge / sizeof edge[0])];
     }
     case 7: {
-      const size_t absurd[] = {SIZE_MAX,         SIZE_MAX - 1,           SIZE_MAX - c->granule + 2,
-                               SIZE_MAX / 2 + 1, (size_t)1 << 62,        (size_t)1 << 40,
+      const size_t absurd[] = {SIZE_MAX,         SIZE_MAX - 1,       SIZE_MAX - c->granule + 2,
+                               SIZE_MAX / 2 + 1, (size_t)1 << 62,    (size_t)1 << 40,
                                4 * cap,          SIZE_MAX - 40 * MiB};
       return absurd[rd_u8(r) % (sizeof absurd / sizeof absurd[0])];
     }
     case 8: return 0;
-    default: return 1 + rd_u32(r) % cap;                               /* anything */
+    default: return 1 + rd_u32(r) % cap; /* anything */
   }
 }
 
@@ -486,7 +510,8 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
       FZ_ASSERT(exhausted, "alloc(%zu): out of memory for a %zu-byte segment with %zu of %zu bytes reserved (cap %zu)",
                 size, seg, dev_reserved, m->capacity, cap);
     }
-    if (seg == 0) FZ_ASSERT(rc == CP_ERR_OOM || rc == CP_ERR_INVALID, "absurd alloc(%zu): %s", size, cp_status_name(rc));
+    if (seg == 0)
+      FZ_ASSERT(rc == CP_ERR_OOM || rc == CP_ERR_INVALID, "absurd alloc(%zu): %s", size, cp_status_name(rc));
     return;
   }
   if (size == 0) {
@@ -501,7 +526,8 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   cp_pool_stats(x->pool, &after);
   int64_t grew = cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&before, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
   int small = rounded <= m->cfg.small_size;
-  FZ_ASSERT(grew >= (int64_t)rounded, "alloc(%zu, rounded %zu) added only %" PRId64 " allocated bytes", size, rounded, grew);
+  FZ_ASSERT(grew >= (int64_t)rounded, "alloc(%zu, rounded %zu) added only %" PRId64 " allocated bytes", size, rounded,
+            grew);
   size_t block = (size_t)grew;
   size_t slack = block - rounded;
   if (small) {
@@ -510,7 +536,8 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
     FZ_ASSERT(slack <= m->cfg.small_size, "alloc(%zu): block of %zu for %zu rounded: should have been split", size,
               block, rounded);
   } else {
-    size_t bound = m->cfg.max_non_split_rounding > m->cfg.round_large ? m->cfg.max_non_split_rounding : m->cfg.round_large;
+    size_t bound =
+        m->cfg.max_non_split_rounding > m->cfg.round_large ? m->cfg.max_non_split_rounding : m->cfg.round_large;
     FZ_ASSERT(slack < bound, "oversize alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
   }
   /* Never on top of a live block, nor on a range still waited for. */
@@ -524,7 +551,8 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
     const guard_t *gd = &m->guard[g];
     if (!guard_active(x->dev, gd)) continue;
     FZ_ASSERT(!overlaps((uintptr_t)p, block, gd->addr, gd->size),
-              "alloc(%zu) on stream %u = [%p, +%zu) reuses [%#" PRIxPTR ", +%zu) before the events of its free completed",
+              "alloc(%zu) on stream %u = [%p, +%zu) reuses [%#" PRIxPTR
+              ", +%zu) before the events of its free completed",
               size, m->stream, p, block, gd->addr, gd->size);
   }
   /* If it grew the pool, the cap held at that moment, and nothing was reserved since. */
@@ -566,8 +594,10 @@ static void do_free(ctx_t *x, int si, int sized) {
             x->dev->ncaptured, want);
   cp_stats_t after;
   cp_pool_stats(x->pool, &after);
-  int64_t dropped = cur(&before.stats, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
-  FZ_ASSERT(dropped == (int64_t)s->block, "free of a %zu-byte block took %" PRId64 " allocated bytes", s->block, dropped);
+  int64_t dropped =
+      cur(&before.stats, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
+  FZ_ASSERT(dropped == (int64_t)s->block, "free of a %zu-byte block took %" PRId64 " allocated bytes", s->block,
+            dropped);
   if (want > 0) {
     FZ_ASSERT(m->nguards < MAX_GUARDS, "guard table full");
     guard_t *g = &m->guard[m->nguards++];
@@ -631,13 +661,23 @@ static void do_bad_pointer(ctx_t *x, reader_t *r) {
   take_snapshot(x->pool, &before);
   cp_clear_error();
   size_t looked = 12345;
-  FZ_ASSERT(cp_pool_lookup(x->pool, (void *)a, &looked) == 0 && looked == 12345, "lookup of %#" PRIxPTR " (not live)", a);
+  FZ_ASSERT(cp_pool_lookup(x->pool, (void *)a, &looked) == 0 && looked == 12345, "lookup of %#" PRIxPTR " (not live)",
+            a);
   int rc;
   const char *what;
   switch ((how / 5) % 3) {
-    case 0: what = "free"; rc = cp_free(x->pool, (void *)a); break;
-    case 1: what = "free_sized"; rc = cp_free_sized(x->pool, (void *)a, rd_u32(r)); break;
-    default: what = "record_stream"; rc = cp_record_stream(x->pool, (void *)a, which % NSTREAMS); break;
+    case 0:
+      what = "free";
+      rc = cp_free(x->pool, (void *)a);
+      break;
+    case 1:
+      what = "free_sized";
+      rc = cp_free_sized(x->pool, (void *)a, rd_u32(r));
+      break;
+    default:
+      what = "record_stream";
+      rc = cp_record_stream(x->pool, (void *)a, which % NSTREAMS);
+      break;
   }
   FZ_ASSERT(rc == CP_ERR_INVALID, "%s of %#" PRIxPTR " (not live) gave %s", what, a, cp_status_name(rc));
   expect_failure_explained(rc);
@@ -811,13 +851,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cp_clear_error();
     uint8_t op = rd_u8(&r) % OP_COUNT;
     switch (op) {
-      case OP_ALLOC_A: case OP_ALLOC_B: case OP_ALLOC_C: case OP_ALLOC_D: {
+      case OP_ALLOC_A:
+      case OP_ALLOC_B:
+      case OP_ALLOC_C:
+      case OP_ALLOC_D: {
         int si = rd_u8(&r) % NSLOTS;
-        if (m->slot[si].ptr != NULL) do_free(&x, si, 0); /* make room in the slot first */
-        else do_alloc(&x, si, pick_size(&r, m));
+        if (m->slot[si].ptr != NULL)
+          do_free(&x, si, 0); /* make room in the slot first */
+        else
+          do_alloc(&x, si, pick_size(&r, m));
         break;
       }
-      case OP_FREE_A: case OP_FREE_B: case OP_FREE_C: {
+      case OP_FREE_A:
+      case OP_FREE_B:
+      case OP_FREE_C: {
         uint8_t sb = rd_u8(&r);
         int si = sb % NSLOTS;
         if (m->slot[si].ptr != NULL) do_free(&x, si, sb >= 128);

@@ -24,8 +24,7 @@ static hooks_state *get_state(PyObject *module) { return (hooks_state *)PyModule
 static cp_sim_t *existing_sim(const cpy_hooks_api *api, int device) {
   cp_sim_t *sim = api->device_sim(device);
   if (sim == NULL) {
-    PyErr_Format(PyExc_RuntimeError, "device %d has no simulated device yet (use_sim_devices, then allocate)",
-                 device);
+    PyErr_Format(PyExc_RuntimeError, "device %d has no simulated device yet (use_sim_devices, then allocate)", device);
   }
   return sim;
 }
@@ -46,10 +45,8 @@ static PyObject *hook_alloc_catching(PyObject *module, PyObject *args) {
   char msg[4096];
   msg[0] = '\0';
   int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = api->alloc_catching(size, device, (void *)stream, &ptr, msg, sizeof msg);
-  Py_END_ALLOW_THREADS
-  return Py_BuildValue("(Kis)", (unsigned long long)(uintptr_t)ptr, rc, msg);
+  Py_BEGIN_ALLOW_THREADS rc = api->alloc_catching(size, device, (void *)stream, &ptr, msg, sizeof msg);
+  Py_END_ALLOW_THREADS return Py_BuildValue("(Kis)", (unsigned long long)(uintptr_t)ptr, rc, msg);
 }
 
 static PyObject *hook_sim_complete_all(PyObject *module, PyObject *dev) {
