@@ -97,7 +97,7 @@ SOURCES = rel_glob(
         f"csrc/{layer}/*{suffix}"
         for layer in ("base", "core", "backend", "torch", "python")
         for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)
-    ),
+    )
 )
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")

@@ -44,11 +44,7 @@ def run_python(
     environ.update(env or {})
     try:
         return subprocess.run(
-            [sys.executable, *python_args, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=environ,
+            [sys.executable, *python_args, "-c", code], capture_output=True, text=True, timeout=timeout, env=environ
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout

@@ -566,11 +566,7 @@ def test_row_config_malformed_keywords_are_named(config, key, reason):
 
 
 def test_row_config_keyword_with_a_comma_is_refused():
-    smuggled = [
-        {"max_split_size_mb": "64,garbage_collection_threshold:0.5"},
-        {"memory_cap_mb": "8,"},
-        {"a,b": 1},
-    ]
+    smuggled = [{"max_split_size_mb": "64,garbage_collection_threshold:0.5"}, {"memory_cap_mb": "8,"}, {"a,b": 1}]
     for config in smuggled:
         for make in (lambda: Pool(64 * MiB, **config), lambda: _config.resolve(config, {})):
             with pytest.raises(ValueError, match="one keyword is one key:value entry"):

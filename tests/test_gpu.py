@@ -42,10 +42,7 @@ def _gpu_skip_reason():
 
 _SKIP_REASON = _gpu_skip_reason()
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or ""),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or "")]
 
 
 # -- running a scenario --------------------------------------------------------------------------
@@ -125,11 +122,7 @@ def run_scenario(env, body, *, cudapool_on=True, args=(), extra_env=None, timeou
     label = "cudapool" if cudapool_on else "built-in allocator"
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code, *args],
-            env=run_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            [sys.executable, "-c", code, *args], env=run_env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(

@@ -10,12 +10,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from cudapool.sim import OutOfMemoryError, Pool  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import (  # noqa: E402
-    RuleBasedStateMachine,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 MiB = 1 << 20
 CAPACITY = 64 * MiB

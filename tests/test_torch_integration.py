@@ -21,10 +21,7 @@ from scenario import expect_ok, run_python
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 if not hasattr(torch._C, "_cuda_customAllocator"):
-    pytest.skip(
-        f"torch {torch.__version__} is a CPU-only build (no CUDAPluggableAllocator)",
-        allow_module_level=True,
-    )
+    pytest.skip(f"torch {torch.__version__} is a CPU-only build (no CUDAPluggableAllocator)", allow_module_level=True)
 
 import cudapool  # noqa: E402
 from cudapool import _C, _torch  # noqa: E402

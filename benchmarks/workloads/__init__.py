@@ -44,9 +44,4 @@ WORKLOADS: Dict[str, Callable[..., Trace]] = {
 }
 
 #: name -> {scale: settings}
-SCALES = {
-    "gpt": gpt.SCALES,
-    "cnn": cnn.SCALES,
-    "kvcache": kvcache.SCALES,
-    "rmm_random": rmm_random.SCALES,
-}
+SCALES = {"gpt": gpt.SCALES, "cnn": cnn.SCALES, "kvcache": kvcache.SCALES, "rmm_random": rmm_random.SCALES}

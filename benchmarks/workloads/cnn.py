@@ -27,32 +27,12 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
+# What every scale shares; the model and the batch grow with the scale.
+_TRAINING = dict(lr=0.1, weight_decay=5e-4, device="meta")
 SCALES = {
-    "small": dict(
-        batch=16, image=64, width=32, blocks=(2, 2, 2), classes=10, steps=4, lr=0.1, weight_decay=5e-4, device="meta"
-    ),
-    "medium": dict(
-        batch=64,
-        image=224,
-        width=64,
-        blocks=(2, 2, 2, 2),
-        classes=1000,
-        steps=10,
-        lr=0.1,
-        weight_decay=5e-4,
-        device="meta",
-    ),
-    "large": dict(
-        batch=128,
-        image=224,
-        width=64,
-        blocks=(3, 4, 6, 3),
-        classes=1000,
-        steps=20,
-        lr=0.1,
-        weight_decay=5e-4,
-        device="meta",
-    ),
+    "small": dict(batch=16, image=64, width=32, blocks=(2, 2, 2), classes=10, steps=4, **_TRAINING),
+    "medium": dict(batch=64, image=224, width=64, blocks=(2, 2, 2, 2), classes=1000, steps=10, **_TRAINING),
+    "large": dict(batch=128, image=224, width=64, blocks=(3, 4, 6, 3), classes=1000, steps=20, **_TRAINING),
 }
 
 

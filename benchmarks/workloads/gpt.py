@@ -35,53 +35,18 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
+# What every scale shares; the model and the shapes grow with the scale.
+_TRAINING = dict(lr=3e-4, weight_decay=0.1, optimizer="adamw", device="meta")
+# fmt: off
 SCALES = {
-    "small": dict(
-        layers=4,
-        d_model=256,
-        heads=4,
-        vocab=8192,
-        steps=20,
-        min_seq=32,
-        max_seq=512,
-        min_batch=2,
-        max_batch=8,
-        lr=3e-4,
-        weight_decay=0.1,
-        optimizer="adamw",
-        device="meta",
-    ),
-    "medium": dict(
-        layers=12,
-        d_model=768,
-        heads=12,
-        vocab=50304,
-        steps=50,
-        min_seq=64,
-        max_seq=1024,
-        min_batch=4,
-        max_batch=16,
-        lr=3e-4,
-        weight_decay=0.1,
-        optimizer="adamw",
-        device="meta",
-    ),
-    "large": dict(
-        layers=24,
-        d_model=1024,
-        heads=16,
-        vocab=50304,
-        steps=100,
-        min_seq=128,
-        max_seq=2048,
-        min_batch=4,
-        max_batch=16,
-        lr=3e-4,
-        weight_decay=0.1,
-        optimizer="adamw",
-        device="meta",
-    ),
+    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, steps=20, min_seq=32, max_seq=512,
+                  min_batch=2, max_batch=8, **_TRAINING),
+    "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, steps=50, min_seq=64, max_seq=1024,
+                   min_batch=4, max_batch=16, **_TRAINING),
+    "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, steps=100, min_seq=128, max_seq=2048,
+                  min_batch=4, max_batch=16, **_TRAINING),
 }
+# fmt: on
 
 
 def build_model(layers: int, d_model: int, heads: int, vocab: int, max_seq: int, device: str) -> Any:

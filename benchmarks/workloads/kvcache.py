@@ -37,56 +37,16 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
+# fmt: off
 SCALES = {
-    "small": dict(
-        layers=4,
-        d_model=256,
-        heads=4,
-        vocab=8192,
-        requests=5,
-        min_prompt=16,
-        max_prompt=256,
-        min_new=8,
-        max_new=48,
-        min_batch=1,
-        max_batch=8,
-        cache="cat",
-        chunk=64,
-        device="meta",
-    ),
-    "medium": dict(
-        layers=12,
-        d_model=768,
-        heads=12,
-        vocab=50304,
-        requests=16,
-        min_prompt=32,
-        max_prompt=768,
-        min_new=32,
-        max_new=256,
-        min_batch=1,
-        max_batch=16,
-        cache="cat",
-        chunk=128,
-        device="meta",
-    ),
-    "large": dict(
-        layers=24,
-        d_model=1024,
-        heads=16,
-        vocab=50304,
-        requests=32,
-        min_prompt=64,
-        max_prompt=1536,
-        min_new=64,
-        max_new=512,
-        min_batch=1,
-        max_batch=32,
-        cache="cat",
-        chunk=256,
-        device="meta",
-    ),
+    "small": dict(layers=4, d_model=256, heads=4, vocab=8192, requests=5, min_prompt=16, max_prompt=256,
+                  min_new=8, max_new=48, min_batch=1, max_batch=8, cache="cat", chunk=64, device="meta"),
+    "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, requests=16, min_prompt=32, max_prompt=768,
+                   min_new=32, max_new=256, min_batch=1, max_batch=16, cache="cat", chunk=128, device="meta"),
+    "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, requests=32, min_prompt=64, max_prompt=1536,
+                  min_new=64, max_new=512, min_batch=1, max_batch=32, cache="cat", chunk=256, device="meta"),
 }
+# fmt: on
 
 
 class CatCache:

@@ -24,11 +24,7 @@ class Pool:
     TypeError."""
 
     def __new__(
-        cls: Type[_P],
-        capacity: int,
-        config: str = ...,
-        auto_complete: bool = ...,
-        touch_memory: bool = ...,
+        cls: Type[_P], capacity: int, config: str = ..., auto_complete: bool = ..., touch_memory: bool = ...
     ) -> _P: ...
     @property
     def closed(self) -> bool: ...

@@ -168,12 +168,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         result = rp.replay(
-            trace,
-            policy=ns.policy,
-            config=ns.config,
-            capacity=capacity,
-            device=ns.device,
-            progress=not ns.no_progress,
+            trace, policy=ns.policy, config=ns.config, capacity=capacity, device=ns.device, progress=not ns.no_progress
         )
     except ValueError as exc:  # a device the trace does not have
         _err(str(exc))
@@ -198,8 +193,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m cudapool",
-        description="cudapool: a stream-aware caching GPU memory allocator for PyTorch.",
+        prog="python -m cudapool", description="cudapool: a stream-aware caching GPU memory allocator for PyTorch."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser(

@@ -11,10 +11,7 @@ from typing import Dict
 
 __all__ = ["POLICIES", "DEFAULT_POLICY", "config_for"]
 
-POLICIES: Dict[str, str] = {
-    "builtin": "",
-    "cudapool": "release_before_grow:True,max_split_size_mb:128",
-}
+POLICIES: Dict[str, str] = {"builtin": "", "cudapool": "release_before_grow:True,max_split_size_mb:128"}
 
 DEFAULT_POLICY = "cudapool"
 

@@ -63,15 +63,7 @@ from . import _C, _config, policies
 from ._units import format_bytes
 from .trace import EVENT, Trace, load
 
-__all__ = [
-    "DEFAULT_CAPACITY",
-    "ReplayError",
-    "config_text",
-    "format_bytes",
-    "format_report",
-    "parse_size",
-    "replay",
-]
+__all__ = ["DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "format_report", "parse_size", "replay"]
 
 #: The simulated device's capacity when none is given: more than any trace asks for.
 DEFAULT_CAPACITY = 1 << 50
@@ -272,13 +264,7 @@ def _derive(res: Dict[str, Any]) -> None:
 
 
 def _replay_data(
-    data: bytes,
-    config: str,
-    capacity: int,
-    progress: Union[bool, str],
-    label: str,
-    curve_points: int,
-    stream: IO[str],
+    data: bytes, config: str, capacity: int, progress: Union[bool, str], label: str, curve_points: int, stream: IO[str]
 ) -> Dict[str, Any]:
     """Replay the records in ``data`` on a fresh pool; the C replay's result, the curve,
     and the effective configuration."""

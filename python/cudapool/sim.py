@@ -41,14 +41,7 @@ class Pool(_C.Pool):
 
     _config_text: str
 
-    def __new__(
-        cls,
-        capacity: int,
-        *,
-        auto_complete: bool = False,
-        touch_memory: bool = True,
-        **config: Any,
-    ) -> "Pool":
+    def __new__(cls, capacity: int, *, auto_complete: bool = False, touch_memory: bool = True, **config: Any) -> "Pool":
         text = config_string(config)
         self = super().__new__(cls, capacity, text, auto_complete=bool(auto_complete), touch_memory=bool(touch_memory))
         self._config_text = text

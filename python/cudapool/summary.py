@@ -73,12 +73,7 @@ def _value(stats: Mapping[str, int], key: str) -> int:
         raise KeyError(f"memory stats lack {key!r}") from None
 
 
-def format_summary(
-    stats: Mapping[str, int],
-    device: int,
-    abbreviated: bool = False,
-    title: str = DEFAULT_TITLE,
-) -> str:
+def format_summary(stats: Mapping[str, int], device: int, abbreviated: bool = False, title: str = DEFAULT_TITLE) -> str:
     """The summary table of ``stats`` (a flat dict under torch's key names) for ``device``.
 
     ``abbreviated`` leaves out the "from large pool" / "from small pool" rows. Within a row,

@@ -132,11 +132,7 @@ class Tracer:
     """
 
     def __init__(
-        self,
-        device: Optional[str] = None,
-        device_index: int = 0,
-        adopt_inputs: bool = True,
-        record_ops: bool = False,
+        self, device: Optional[str] = None, device_index: int = 0, adopt_inputs: bool = True, record_ops: bool = False
     ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
