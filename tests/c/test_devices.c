@@ -17,21 +17,15 @@
 #define CAPACITY (64 * MiB)
 #define DEVICES  3
 
-static size_t allocated_on(int device) {
+/* Bytes in live blocks (which = 0) or reserved (which = 1) on `device`; 0 without a pool. */
+static size_t usage_on(int device, int which) {
   cp_pool_t *pool = cpd_pool_if_created(device);
-  if (pool == NULL) return 0;
-  size_t allocated = 0, reserved = 0;
-  cp_pool_usage(pool, &allocated, &reserved);
-  return allocated;
+  size_t bytes[2] = {0, 0};
+  if (pool != NULL) cp_pool_usage(pool, &bytes[0], &bytes[1]);
+  return bytes[which];
 }
-
-static size_t reserved_on(int device) {
-  cp_pool_t *pool = cpd_pool_if_created(device);
-  if (pool == NULL) return 0;
-  size_t allocated = 0, reserved = 0;
-  cp_pool_usage(pool, &allocated, &reserved);
-  return reserved;
-}
+#define allocated_on(device) usage_on((device), 0)
+#define reserved_on(device)  usage_on((device), 1)
 
 /* Every pool healthy and holding no live block; then everything goes back. */
 static void check_clean_and_shut_down(void) {
