@@ -1,6 +1,6 @@
 /* fork.c — the lock registry and the handlers that make fork() safe.
  * Owns: taking every registered lock before fork() and releasing them after, in both
- * processes (Note [Locks across fork] in cp_fork.h). */
+ * processes (Note [Locks across fork] in base/fork.h). */
 #include "base/fork.h"
 
 #include <stdatomic.h>

@@ -1,4 +1,4 @@
-/* cp_fork.h — every lock of the process that fork() must not copy while held.
+/* fork.h — every lock of the process that fork() must not copy while held.
  * Owns: the lock registry and the fork handlers (fork.c). Pure C11 + pthreads. */
 #ifndef CP_FORK_H
 #define CP_FORK_H

@@ -1,4 +1,4 @@
-/* ptrmap.c — the host-side pointer map: uintptr_t keys to non-NULL values.
+/* ptrmap.c — the one hash table (ptrmap.h): uintptr_t keys to non-NULL values.
  * Owns: open addressing with linear probing and backward-shift deletion (no tombstones). */
 #include "base/ptrmap.h"
 

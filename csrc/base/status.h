@@ -1,4 +1,4 @@
-/* cp_status.h — status codes and the thread-local last-error message.
+/* status.h — status codes and the thread-local last-error message.
  * Owns: the numbers every public function returns and the text that explains them. */
 #ifndef CP_STATUS_H
 #define CP_STATUS_H
