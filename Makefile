@@ -217,7 +217,7 @@ lint-layers:
 	$(PYTHON) scripts/check_layers.py
 	$(PYTHON) scripts/config_doc.py --check
 
-lint-format:
+lint-format: deps-py
 	$(CLANG_FORMAT) --dry-run --Werror $(C_FORMAT_FILES)
 	$(PYTHON) -m ruff format --check $(PY_LINT_DIRS)
 	$(PYTHON) -m ruff check $(PY_LINT_DIRS)
