@@ -13,9 +13,9 @@ What a replay reports (the keys of the returned dict)
 -----------------------------------------------------
 - ``events``: events replayed (for one device of a multi-device trace: that device's);
   ``allocs``, ``frees``: those that reached the pool; ``skipped``: allocations of size 0
-  and their frees; ``bad_events``: frees of ids never allocated in the trace (a trace that
-  began mid-run, e.g. a torch snapshot whose ring buffer had wrapped) and allocations of ids
-  already live;
+  and their frees; ``bad_events``: frees of ids never allocated in the trace nor live at its
+  start (a trace that began mid-run and whose start is not known, or not seeded) and
+  allocations of ids already live;
 - ``peak_allocated`` (bytes in blocks handed out, after rounding), ``peak_requested`` (bytes
   asked for), ``peak_reserved`` (bytes reserved from the device), all maxima over the replay;
 - ``utilization`` = peak_allocated / peak_reserved (0 when nothing was reserved);
@@ -35,6 +35,19 @@ What a replay reports (the keys of the returned dict)
   about ``curve_points`` windows, each the maxima over the events before ``event_index``
   since the previous point.
 
+- ``window_start`` (None when the trace does not know it): for a torch snapshot whose history
+  is a window, the memory live and reserved at its first event (``reserved_bytes``,
+  ``live_bytes``, ``live_requested_bytes``, ``live_blocks``, ``segments``, ``problems``) and
+  how the pool was seeded with it before the first event (``seeded``): ``"segments"`` under the
+  ``builtin`` policy (the recorded segments, exact sizes and streams, the live blocks at their
+  offsets: the replay continues the recorded run), ``"allocations"`` under any other (the
+  policy allocates the live blocks, in address order; these are not counted as events), None
+  with ``window_start=False`` (an empty pool); ``oom`` when the capacity cannot hold it. The
+  peaks include the seeded memory, as the recorded ``builtin_peak_reserved`` does;
+- ``comparable``: whether the replay's peak reserved compares with the recorded run's, and
+  ``not_comparable``, the reasons when it does not (no recorded figure, an unseeded window
+  that began with memory reserved, the reconstruction's ``problems``).
+
 Several devices
 ---------------
 A pool serves one device, so a trace with events on several devices is split: each device's
@@ -45,7 +58,9 @@ indexed by that device's own events), and the top level sums them: events, alloc
 skipped, bad_events, the peaks (each device's peak, added: what the GPUs together must hold),
 device allocs and frees, ns; utilization and fragmentation are computed from those sums
 (fragmentation is then the cached-bytes-weighted mean of the devices'); ``oom`` is true when
-any device ran out, with ``oom_device``; there is no top-level curve.
+any device ran out, with ``oom_device``; ``window_start`` adds up the devices' (problems tagged
+with their device), and the totals are comparable when every device's is; there is no
+top-level curve.
 """
 
 from __future__ import annotations

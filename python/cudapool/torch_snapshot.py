@@ -33,11 +33,37 @@ has one, else laid one device after the other.
 
 The trace window
 ----------------
-The history is a ring buffer: a long run's snapshot starts mid-run. Blocks allocated before
-the window and freed in it give FREE events without an ALLOC: a replay counts them as
-``bad_events`` and does not model those blocks (``meta["frees_without_alloc"]`` counts
-them). Blocks allocated before the window and still live at its end are not in the trace at
-all.
+The history is a ring buffer (and is often recorded from after the model was loaded): a
+snapshot's trace usually starts mid-run, with memory already live and reserved. The state at
+the window's first entry is reconstructed per device, in ``meta["window_start"]["<device>"]``:
+the dump-time ``segments`` with the trace undone, last entry first:
+
+- ``segment_alloc`` in the window: that segment did not exist at the start; ``segment_free``:
+  it did (address, size and stream from the entry; small when it is 2 MiB or less);
+  ``segment_map``/``segment_unmap`` (expandable segments) do the same to mapped ranges, and
+  each contiguous mapped range is a segment at the start (the mapped bytes are reserved);
+- blocks live at the start: those live at dump time (``active_allocated``,
+  ``active_pending_free``) that the window does not allocate, plus those it frees without
+  allocating them (a FREE event above, so a free requested before the window and completed in
+  it counts). A block the dump lists has its exact size and requested size; block addresses are
+  consecutive from the segment's address in list order, or the block's ``address`` when
+  given. A block known only from its free has its request rounded to 512 B, plus the gap to
+  the next live block when that is 1 MiB or less in a large segment (the built-in allocator
+  leaves such a remainder unsplit; a remainder followed by memory freed since cannot be seen).
+
+Each start is ``{"segments": [{"address", "size", "stream", "kind", "expandable", "blocks":
+[[address, offset, size, requested], ...]}, ...], "reserved_bytes", "live_bytes",
+"live_requested_bytes", "live_blocks", "problems"}``; ``problems`` lists what the history and
+the dump do not agree on, as ``{"what", "count", "bytes"}``: allocations of the window neither
+freed in it nor live at dump time (recording stopped before the dump), segments allocated in
+the window but missing at dump time or freed but present, frees of blocks already live,
+blocks outside every segment or overlapping, entries of unknown actions, and a reserved curve
+that had to be raised (below). ``cudapool.replay`` seeds every replay with this state and says
+when the comparison with the recorded run is not like for like.
+
+Integers out of range (a negative address or size, a stream handle beyond 64 bits; torch
+writes handles as signed 64-bit values, which are taken as their unsigned bit pattern) and
+times that are not finite are errors naming the entry.
 
 The built-in allocator's reserved curve
 ---------------------------------------
