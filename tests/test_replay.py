@@ -630,13 +630,26 @@ def test_snapshot_events_and_reserved_curve(tmp_path):
 
 def test_snapshot_replays_beside_the_builtin_peak(tmp_path):
     t = load(write_pickle(tmp_path, basic_snapshot()))
+    # At the window's start: SEG_A (20 MiB) with the block at SEG_A + 4 MiB (3 MiB) live.
+    start = t.meta["window_start"]["0"]
+    assert start["reserved_bytes"] == 20 * MiB and start["live_bytes"] == 3 * MiB and start["problems"] == []
+    assert start["segments"][0]["blocks"] == [[SEG_A + 4 * MiB, 4 * MiB, 3 * MiB, 3 * MiB]]
     r = replay(t, policy="builtin")
     assert r["builtin_peak_reserved"] == 62 * MiB
-    assert r["bad_events"] == 1  # the free of the block allocated before the window
-    assert r["allocs"] == 4 and r["frees"] == 2
-    # Not the same figure: the window's first allocation found room in a segment made before
-    # it, which the replay must reserve itself.
-    assert r["peak_reserved"] == 2 * MiB + 40 * MiB + 2 * MiB
+    assert r["bad_events"] == 0  # the free of the block allocated before the window frees the seeded block
+    assert r["allocs"] == 4 and r["frees"] == 3 and r["events"] == 7
+    assert r["window_start"]["seeded"] == "segments" and r["comparable"]
+    # The seeded 20 MiB segment, then 2 + 40 + 2 MiB: the window's first allocation (1000 B)
+    # goes to a small segment, not into SEG_A as this made-up run had it.
+    assert r["peak_reserved"] == 20 * MiB + 2 * MiB + 40 * MiB + 2 * MiB
+    # From an empty pool, as before: not like for like, and said so.
+    r = replay(t, policy="builtin", window_start=False)
+    assert r["bad_events"] == 1 and r["peak_reserved"] == 2 * MiB + 40 * MiB + 2 * MiB
+    assert not r["comparable"] and "empty pool" in r["not_comparable"][0]
+    assert "no percentage" in rp.format_report(r)
+    # Other policies: the live block allocated by the policy, not counted as an event.
+    r = replay(t, policy="cudapool")
+    assert r["window_start"]["seeded"] == "allocations" and r["events"] == 7 and r["allocs"] == 4
 
 
 def test_snapshot_free_requested_without_completion_falls_back(tmp_path):
@@ -837,8 +850,14 @@ def test_cli_snapshot_shows_the_builtin_peak(tmp_path):
     path = write_pickle(tmp_path, basic_snapshot())
     proc = cli(path, "--policy", "builtin")
     assert proc.returncode == 0, proc.stderr
-    assert "built-in allocator in the recorded run: 62.00 MiB (-29.0 %)" in proc.stdout
+    assert "built-in allocator in the recorded run: 62.00 MiB (+3.2 %)" in proc.stdout
+    assert "window start    3.00 MiB live in 1 blocks, 20.00 MiB reserved in 1 segments" in proc.stdout
+    assert "bad events" not in proc.stdout
+    proc = cli(path, "--policy", "builtin", "--empty-start")
+    assert proc.returncode == 0, proc.stderr
     assert "bad events      1 " in proc.stdout
+    assert "62.00 MiB (no percentage: not like for like)" in proc.stdout
+    assert "not comparable  the replay starts from an empty pool, but 20.00 MiB were reserved" in proc.stdout
 
 
 def test_cli_device_and_config(tmp_path):

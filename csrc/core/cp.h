@@ -298,6 +298,25 @@ int cp_replay_feed(cp_replay_t *replay, const cp_trace_event_t *events, size_t n
 void cp_replay_result(const cp_replay_t *replay, cp_replay_result_t *out);
 /* The highest allocated and reserved bytes since the previous call (for curves). */
 void cp_replay_window(cp_replay_t *replay, size_t *out_max_allocated, size_t *out_max_reserved);
+/* One block live when a replay begins (cp_replay_seed_segment). */
+typedef struct cp_seed_block_s {
+  uint64_t id;      /* the trace id its FREE event will name */
+  size_t offset;    /* from the segment's start; a multiple of the granule */
+  size_t size;      /* the block's bytes; a positive multiple of the granule */
+  size_t requested; /* bytes asked for: 1..size */
+} cp_seed_block_t;
+
+/* Seed the replay with memory the traced program held before its first event (a trace that
+ * begins mid-run): reserve one segment of exactly `segment_size` bytes (a positive multiple
+ * of the granule) through the backend for `stream` and `kind` (CP_KIND_SMALL or
+ * CP_KIND_LARGE), counted as any segment is (stats, reserved, device allocs), with the `n`
+ * blocks LIVE at their offsets and every gap between them one FREE block. Each block's id is
+ * registered, so a later FREE event of it frees the block. The blocks must be sorted by
+ * offset, not overlap, lie inside the segment and have distinct ids that are not live in the
+ * replay: otherwise CP_ERR_INVALID naming the block, and nothing changes. CP_ERR_OOM when the
+ * backend (or the cap) cannot hold the segment; nothing changes then either. */
+int cp_replay_seed_segment(cp_replay_t *replay, cp_stream_t stream, int kind, size_t segment_size,
+                           const cp_seed_block_t *blocks, size_t n);
 /* Free every allocation still live, then the replay itself (not the pool). */
 void cp_replay_destroy(cp_replay_t *replay);
 

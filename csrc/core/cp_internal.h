@@ -246,6 +246,26 @@ struct cp_pool_s {
   size_t device_total;   /* from the backend at creation, 0 when unknown */
 };
 
+/* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
+/* Make sure `n` spare block nodes and room for one more live block exist. */
+int cp_reserve_metadata_locked(cp_pool_t *pool, int n);
+cp_block_t *cp_block_new_locked(cp_pool_t *pool); /* a spare node, zeroed */
+/* Put the FREE block `b` into its index (and the free-segment list when it is unsplit). */
+void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b);
+/* Add `seg` to the pool's segments and count it (segment, reserved_bytes stats). */
+void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg);
+/* Make `b` LIVE with `requested` bytes: live map (room reserved), allocation stats. */
+void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested);
+/* Reserved bytes plus those being reserved without the lock. */
+size_t cp_held_locked(const cp_pool_t *pool);
+
+/* Seeding (seed.c): reserve one segment of exactly `segment_size` bytes for (stream, kind)
+ * and lay out `blocks` LIVE in it at their offsets, the gaps FREE; the blocks' ids are not
+ * looked at. Validated first (cp_seed_check): on any error nothing changes. *out_addr
+ * receives the segment's address (block i is at *out_addr + blocks[i].offset). */
+int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segment_size, const cp_seed_block_t *blocks,
+                    size_t n, uintptr_t *out_addr);
+
 /* The checker (check.c). */
 size_t cp_check_locked(cp_pool_t *pool, FILE *out);
 

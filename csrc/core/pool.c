@@ -23,7 +23,7 @@
 
 /* Make sure `n` spare block nodes and room for one more live block exist, so that the rest
  * of an operation cannot fail half-way. */
-static int cp_reserve_metadata_locked(cp_pool_t *pool, int n) {
+int cp_reserve_metadata_locked(cp_pool_t *pool, int n) {
   if (n == 1 && pool->spare_blocks != NULL && (pool->live.count + 1) * 2 <= pool->live.mask + 1) {
     return CP_OK; /* the common case, without walking or calling out */
   }
@@ -42,7 +42,7 @@ static int cp_reserve_metadata_locked(cp_pool_t *pool, int n) {
   return cp_ptrmap_reserve(&pool->live, 1);
 }
 
-static cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
+cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
   cp_block_t *b = pool->spare_blocks; /* guaranteed by cp_reserve_metadata_locked */
   pool->spare_blocks = b->left;
   memset(b, 0, sizeof *b);
@@ -89,7 +89,7 @@ static void cp_free_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
   pool->free_segment_count--;
 }
 
-static void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b) {
+void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_segment_t *seg = b->segment;
   cp_index_insert(&seg->stream->index[seg->kind], b);
   if (cp_block_is_split(b)) {
@@ -149,6 +149,12 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
     r->state = CP_BLOCK_FREE;
     cp_free_insert_locked(pool, r);
   }
+  cp_block_make_live_locked(pool, b, requested);
+  return (void *)b->addr;
+}
+
+void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested) {
+  int kind = b->segment->kind;
   b->state = CP_BLOCK_LIVE;
   b->requested = requested;
   cp_ptrmap_insert(&pool->live, b->addr, b); /* room reserved: cannot fail */
@@ -158,8 +164,7 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
   cp_stats_inc(st, CP_STAT_ACTIVE, kind, 1);
   cp_stats_inc(st, CP_STAT_ACTIVE_BYTES, kind, b->size);
   cp_stats_inc(st, CP_STAT_REQUESTED_BYTES, kind, requested);
-  if (b->size >= cfg->max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
-  return (void *)b->addr;
+  if (b->size >= pool->cfg.max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
 }
 
 /* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
@@ -201,7 +206,7 @@ static size_t cp_reserved_locked(const cp_pool_t *pool) {
 }
 
 /* Reserved, plus what is being reserved right now without the lock: what growth counts. */
-static size_t cp_held_locked(const cp_pool_t *pool) { return cp_reserved_locked(pool) + pool->inflight_bytes; }
+size_t cp_held_locked(const cp_pool_t *pool) { return cp_reserved_locked(pool) + pool->inflight_bytes; }
 
 static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, int sign) {
   cp_stats_update(&pool->stats, CP_STAT_SEGMENT, seg->kind, sign);
@@ -209,7 +214,7 @@ static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, in
   if (seg->size >= pool->cfg.max_split_size) cp_stat_add(&pool->stats.oversize_segments, sign);
 }
 
-static void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
+void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
   seg->prev = NULL;
   seg->next = pool->segments;
   if (pool->segments != NULL) pool->segments->prev = seg;

@@ -106,6 +106,32 @@ int cp_replay_feed(cp_replay_t *r, const cp_trace_event_t *events, size_t n) {
   return rc;
 }
 
+int cp_replay_seed_segment(cp_replay_t *r, cp_stream_t stream, int kind, size_t segment_size,
+                           const cp_seed_block_t *blocks, size_t n) {
+  if (r == NULL || (n > 0 && blocks == NULL))
+    return cp_set_error(CP_ERR_INVALID, "cp_replay_seed_segment: NULL argument");
+  /* Ids: distinct, and not live in the replay (checked before anything changes). */
+  cp_ptrmap_t seen;
+  int rc = cp_ptrmap_init(&seen, 2 * n + 16);
+  for (size_t i = 0; rc == CP_OK && i < n; i++) {
+    const uint64_t id = blocks[i].id;
+    if (cp_ptrmap_get(&r->live, id) != NULL || cp_ptrmap_get(&seen, id) != NULL) {
+      rc = cp_set_error(CP_ERR_INVALID, "seed segment: block %zu (id %#llx, offset %zu): the id is live already", i,
+                        (unsigned long long)id, blocks[i].offset);
+    } else {
+      rc = cp_ptrmap_insert(&seen, id, &cp_replay_skip_marker);
+    }
+  }
+  cp_ptrmap_destroy(&seen);
+  if (rc == CP_OK) rc = cp_ptrmap_reserve(&r->live, n);
+  uintptr_t addr = 0;
+  if (rc == CP_OK) rc = cp_seed_segment(r->pool, stream, kind, segment_size, blocks, n, &addr);
+  if (rc != CP_OK) return rc;
+  for (size_t i = 0; i < n; i++) cp_ptrmap_insert(&r->live, blocks[i].id, (void *)(addr + blocks[i].offset));
+  cp_replay_observe(r);
+  return CP_OK;
+}
+
 void cp_replay_result(const cp_replay_t *r, cp_replay_result_t *out) {
   *out = r->res;
   cp_stats_t now;

@@ -69,6 +69,37 @@ int cpy_as_size(PyObject *obj, const char *what, size_t *out) {
   return 0;
 }
 
+int cpy_parse_seed_blocks(PyObject *seq_obj, cp_seed_block_t **out, size_t *out_n) {
+  PyObject *seq = PySequence_Fast(seq_obj, "seed blocks must be a sequence of (id, offset, size, requested)");
+  if (seq == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  cp_seed_block_t *blocks = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *blocks);
+  if (blocks == NULL) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+    unsigned long long id;
+    int ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 4;
+    if (!ok) PyErr_Format(PyExc_TypeError, "seed block %zd must be a tuple (id, offset, size, requested)", i);
+    if (!ok || cpy_as_unsigned(PyTuple_GET_ITEM(item, 0), "seed block id", UINT64_MAX, &id) < 0 ||
+        cpy_as_size(PyTuple_GET_ITEM(item, 1), "seed block offset", &blocks[i].offset) < 0 ||
+        cpy_as_size(PyTuple_GET_ITEM(item, 2), "seed block size", &blocks[i].size) < 0 ||
+        cpy_as_size(PyTuple_GET_ITEM(item, 3), "seed block requested", &blocks[i].requested) < 0) {
+      PyMem_Free(blocks);
+      Py_DECREF(seq);
+      return -1;
+    }
+    blocks[i].id = (uint64_t)id;
+  }
+  Py_DECREF(seq);
+  *out = blocks;
+  *out_n = (size_t)n;
+  return 0;
+}
+
 int cpy_as_uintptr(PyObject *obj, const char *what, uintptr_t *out) {
   unsigned long long v;
   if (cpy_as_unsigned(obj, what, (unsigned long long)UINTPTR_MAX, &v) < 0) return -1;

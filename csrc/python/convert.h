@@ -24,6 +24,10 @@ int cpy_as_unsigned(PyObject *obj, const char *what, unsigned long long max, uns
 int cpy_as_size(PyObject *obj, const char *what, size_t *out);
 int cpy_as_uintptr(PyObject *obj, const char *what, uintptr_t *out);
 
+/* A sequence of (id, offset, size, requested) tuples as seed blocks (PyMem_Malloc'ed: the
+ * caller frees *out with PyMem_Free). TypeError, ValueError or OverflowError naming the bad one. */
+int cpy_parse_seed_blocks(PyObject *seq, cp_seed_block_t **out, size_t *out_n);
+
 /* A device index in 0..CP_MAX_DEVICES-1; ValueError "invalid device ..." otherwise
  * (TypeError for a non-integer). */
 int cpy_parse_device(PyObject *obj, int *out);

@@ -560,6 +560,30 @@ static PyObject *Pool_replay_window(PyObject *op, PyObject *Py_UNUSED(ignored)) 
   return Py_BuildValue("(nn)", (Py_ssize_t)a, (Py_ssize_t)r);
 }
 
+/* replay_seed_segment(stream, kind, size, blocks): memory live before the trace's first
+ * event (cp_replay_seed_segment); kind "small" or "large", blocks (id, offset, size, requested). */
+static PyObject *Pool_replay_seed_segment(PyObject *op, PyObject *args) {
+  PoolObject *self = (PoolObject *)op;
+  if (require_replay(self, "replay_seed_segment()") < 0) return NULL;
+  PyObject *stream_obj, *size_obj, *blocks_obj;
+  const char *kind_name;
+  if (!PyArg_ParseTuple(args, "OsOO:replay_seed_segment", &stream_obj, &kind_name, &size_obj, &blocks_obj)) return NULL;
+  int kind = strcmp(kind_name, "small") == 0 ? CP_KIND_SMALL : strcmp(kind_name, "large") == 0 ? CP_KIND_LARGE : -1;
+  uintptr_t stream;
+  size_t size, n;
+  cp_seed_block_t *blocks;
+  if (kind < 0)
+    return PyErr_Format(PyExc_ValueError, "kind must be 'small' or 'large', not %R", PyTuple_GET_ITEM(args, 1));
+  if (cpy_as_uintptr(stream_obj, "stream", &stream) < 0 || cpy_as_size(size_obj, "segment size", &size) < 0)
+    return NULL;
+  if (cpy_parse_seed_blocks(blocks_obj, &blocks, &n) < 0) return NULL;
+  cp_clear_error();
+  int rc = cp_replay_seed_segment(self->replay, (cp_stream_t)stream, kind, size, blocks, n);
+  PyMem_Free(blocks);
+  if (rc != CP_OK) return raise_status(op, rc);
+  Py_RETURN_NONE;
+}
+
 /* End the replay: every allocation still live is freed. */
 static PyObject *Pool_replay_stop(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   PoolObject *self = (PoolObject *)op;
@@ -615,6 +639,9 @@ static PyMethodDef Pool_methods[] = {
     {"replay_feed", Pool_replay_feed, METH_VARARGS,
      "replay_feed(buffer, start=0, count=-1) -> bool\n\nReplay 40-byte trace records; False once "
      "an allocation failed."},
+    {"replay_seed_segment", Pool_replay_seed_segment, METH_VARARGS,
+     "replay_seed_segment(stream, kind, size, blocks)\n\nBefore the first event: reserve one segment of exactly "
+     "size bytes for stream ('small' or 'large' pool) with blocks [(id, offset, size, requested), ...] live."},
     {"replay_result", Pool_replay_result, METH_NOARGS, "The replay's figures so far (dict)."},
     {"replay_window", Pool_replay_window, METH_NOARGS, "(max allocated, max reserved) since the previous call."},
     {"replay_stop", Pool_replay_stop, METH_NOARGS, "End the replay, freeing what is still live."},

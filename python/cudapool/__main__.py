@@ -168,7 +168,13 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         result = rp.replay(
-            trace, policy=ns.policy, config=ns.config, capacity=capacity, device=ns.device, progress=not ns.no_progress
+            trace,
+            policy=ns.policy,
+            config=ns.config,
+            capacity=capacity,
+            device=ns.device,
+            progress=not ns.no_progress,
+            window_start=not ns.empty_start,
         )
     except ValueError as exc:  # a device the trace does not have
         _err(str(exc))
@@ -241,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)"
     )
     replay.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    replay.add_argument(
+        "--empty-start",
+        action="store_true",
+        help="start from an empty pool even when the trace is a window that began with memory live "
+        "(a torch snapshot's history); its peak is then not comparable with the recorded run's",
+    )
     return parser
 
 

@@ -13,9 +13,9 @@ What a replay reports (the keys of the returned dict)
 -----------------------------------------------------
 - ``events``: events replayed (for one device of a multi-device trace: that device's);
   ``allocs``, ``frees``: those that reached the pool; ``skipped``: allocations of size 0
-  and their frees; ``bad_events``: frees of ids never allocated in the trace (a trace that
-  began mid-run, e.g. a torch snapshot whose ring buffer had wrapped) and allocations of ids
-  already live;
+  and their frees; ``bad_events``: frees of ids never allocated in the trace nor live at its
+  start (a trace that began mid-run and whose start is not known, or not seeded) and
+  allocations of ids already live;
 - ``peak_allocated`` (bytes in blocks handed out, after rounding), ``peak_requested`` (bytes
   asked for), ``peak_reserved`` (bytes reserved from the device), all maxima over the replay;
 - ``utilization`` = peak_allocated / peak_reserved (0 when nothing was reserved);
@@ -35,6 +35,19 @@ What a replay reports (the keys of the returned dict)
   about ``curve_points`` windows, each the maxima over the events before ``event_index``
   since the previous point.
 
+- ``window_start`` (None when the trace does not know it): for a torch snapshot whose history
+  is a window, the memory live and reserved at its first event (``reserved_bytes``,
+  ``live_bytes``, ``live_requested_bytes``, ``live_blocks``, ``segments``, ``problems``) and
+  how the pool was seeded with it before the first event (``seeded``): ``"segments"`` under the
+  ``builtin`` policy (the recorded segments, exact sizes and streams, the live blocks at their
+  offsets: the replay continues the recorded run), ``"allocations"`` under any other (the
+  policy allocates the live blocks, in address order; these are not counted as events), None
+  with ``window_start=False`` (an empty pool); ``oom`` when the capacity cannot hold it. The
+  peaks include the seeded memory, as the recorded ``builtin_peak_reserved`` does;
+- ``comparable``: whether the replay's peak reserved compares with the recorded run's, and
+  ``not_comparable``, the reasons when it does not (no recorded figure, an unseeded window
+  that began with memory reserved, the reconstruction's ``problems``).
+
 Several devices
 ---------------
 A pool serves one device, so a trace with events on several devices is split: each device's
@@ -45,7 +58,9 @@ indexed by that device's own events), and the top level sums them: events, alloc
 skipped, bad_events, the peaks (each device's peak, added: what the GPUs together must hold),
 device allocs and frees, ns; utilization and fragmentation are computed from those sums
 (fragmentation is then the cached-bytes-weighted mean of the devices'); ``oom`` is true when
-any device ran out, with ``oom_device``; there is no top-level curve.
+any device ran out, with ``oom_device``; ``window_start`` adds up the devices' (problems tagged
+with their device), and the totals are comparable when every device's is; there is no
+top-level curve.
 """
 
 from __future__ import annotations
@@ -263,16 +278,71 @@ def _derive(res: Dict[str, Any]) -> None:
     res["events_per_s"] = res["events"] * 1e9 / res["ns"] if res["ns"] else 0.0
 
 
+def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str, Any]:
+    """Put the memory live at the window's start into a fresh replay: the recorded segments
+    with their live blocks at their offsets (mode "segments"), or each live block allocated
+    by the policy itself, in address order ("allocations"); None: nothing. What was done:
+    mode, events fed, the replay's result after it, and whether it ran out of memory."""
+    segments = start["segments"]
+    done: Dict[str, Any] = {"mode": None, "events": 0, "oom": False, "oom_size": 0}
+    if not segments or mode is None:
+        return done
+    done["mode"] = mode
+    if mode == "segments":
+        for seg in segments:
+            blocks = [(b[0], b[1], b[2], b[3]) for b in seg["blocks"]]
+            try:
+                pool.replay_seed_segment(seg["stream"], seg["kind"], seg["size"], blocks)
+            except _C.OutOfMemoryError:
+                done.update(oom=True, oom_size=seg["size"])
+                break
+            except ValueError as exc:
+                raise ReplayError(f"the window's start state does not fit the pool: {exc}") from None
+    else:
+        live = sorted((b[0], b[3], seg["stream"]) for seg in segments for b in seg["blocks"])
+        buf = b"".join(EVENT.pack(0, 0, addr, requested, st, -1) for addr, requested, st in live)
+        done["events"] = len(live)
+        if not pool.replay_feed(buf):
+            done.update(oom=True, oom_size=pool.replay_result()["oom_size"])
+    done["result"] = pool.replay_result()
+    return done
+
+
+def _start_summary(start: Optional[Dict[str, Any]], seeded: Optional[str]) -> Optional[Dict[str, Any]]:
+    if start is None:
+        return None
+    keys = ("reserved_bytes", "live_bytes", "live_requested_bytes", "live_blocks")
+    out: Dict[str, Any] = {k: start[k] for k in keys}
+    out["segments"] = len(start["segments"])
+    out["seeded"] = seeded
+    out["problems"] = list(start["problems"])
+    return out
+
+
 def _replay_data(
-    data: bytes, config: str, capacity: int, progress: Union[bool, str], label: str, curve_points: int, stream: IO[str]
+    data: bytes,
+    config: str,
+    capacity: int,
+    progress: Union[bool, str],
+    label: str,
+    curve_points: int,
+    stream: IO[str],
+    start: Optional[Dict[str, Any]] = None,
+    mode: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Replay the records in ``data`` on a fresh pool; the C replay's result, the curve,
-    and the effective configuration."""
+    """Replay the records in ``data`` on a fresh pool, seeded with ``start`` (the window's
+    start state, see _seed) when given; the C replay's result, the curve, and the effective
+    configuration."""
     n = len(data) // EVENT.size
     pool = _C.Pool(capacity, config, True, False)
     bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
+    seed: Dict[str, Any] = {"mode": None, "events": 0, "oom": False}
     try:
         pool.replay_start(-1)
+        if start is not None:
+            seed = _seed(pool, start, mode)
+            if seed["oom"]:
+                n = 0  # out of memory before the first event: nothing more to replay
         curve: Optional[List[List[int]]] = [] if curve_points > 0 else None
         step = max(1, math.ceil(n / curve_points)) if curve_points > 0 else 0
         next_sample = step if curve is not None else n + 1
@@ -308,11 +378,22 @@ def _replay_data(
         if bar is not None:
             bar.close()
         pool.close()
+    if seed["events"]:  # the seeding allocations are not events of the trace
+        before = seed["result"]
+        for key in ("events", "allocs", "bad_events"):
+            res[key] -= before[key]
+        if res["oom"] and not seed["oom"]:
+            res["oom_event"] -= before["events"]
+    if seed["oom"]:
+        res.update(oom=True, oom_event=0, oom_size=seed["oom_size"])
     if not res["oom"]:
         res["oom_event"] = None
         res["oom_size"] = None
     if curve is not None:
         res["curve"] = curve
+    res["window_start"] = _start_summary(start, seed["mode"])
+    if res["window_start"] is not None:
+        res["window_start"]["oom"] = seed["oom"]
     return res
 
 
@@ -326,6 +407,7 @@ def replay(
     curve_points: int = 0,
     *,
     progress_stream: Optional[IO[str]] = None,
+    window_start: bool = True,
 ) -> Dict[str, Any]:
     """Replay ``trace`` (a Trace, or the path of a .cptrace file or torch snapshot) under
     ``policy`` (see :mod:`cudapool.policies`) with ``config`` ("key:value,...") on top.
@@ -335,6 +417,9 @@ def replay(
     device, each on its own pool; see the module notes). ``progress``: True draws a bar on
     stderr when it is a terminal and the trace is long; "force" draws it on any stream.
     ``curve_points``: sample about that many windows of allocated/reserved maxima.
+    ``window_start``: seed each device's pool with the memory live at the trace's first
+    event when the trace knows it (a torch snapshot's window; see the module notes); False
+    starts from an empty pool.
 
     Returns a dict (see the module notes). ValueError for an unknown policy, a bad
     configuration, or a device the trace has no events on; ReplayError when the pool's
@@ -369,22 +454,31 @@ def replay(
         return None
 
     common = {"policy": policy, "config": cfg, "capacity": cap}
+    starts = trace.meta.get("window_start") if isinstance(trace.meta, dict) else None
+
+    def start_of(d: Optional[int]) -> Optional[Dict[str, Any]]:
+        return starts.get(str(d)) if isinstance(starts, dict) and d is not None else None
+
+    mode = None if not window_start else "segments" if policy == "builtin" else "allocations"
 
     if device is not None or len(devices) <= 1:
         d = device if device is not None else (devices[0] if devices else None)
         data = trace.data if len(devices) <= 1 or d is None else _device_data(trace.data, d)
         label = "replay" if len(devices) <= 1 else f"replay device {d}"
-        res = _replay_data(data, cfg, cap, progress, label, curve_points, stream)
+        res = _replay_data(data, cfg, cap, progress, label, curve_points, stream, start_of(d), mode)
         _derive(res)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
+        _compare(res)
         res["wall_s"] = time.perf_counter() - t0
         return res
 
     per: Dict[str, Dict[str, Any]] = {}
     for d in devices:
-        res = _replay_data(_device_data(trace.data, d), cfg, cap, progress, f"replay device {d}", curve_points, stream)
+        data = _device_data(trace.data, d)
+        res = _replay_data(data, cfg, cap, progress, f"replay device {d}", curve_points, stream, start_of(d), mode)
         _derive(res)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
+        _compare(res)
         per[str(d)] = res
 
     total: Dict[str, Any] = dict(common, device=None, devices=per)
@@ -407,8 +501,48 @@ def replay(
     else:
         total["builtin_peak_reserved"] = trace.builtin_peak_reserved
     _derive(total)
+    total["window_start"] = _sum_starts(per)
+    total["comparable"] = all(r["comparable"] for r in per.values()) and total["builtin_peak_reserved"] is not None
+    total["not_comparable"] = [f"device {d}: {why}" for d, r in per.items() for why in r["not_comparable"]]
     total["wall_s"] = time.perf_counter() - t0
     return total
+
+
+def _compare(res: Dict[str, Any]) -> None:
+    """Whether the replay's peak reserved compares with the recorded run's: ``comparable``,
+    and ``not_comparable``, the reasons it does not."""
+    why: List[str] = []
+    ws = res.get("window_start")
+    if res.get("builtin_peak_reserved") is None:
+        why.append("the trace does not record the built-in allocator's reserved memory")
+    elif ws is not None:
+        if ws["reserved_bytes"] and not ws["seeded"]:
+            why.append(
+                f"the replay starts from an empty pool, but {format_bytes(ws['reserved_bytes'])} were reserved "
+                f"({format_bytes(ws['live_bytes'])} live) when the window began"
+            )
+        for p in ws["problems"]:
+            amount = f", {format_bytes(p['bytes'])}" if p["bytes"] else ""
+            why.append(f"window start uncertain: {p['what']} ({p['count']:,}{amount})")
+        if ws.get("oom"):
+            why.append("out of memory before the first event: the capacity cannot hold the window's start")
+    res["comparable"] = not why
+    res["not_comparable"] = why
+
+
+def _sum_starts(per: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The devices' window starts added up (None when no device has one)."""
+    starts = {d: r["window_start"] for d, r in per.items() if r.get("window_start") is not None}
+    if not starts:
+        return None
+    out: Dict[str, Any] = {}
+    for key in ("reserved_bytes", "live_bytes", "live_requested_bytes", "live_blocks", "segments"):
+        out[key] = sum(w[key] for w in starts.values())
+    modes = {w["seeded"] for w in starts.values() if w["segments"]}
+    out["seeded"] = modes.pop() if len(modes) == 1 else (None if not modes else "mixed")
+    out["problems"] = [dict(p, what=f"device {d}: {p['what']}") for d, w in starts.items() for p in w["problems"]]
+    out["oom"] = any(w.get("oom") for w in starts.values())
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -443,12 +577,34 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
         f"{format_bytes(res['peak_allocated'])} ({res['peak_allocated']:,} B; "
         f"requested {format_bytes(res['peak_requested'])})",
     )
+    ws = res.get("window_start")
+    if ws is not None:
+        how = {
+            "segments": "seeded as the recorded segments, live blocks at their offsets",
+            "allocations": "seeded: the policy allocated the live blocks, in address order",
+            "mixed": "seeded",
+            None: "not seeded: the replay starts from an empty pool",
+        }[ws["seeded"]]
+        if not ws["reserved_bytes"]:
+            how = "the window starts with nothing reserved"
+        row(
+            "window start",
+            f"{format_bytes(ws['live_bytes'])} live in {ws['live_blocks']:,} blocks, "
+            f"{format_bytes(ws['reserved_bytes'])} reserved in {ws['segments']:,} segments ({how})",
+        )
     reserved = f"{format_bytes(res['peak_reserved'])} ({res['peak_reserved']:,} B)"
     builtin = res.get("builtin_peak_reserved")
     if builtin:
-        change = (res["peak_reserved"] - builtin) / builtin * 100
-        reserved += f"   built-in allocator in the recorded run: {format_bytes(builtin)} ({change:+.1f} %)"
+        reserved += f"   built-in allocator in the recorded run: {format_bytes(builtin)}"
+        if res.get("comparable", True):
+            change = (res["peak_reserved"] - builtin) / builtin * 100
+            reserved += f" ({change:+.1f} %)"
+        else:
+            reserved += " (no percentage: not like for like)"
     row("peak reserved", reserved)
+    for why in res.get("not_comparable") or ():
+        if builtin:
+            row("not comparable", why)
     row("utilization", f"{_pct(res['utilization'])} (peak allocated / peak reserved)")
     row(
         "fragmentation",

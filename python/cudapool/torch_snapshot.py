@@ -33,11 +33,37 @@ has one, else laid one device after the other.
 
 The trace window
 ----------------
-The history is a ring buffer: a long run's snapshot starts mid-run. Blocks allocated before
-the window and freed in it give FREE events without an ALLOC: a replay counts them as
-``bad_events`` and does not model those blocks (``meta["frees_without_alloc"]`` counts
-them). Blocks allocated before the window and still live at its end are not in the trace at
-all.
+The history is a ring buffer (and is often recorded from after the model was loaded): a
+snapshot's trace usually starts mid-run, with memory already live and reserved. The state at
+the window's first entry is reconstructed per device, in ``meta["window_start"]["<device>"]``:
+the dump-time ``segments`` with the trace undone, last entry first:
+
+- ``segment_alloc`` in the window: that segment did not exist at the start; ``segment_free``:
+  it did (address, size and stream from the entry; small when it is 2 MiB or less);
+  ``segment_map``/``segment_unmap`` (expandable segments) do the same to mapped ranges, and
+  each contiguous mapped range is a segment at the start (the mapped bytes are reserved);
+- blocks live at the start: those live at dump time (``active_allocated``,
+  ``active_pending_free``) that the window does not allocate, plus those it frees without
+  allocating them (a FREE event above, so a free requested before the window and completed in
+  it counts). A block the dump lists has its exact size and requested size; block addresses are
+  consecutive from the segment's address in list order, or the block's ``address`` when
+  given. A block known only from its free has its request rounded to 512 B, plus the gap to
+  the next live block when that is 1 MiB or less in a large segment (the built-in allocator
+  leaves such a remainder unsplit; a remainder followed by memory freed since cannot be seen).
+
+Each start is ``{"segments": [{"address", "size", "stream", "kind", "expandable", "blocks":
+[[address, offset, size, requested], ...]}, ...], "reserved_bytes", "live_bytes",
+"live_requested_bytes", "live_blocks", "problems"}``; ``problems`` lists what the history and
+the dump do not agree on, as ``{"what", "count", "bytes"}``: allocations of the window neither
+freed in it nor live at dump time (recording stopped before the dump), segments allocated in
+the window but missing at dump time or freed but present, frees of blocks already live,
+blocks outside every segment or overlapping, entries of unknown actions, and a reserved curve
+that had to be raised (below). ``cudapool.replay`` seeds every replay with this state and says
+when the comparison with the recorded run is not like for like.
+
+Integers out of range (a negative address or size, a stream handle beyond 64 bits; torch
+writes handles as signed 64-bit values, which are taken as their unsigned bit pattern) and
+times that are not finite are errors naming the entry.
 
 The built-in allocator's reserved curve
 ---------------------------------------
@@ -59,8 +85,10 @@ curve non-negative (``meta["reserved_start_adjusted"]`` lists the devices where 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import io
+import math
 import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -133,13 +161,25 @@ class _Pending:
         self.completed = False
 
 
-def _int(entry: Dict[str, Any], key: str, where: str, default: Optional[int] = None) -> int:
+def _int(
+    entry: Dict[str, Any], key: str, where: str, default: Optional[int] = None, low: int = 0, high: int = _U64
+) -> int:
+    """entry[key] as an integer in [low, high] (default: an unsigned 64-bit value), else
+    SnapshotError naming the entry."""
     value = entry.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         if value is None and default is not None:
             return default
         raise SnapshotError(f"{where}: {key!r} is {value!r}, not an integer")
+    if not low <= value <= high:
+        raise SnapshotError(f"{where}: {key!r} is {value}, outside [{low}, {high}]")
     return value
+
+
+def _stream(entry: Dict[str, Any], where: str) -> int:
+    """A stream handle: torch writes it as a signed or unsigned 64-bit integer; anything
+    beyond is refused, not wrapped."""
+    return _int(entry, "stream", where, 0, low=-(1 << 63)) & _U64
 
 
 def _check_dict(value: Any, where: str, what: str) -> None:
@@ -147,49 +187,58 @@ def _check_dict(value: Any, where: str, what: str) -> None:
         raise SnapshotError(f"{where}: {what} must be a dict, not {type(value).__name__}")
 
 
-def _time_ns(entry: Dict[str, Any]) -> Optional[int]:
+def _time_ns(entry: Dict[str, Any], where: str) -> Optional[int]:
     t = entry.get("time_us")
     if isinstance(t, bool) or not isinstance(t, (int, float)):
         return None
+    if not math.isfinite(t) or not -(1 << 62) <= t * 1000 < (1 << 62):
+        raise SnapshotError(f"{where}: 'time_us' is {t!r}, not a time")
     return int(t * 1000)
 
 
 _SEGMENT_DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
+#: Entries that are not allocator actions: nothing to replay, nothing unknown.
+_IGNORED = frozenset({"snapshot", "annotate", "user_defined", "oom"})
 
-def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str, int]) -> List[Tuple[Any, ...]]:
-    """The items of one device's trace (see above), free requests resolved."""
+
+def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str, Any]) -> List[Tuple[Any, ...]]:
+    """The items of one device's trace (see above), free requests resolved. A segment change
+    is (None, delta_bytes, action, addr, size, stream, time)."""
     items: List[Any] = []
     pending: Dict[int, _Pending] = {}
     for k, entry in enumerate(entries):
         where = f"{source}: device_traces[{device}][{k}]"
         _check_dict(entry, where, "a trace entry")
         action = entry.get("action")
-        t = _time_ns(entry)
+        t = _time_ns(entry, where)
         tn = -1 if t is None else t
         if action == "alloc":
-            addr = _int(entry, "addr", where) & _U64
-            items.append((ALLOC, addr, _int(entry, "size", where), _int(entry, "stream", where, 0) & _U64, tn, t))
+            addr = _int(entry, "addr", where)
+            items.append((ALLOC, addr, _int(entry, "size", where), _stream(entry, where), tn, t))
         elif action in ("free_requested", "free"):
-            addr = _int(entry, "addr", where) & _U64
-            req = _Pending(addr, _int(entry, "size", where, 0), _int(entry, "stream", where, 0) & _U64, tn)
+            addr = _int(entry, "addr", where)
+            req = _Pending(addr, _int(entry, "size", where, 0), _stream(entry, where), tn)
             pending[addr] = req  # a request still pending for addr stays where it was
             items.append((req, t))
         elif action == "free_completed":
-            addr = _int(entry, "addr", where) & _U64
+            addr = _int(entry, "addr", where)
             done = pending.pop(addr, None)
             if done is not None:
                 done.completed = True
             size = _int(entry, "size", where, 0)
-            items.append((FREE, addr, size, _int(entry, "stream", where, 0) & _U64, tn, t))
+            items.append((FREE, addr, size, _stream(entry, where), tn, t))
         elif action in _SEGMENT_DELTA:
+            addr = _int(entry, "addr", where, 0)
             size = _int(entry, "size", where)
-            items.append((None, _SEGMENT_DELTA[action] * size, t))
+            items.append((None, _SEGMENT_DELTA[action] * size, action, addr, size, _stream(entry, where), t))
         elif action == "oom":
             stats["builtin_ooms"] += 1
         elif not isinstance(action, str):
             raise SnapshotError(f"{where}: no 'action' (entry keys: {sorted(map(str, entry))})")
-        # "snapshot", "annotate", "user_defined", ...: nothing to replay
+        elif action not in _IGNORED:
+            unknown = stats["unknown_actions"]
+            unknown[action] = unknown.get(action, 0) + 1
     out: List[Tuple[Any, ...]] = []
     for item in items:
         if isinstance(item[0], _Pending):
@@ -203,18 +252,203 @@ def _device_items(entries: List[Any], device: int, source: str, stats: Dict[str,
     return out
 
 
-def _segment_end_bytes(segments: Any, source: str) -> Dict[int, int]:
+def _segments_by_device(segments: Any, source: str) -> Dict[int, List[Dict[str, Any]]]:
+    """The dump-time segments, checked, per device: address, size, stream, kind, expandable
+    and blocks ((address, size, requested, live) in address order, or None when the entry
+    lists none)."""
     if segments is None:
         return {}
     if not isinstance(segments, list):
         raise SnapshotError(f"{source}: 'segments' must be a list, not {type(segments).__name__}")
-    end: Dict[int, int] = {}
+    out: Dict[int, List[Dict[str, Any]]] = {}
     for k, seg in enumerate(segments):
         where = f"{source}: segments[{k}]"
         _check_dict(seg, where, "a segment")
-        dev = _int(seg, "device", where, 0)
-        end[dev] = end.get(dev, 0) + _int(seg, "total_size", where)
-    return end
+        dev = _int(seg, "device", where, 0, high=(1 << 31) - 1)
+        addr = _int(seg, "address", where, 0)
+        size = _int(seg, "total_size", where)
+        kind = seg.get("segment_type")
+        if kind not in ("small", "large"):
+            kind = "small" if size <= _SMALL_SEGMENT else "large"
+        blocks_in = seg.get("blocks")
+        blocks: Optional[List[Tuple[int, int, int, bool]]] = None
+        if isinstance(blocks_in, list) and blocks_in:
+            blocks = []
+            at = addr
+            for j, blk in enumerate(blocks_in):
+                bwhere = f"{where}.blocks[{j}]"
+                _check_dict(blk, bwhere, "a block")
+                bsize = _int(blk, "size", bwhere)
+                baddr = _int(blk, "address", bwhere, at)
+                requested = _int(blk, "requested_size", bwhere, bsize)
+                state = blk.get("state")
+                blocks.append((baddr, bsize, requested, state in _LIVE_STATES))
+                at = baddr + bsize
+        elif blocks_in is not None and not isinstance(blocks_in, list):
+            raise SnapshotError(f"{where}: 'blocks' must be a list, not {type(blocks_in).__name__}")
+        out.setdefault(dev, []).append(
+            {
+                "address": addr,
+                "size": size,
+                "stream": _stream(seg, where),
+                "kind": kind,
+                "expandable": bool(seg.get("is_expandable")),
+                "blocks": blocks,
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The state at the window's start
+# ------------------------------------------------------------------------------------------
+
+_MiB = 1 << 20
+#: The built-in allocator's sizes: the small pool's segments, the granule, and the most a
+#: FREE block of the large pool can hold and still be left unsplit (so every FREE block of a
+#: large segment is larger than this: a smaller gap after a live block is part of it).
+_SMALL_SEGMENT = 2 * _MiB
+_GRANULE = 512
+_SMALL_SIZE = _MiB
+_LIVE_STATES = ("active_allocated", "active_pending_free")
+
+
+class _Problems:
+    """What the reconstruction could not account for, by kind: count and bytes."""
+
+    def __init__(self) -> None:
+        self.kinds: Dict[str, List[int]] = {}
+
+    def add(self, what: str, nbytes: int) -> None:
+        entry = self.kinds.setdefault(what, [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+
+    def as_list(self) -> List[Dict[str, Any]]:
+        return [{"what": w, "count": c, "bytes": b} for w, (c, b) in self.kinds.items()]
+
+
+def _add_range(ranges: List[List[int]], lo: int, hi: int, stream: int) -> None:
+    """Add [lo, hi) to a sorted list of disjoint [lo, hi, stream] ranges, merging touching ones."""
+    ranges.append([lo, hi, stream])
+    ranges.sort()
+    merged: List[List[int]] = []
+    for r in ranges:
+        if merged and r[0] <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], r[1])
+        else:
+            merged.append(r)
+    ranges[:] = merged
+
+
+def _cut_range(ranges: List[List[int]], lo: int, hi: int) -> int:
+    """Remove [lo, hi) from the ranges; the bytes of it that were not there."""
+    out: List[List[int]] = []
+    covered = 0
+    for a, b, st in ranges:
+        if b <= lo or a >= hi:
+            out.append([a, b, st])
+            continue
+        covered += min(b, hi) - max(a, lo)
+        if a < lo:
+            out.append([a, lo, st])
+        if b > hi:
+            out.append([hi, b, st])
+    ranges[:] = out
+    return (hi - lo) - covered
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _window_start(dump: List[Dict[str, Any]], items: List[Tuple[Any, ...]], unknown: Dict[str, int]) -> Dict[str, Any]:
+    """One device's state at its first trace entry: the dump-time segments and live blocks
+    with the trace undone, last entry first (see the module notes)."""
+    problems = _Problems()
+    segs: Dict[int, Dict[str, Any]] = {}
+    expandable: List[List[int]] = []  # mapped ranges of expandable segments: [lo, hi, stream]
+    live: Dict[int, List[Optional[int]]] = {}  # address -> [size or None, requested, stream]
+    with_blocks = False
+    for seg in dump:
+        if seg["expandable"]:
+            _add_range(expandable, seg["address"], seg["address"] + seg["size"], seg["stream"])
+        else:
+            segs[seg["address"]] = {k: seg[k] for k in ("address", "size", "stream", "kind")}
+        if seg["blocks"] is not None:
+            with_blocks = True
+            for addr, size, requested, is_live in seg["blocks"]:
+                if is_live:
+                    live[addr] = [size, requested, seg["stream"]]
+    for item in reversed(items):
+        action = item[0]
+        if action is None:
+            _, _, what, addr, size, stream, _ = item
+            if what == "segment_alloc":
+                if segs.pop(addr, None) is None:
+                    problems.add("segments allocated in the window but missing at dump time", size)
+            elif what == "segment_free":
+                if addr in segs:
+                    problems.add("segments freed in the window but present at dump time", size)
+                kind = "small" if size <= _SMALL_SEGMENT else "large"
+                segs[addr] = {"address": addr, "size": size, "stream": stream, "kind": kind}
+            elif what == "segment_map":
+                missing = _cut_range(expandable, addr, addr + size)
+                if missing:
+                    problems.add("expandable ranges mapped in the window but not mapped at dump time", missing)
+            else:  # segment_unmap
+                _add_range(expandable, addr, addr + size, stream)
+        elif action == ALLOC:
+            if live.pop(item[1], None) is None and with_blocks:
+                problems.add("allocations of the window neither freed in it nor live at dump time", item[2])
+        else:  # FREE: the block was live before
+            addr, size, stream = item[1], item[2], item[3]
+            if addr in live:
+                problems.add("blocks freed twice without an allocation between", size)
+            live[addr] = [None, size, stream]
+    # The start's segments: the plain ones and the mapped runs of expandable ones.
+    start = [dict(s, expandable=False) for s in segs.values()]
+    for lo, hi, stream in expandable:
+        start.append({"address": lo, "size": hi - lo, "stream": stream, "kind": "large", "expandable": True})
+    start.sort(key=lambda s: s["address"])
+    bases = [s["address"] for s in start]
+    for s in start:
+        s["blocks"] = []
+    for addr in sorted(live):
+        size, requested, _ = live[addr]
+        i = bisect.bisect_right(bases, addr) - 1
+        if i < 0 or addr >= start[i]["address"] + start[i]["size"]:
+            problems.add("blocks live at the start outside every segment", size or requested or 0)
+            continue
+        start[i]["blocks"].append([addr, size, requested])
+    for s in start:
+        end = s["address"] + s["size"]
+        placed: List[List[int]] = []
+        blocks = s["blocks"]
+        for j, (addr, size, requested) in enumerate(blocks):
+            nxt = blocks[j + 1][0] if j + 1 < len(blocks) else end
+            if size is None:  # freed in the window: only the request is known
+                size = max(_GRANULE, _round_up(requested, _GRANULE))
+                if s["kind"] == "large" and 0 < nxt - addr - size <= _SMALL_SIZE:
+                    size = nxt - addr  # the remainder was too small to split off
+            offset = addr - s["address"]
+            if offset % _GRANULE or size % _GRANULE or addr + size > nxt:
+                problems.add("blocks live at the start that overlap or are misaligned", size)
+                continue
+            requested = requested if 0 < requested <= size else size
+            placed.append([addr, offset, size, requested])
+        s["blocks"] = placed
+    for action, n in sorted(unknown.items()):
+        problems.add(f"entries of unknown action {action!r}", 0)
+        problems.kinds[f"entries of unknown action {action!r}"][0] = n
+    return {
+        "segments": start,
+        "reserved_bytes": sum(s["size"] for s in start),
+        "live_bytes": sum(b[2] for s in start for b in s["blocks"]),
+        "live_requested_bytes": sum(b[3] for s in start for b in s["blocks"]),
+        "live_blocks": sum(len(s["blocks"]) for s in start),
+        "problems": problems.as_list(),
+    }
 
 
 def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
@@ -235,12 +469,18 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
             f"torch.cuda.memory._record_memory_history() before torch.cuda.memory._dump_snapshot()"
         )
 
-    stats = {"free_requested_fallbacks": 0, "builtin_ooms": 0}
-    per_device = [_device_items(entries, dev, source, stats) for dev, entries in enumerate(traces)]
+    per_device = []
+    unknown_by_device = []
+    stats: Dict[str, Any] = {"free_requested_fallbacks": 0, "builtin_ooms": 0}
+    for dev, entries in enumerate(traces):
+        stats["unknown_actions"] = {}
+        per_device.append(_device_items(entries, dev, source, stats))
+        unknown_by_device.append(stats["unknown_actions"])
 
     # Reserved bytes at the start of the window, per device: the dump-time segments with the
     # trace's segment changes undone; at least what keeps the curve non-negative.
-    end = _segment_end_bytes(snapshot.get("segments"), source)
+    dump = _segments_by_device(snapshot.get("segments"), source)
+    end = {dev: sum(seg["size"] for seg in segs) for dev, segs in dump.items()}
     start: Dict[int, int] = {}
     adjusted: List[int] = []
     for dev, items in enumerate(per_device):
@@ -305,4 +545,19 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
     }
     if adjusted:
         meta["reserved_start_adjusted"] = adjusted
+    window: Dict[str, Any] = {}
+    for dev, items in enumerate(per_device):
+        if dev not in start:
+            continue
+        w = _window_start(dump.get(dev, []), items, unknown_by_device[dev])
+        if dev in adjusted:
+            w["problems"].append(
+                {
+                    "what": "segments changed after the last entry (recording stopped before the dump?)",
+                    "count": 1,
+                    "bytes": start[dev] - w["reserved_bytes"],
+                }
+            )
+        window[str(dev)] = w
+    meta["window_start"] = window
     return Trace(bytes(buf), meta=meta, builtin_reserved=curve)
