@@ -14,6 +14,14 @@ cudapool.replay's keys less the curve) and draw the gpt workload's allocated and
 memory over the trace under both policies (default ``build/replay-gpt.png``; needs
 matplotlib: ``pip install -e '.[bench]'``).
 
+Then the same traces as the windowed torch snapshots a user records: each trace is run under
+the ``builtin`` policy on the simulator, written as the snapshot the built-in allocator would
+have dumped, and its history cut at WINDOW_CUT (``benchmarks/window_snapshot.py``). Each such
+snapshot is replayed as ``python -m cudapool replay`` would, from the reconstructed state at
+the window's start, under every policy, and from an empty pool (what replays did before they
+reconstructed the start). The second table puts those peaks beside the recorded built-in peak
+over the window (the truth); the JSON holds them under ``"windows"``.
+
 The targets are checked and reported, not enforced: cudapool reserves no more than the
 built-in rules, and strictly less where those use less than 95 % of what they reserve;
 cudapool's utilization is at least 90 % on gpt; both replays run at 1 M events/s or more.
@@ -41,12 +49,16 @@ except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from cudapool.replay import format_bytes, replay  # noqa: E402
+from cudapool.torch_snapshot import from_snapshot  # noqa: E402
 from cudapool.trace import load, save  # noqa: E402
+from window_snapshot import simulate  # noqa: E402
 
 POLICIES = ("builtin", "cudapool")
 SCALES = ("small", "medium", "large")
 PLOT_WORKLOAD = "gpt"
 CURVE_POINTS = 2000
+#: Where the windowed snapshots' history starts, as a fraction of the trace's events.
+WINDOW_CUT = 0.5
 
 #: Target figures (reported, not enforced).
 STRICT_BELOW_UTILIZATION = 0.95
@@ -217,6 +229,50 @@ def plot(row: Dict[str, Any], curves: Dict[str, List[List[int]]], builtin_reserv
     plt.close(fig)
 
 
+def replay_window(name: str, trace: Any) -> Dict[str, Any]:
+    """The trace as a windowed torch snapshot (history from WINDOW_CUT on), replayed from the
+    reconstructed start under every policy and, for builtin, from an empty pool."""
+    cut = int(len(trace) * WINDOW_CUT)
+    made = simulate(trace, cut=cut)
+    snap = from_snapshot(made["window"], source=f"{name} window")
+    results = {p: replay(snap, policy=p) for p in POLICIES}
+    empty = replay(snap, policy="builtin", window_start=False)
+    truth = made["truth"]
+    return {
+        "workload": name,
+        "cut_event": cut,
+        "recorded_peak_reserved": truth["window_peak_reserved"],
+        "start_reserved": truth["reserved"],
+        "start_live_bytes": sum(size for _, size, _ in truth["blocks"]),
+        "policies": {
+            p: {k: r[k] for k in ("peak_reserved", "comparable", "not_comparable")} for p, r in results.items()
+        },
+        "builtin_empty_start_peak_reserved": empty["peak_reserved"],
+    }
+
+
+def format_window_table(rows: List[Dict[str, Any]]) -> str:
+    def pct(x: int, truth: int) -> str:
+        return f"{100.0 * (x - truth) / truth:+.1f} %" if truth else "-"
+
+    lines = [
+        "| workload | window from event | live / reserved at its start | recorded builtin peak | "
+        "builtin replay | builtin from an empty pool | cudapool replay |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        truth = r["recorded_peak_reserved"]
+        b = r["policies"]["builtin"]["peak_reserved"]
+        e = r["builtin_empty_start_peak_reserved"]
+        c = r["policies"]["cudapool"]["peak_reserved"]
+        lines.append(
+            f"| {r['workload']} | {r['cut_event']:,} | {format_bytes(r['start_live_bytes'])} / "
+            f"{format_bytes(r['start_reserved'])} | {format_bytes(truth)} | {format_bytes(b)} ({pct(b, truth)}) | "
+            f"{format_bytes(e)} ({pct(e, truth)}) | {format_bytes(c)} ({pct(c, truth)}) |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description="Replay every workload under the built-in allocator's rules and under cudapool's; "
@@ -260,6 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("no workloads registered: nothing to replay")
 
     rows: List[Dict[str, Any]] = []
+    windows: List[Dict[str, Any]] = []
     errors: List[Dict[str, str]] = []
     plot_data = None
     for name in names:
@@ -284,6 +341,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "targets": check_targets(name, results["builtin"], results["cudapool"]),
             }
             rows.append(row)
+            windows.append(replay_window(name, trace))
             if curves:
                 plot_data = (row, curves, trace.builtin_reserved)
         except Exception as exc:  # report it, go on with the others
@@ -311,6 +369,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         for key, t in r["targets"].items():
             if isinstance(t, dict) and not t["ok"]:
                 print(f"{r['workload']}: target missed: {t['why']}")
+    if windows:
+        print(
+            f"\nthe same runs as windowed torch snapshots (history from {WINDOW_CUT:.0%} of the events on, "
+            "made on the simulator under the built-in rules), replayed from the reconstructed start:\n"
+        )
+        print(format_window_table(windows))
     for e in errors:
         print(f"{e['workload']}: FAILED: {e['error']}")
 
@@ -329,7 +393,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"scale": args.scale, "rows": rows, "errors": errors}, f, indent=1)
+        json.dump({"scale": args.scale, "rows": rows, "windows": windows, "errors": errors}, f, indent=1)
         f.write("\n")
     print(f"json: {args.json}")
     return status

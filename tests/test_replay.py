@@ -973,7 +973,8 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     proc = run_replay_all(tmp_path, "--workloads", "gpt,tiny", "--no-plot")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    table = [line for line in out.splitlines() if line.startswith("|")]
+    main_part, _, window_part = out.partition("the same runs as windowed torch snapshots")
+    table = [line for line in main_part.splitlines() if line.startswith("|")]
     assert table[0].startswith("| workload | events | builtin peak reserved | cudapool peak reserved | builtin util |")
     assert "builtin ns/op | cudapool ns/op" in table[0] and "targets" in table[0]
     assert len(table) == 4 and table[2].startswith("| gpt | 200 |") and table[3].startswith("| tiny | 3 |")
@@ -988,6 +989,16 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
             assert REPLAY_KEYS <= set(res) and "curve" not in res
         assert "ok" in row["targets"] and "reserved" in row["targets"]
     assert rows["tiny"]["policies"]["builtin"]["peak_reserved"] == 2 * MiB + 20 * MiB
+    # Each trace again as a windowed snapshot: the builtin replay from the reconstructed start
+    # reaches the recorded peak exactly.
+    window_table = [line for line in window_part.splitlines() if line.startswith("|")]
+    assert window_table[0].startswith("| workload | window from event | live / reserved at its start |")
+    assert len(window_table) == 4 and window_table[2].startswith("| gpt | 100 |")
+    windows = {w["workload"]: w for w in data["windows"]}
+    assert set(windows) == {"gpt", "tiny"}
+    for w in windows.values():
+        assert w["policies"]["builtin"]["peak_reserved"] == w["recorded_peak_reserved"]
+        assert w["policies"]["builtin"]["comparable"] is True
     assert (tmp_path / "traces" / "gpt-small.cptrace").is_file()
     assert (tmp_path / "captures.log").read_text().split() == ["gpt", "tiny"]
     # a second run replays the cached traces without capturing
