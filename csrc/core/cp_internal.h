@@ -266,6 +266,11 @@ size_t cp_held_locked(const cp_pool_t *pool);
 int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segment_size, const cp_seed_block_t *blocks,
                     size_t n, uintptr_t *out_addr);
 
+/* Bytes held from the backend (the reserved_bytes stat). */
+static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
+  return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
+}
+
 /* The checker (check.c). */
 size_t cp_check_locked(cp_pool_t *pool, FILE *out);
 

@@ -1,5 +1,6 @@
-/* stats.c — statistics under the built-in allocator's names.
- * Owns: the name tables and the resets; the updates are inline in cp_internal.h. */
+/* stats.c — statistics under the built-in allocator's names, and the pool's figures for readers.
+ * Owns: the name tables, the resets, and every read-only public query of a pool (stats, info,
+ * usage, check, config); the updates are inline in cp_internal.h. */
 #include <string.h>
 
 #include "core/cp_internal.h"
@@ -36,4 +37,79 @@ void cp_stats_reset_accumulated(cp_stats_t *st) {
 #define CP_X(name) st->name = 0;
   CP_STAT_COUNTERS(CP_X)
 #undef CP_X
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Public queries: each takes the pool lock once and changes nothing.
+ * ---------------------------------------------------------------------------------------- */
+
+void cp_pool_config(cp_pool_t *pool, cp_config_t *out_cfg) {
+  pthread_mutex_lock(&pool->lock);
+  *out_cfg = pool->cfg;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_stats(cp_pool_t *pool, cp_stats_t *out_stats) {
+  pthread_mutex_lock(&pool->lock);
+  *out_stats = pool->stats;
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_reset_peak_stats(cp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  cp_stats_reset_peak(&pool->stats);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+void cp_pool_reset_accumulated_stats(cp_pool_t *pool) {
+  pthread_mutex_lock(&pool->lock);
+  cp_stats_reset_accumulated(&pool->stats);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
+  memset(info, 0, sizeof *info);
+  info->reserved = cp_reserved_locked(pool);
+  info->allocated = (size_t)pool->stats.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current;
+  info->pending_free = pool->streams.pending_bytes;
+  info->pending_blocks = pool->streams.pending_blocks;
+  info->segments = pool->segment_count;
+  info->live_blocks = pool->live.count;
+  info->streams = pool->streams.count;
+  info->memory_cap = pool->cap_bytes;
+  for (size_t i = 0; i < pool->streams.count; i++) {
+    for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
+      const cp_index_t *ix = &pool->streams.list[i]->index[k];
+      info->cached_free += ix->bytes;
+      info->free_blocks += ix->count;
+      cp_block_t *big = cp_index_largest(ix);
+      if (big != NULL && big->size > info->largest_free_block) info->largest_free_block = big->size;
+    }
+  }
+}
+
+void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info) {
+  size_t dev_free = 0, dev_total = 0;
+  int rc = pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total);
+  pthread_mutex_lock(&pool->lock);
+  cp_pool_info_locked(pool, out_info);
+  pthread_mutex_unlock(&pool->lock);
+  if (rc == CP_OK) {
+    out_info->device_free = dev_free;
+    out_info->device_total = dev_total;
+  }
+}
+
+void cp_pool_usage(cp_pool_t *pool, size_t *out_allocated, size_t *out_reserved) {
+  pthread_mutex_lock(&pool->lock);
+  *out_allocated = (size_t)pool->stats.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current;
+  *out_reserved = cp_reserved_locked(pool);
+  pthread_mutex_unlock(&pool->lock);
+}
+
+size_t cp_pool_check(cp_pool_t *pool, FILE *out) {
+  pthread_mutex_lock(&pool->lock);
+  size_t v = cp_check_locked(pool, out);
+  pthread_mutex_unlock(&pool->lock);
+  return v;
 }
