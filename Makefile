@@ -29,8 +29,8 @@ TSAN_ARGS ?= --threads 8
 # first four; the CPython binding (csrc/python) is built by setup.py only.
 BASE_SRC  := $(sort $(wildcard csrc/base/*.c))
 CORE_SRC  := $(sort $(wildcard csrc/core/*.c))
-SIM_SRC   := csrc/backend/sim.c
-CUDA_SRC  := csrc/backend/cuda.c
+SIM_SRC   := $(sort $(wildcard csrc/backend/sim*.c))
+CUDA_SRC  := $(sort $(wildcard csrc/backend/cuda*.c))
 TORCH_SRC := $(sort $(wildcard csrc/torch/*.c))
 LIB_SRC   := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC) $(TORCH_SRC)
 # Libraries every C build links, whatever LDLIBS says (dlopen for the CUDA backend).

@@ -11,85 +11,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/cuda_internal.h"
 #include "base/fork.h"
 
-/* ------------------------------------------------------------------------------------------
- * Driver types and constants. cuda.h of the toolkit is not included (it is not needed to build,
- * and a machine without CUDA has none); the few declarations used here follow the CUDA driver
- * API documentation. Every driver function returns a CUresult; 0 is success.
- * ---------------------------------------------------------------------------------------- */
-
-typedef int CUresult;
-typedef int CUdevice; /* device handle (an ordinal in practice) */
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream; /* NULL is the legacy default stream */
-typedef struct CUevent_st *CUevent;
-typedef unsigned long long CUdeviceptr; /* 64-bit builds */
-typedef uint64_t cuuint64_t;
-typedef int CUdriverProcAddressQueryResult;
-
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_NOT_READY = 600 };
-
-enum { CU_GET_PROC_ADDRESS_SUCCESS = 0 };
-
-#define CU_GET_PROC_ADDRESS_DEFAULT ((cuuint64_t)0) /* legacy default stream semantics */
-#define CU_EVENT_DISABLE_TIMING     0x2u
-
-/* ------------------------------------------------------------------------------------------
- * Constants
- * ---------------------------------------------------------------------------------------- */
-
-/* API versions asked of cuGetProcAddress: the 12.0 ABI of every function below, or the 11.3
- * one on an older driver (asking for a version above the driver's own fails). */
-#define CUDA_API_VERSION          12000
-#define CUDA_API_VERSION_FALLBACK 11030
-
-#define CUDA_ALIGN_BYTES   ((CUdeviceptr)512) /* what backend.h promises for reserve */
-#define CUDA_MESSAGE_BYTES 512                /* a remembered load failure, a call description */
-#define CUDA_WHY_BYTES     256                /* "CUDA_ERROR_X (text)" */
-#define CUDA_NAME_BYTES    256                /* device names (the runtime's limit as well) */
-
-_Static_assert(sizeof(void *) == 8, "cuda.c assumes a 64-bit build (CUdeviceptr)");
-_Static_assert(sizeof(CUdeviceptr) == sizeof(uintptr_t), "a device address fits a uintptr_t");
-_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function address travels through a void *");
-
-/* ------------------------------------------------------------------------------------------
- * The driver-function table, defined once: X(name, return type, parameters). It generates the
- * pointer types, the table and the list the loader walks. Resolved by base name, so the driver
- * hands back the variant (e.g. cuMemAlloc_v2) matching the requested API version.
- * ---------------------------------------------------------------------------------------- */
-
-#define CUDA_DRIVER_FUNCTIONS(X)                                                 \
-  X(cuGetErrorName, CUresult, (CUresult result, const char **out_name))          \
-  X(cuGetErrorString, CUresult, (CUresult result, const char **out_text))        \
-  X(cuInit, CUresult, (unsigned int init_flags))                                 \
-  X(cuDriverGetVersion, CUresult, (int *out_version))                            \
-  X(cuDeviceGetCount, CUresult, (int *out_count))                                \
-  X(cuDeviceGet, CUresult, (CUdevice * out_dev, int ordinal))                    \
-  X(cuDeviceGetName, CUresult, (char *out_name, int name_bytes, CUdevice dev))   \
-  X(cuDeviceTotalMem, CUresult, (size_t * out_bytes, CUdevice dev))              \
-  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * out_ctx, CUdevice dev))     \
-  X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice dev))                         \
-  X(cuCtxGetCurrent, CUresult, (CUcontext * out_ctx))                            \
-  X(cuCtxSetCurrent, CUresult, (CUcontext cu_ctx))                               \
-  X(cuMemAlloc, CUresult, (CUdeviceptr * out_ptr, size_t size_bytes))            \
-  X(cuMemFree, CUresult, (CUdeviceptr ptr))                                      \
-  X(cuMemGetInfo, CUresult, (size_t * out_free_bytes, size_t * out_total_bytes)) \
-  X(cuEventCreate, CUresult, (CUevent * out_event, unsigned int event_flags))    \
-  X(cuEventDestroy, CUresult, (CUevent cu_event))                                \
-  X(cuEventRecord, CUresult, (CUevent cu_event, CUstream cu_stream))             \
-  X(cuEventQuery, CUresult, (CUevent cu_event))                                  \
-  X(cuEventSynchronize, CUresult, (CUevent cu_event))
-
-#define CP_X(name, ret, params) typedef ret(*cuda_##name##_fn) params;
-CUDA_DRIVER_FUNCTIONS(CP_X)
-#undef CP_X
-
-typedef struct cuda_driver_s {
-#define CP_X(name, ret, params) cuda_##name##_fn name;
-  CUDA_DRIVER_FUNCTIONS(CP_X)
-#undef CP_X
-} cuda_driver_t;
+/* The driver's types, the function table (CUDA_DRIVER_FUNCTIONS, CUDA_VMM_FUNCTIONS) and the
+ * device slot are in cuda_internal.h, shared with cuda_vmm.c. */
 
 typedef struct cuda_symbol_s {
   const char *name; /* base name given to cuGetProcAddress */
@@ -99,6 +25,12 @@ typedef struct cuda_symbol_s {
 static const cuda_symbol_t cuda_symbols[] = {
 #define CP_X(name, ret, params) {#name, offsetof(cuda_driver_t, name)},
     CUDA_DRIVER_FUNCTIONS(CP_X)
+#undef CP_X
+};
+
+static const cuda_symbol_t cuda_vmm_symbols[] = {
+#define CP_X(name, ret, params) {#name, offsetof(cuda_driver_t, name)},
+    CUDA_VMM_FUNCTIONS(CP_X)
 #undef CP_X
 };
 
@@ -112,26 +44,15 @@ typedef CUresult (*cuda_get_proc_v1_fn)(const char *symbol, void **pfn, int cuda
  * ---------------------------------------------------------------------------------------- */
 
 /* Written only by cuda_load_once (pthread_once publishes it to every caller of cp_cuda_load):
- * cuda_load_status is CP_OK exactly when every entry of cuda_fn is non-NULL and cuInit(0)
- * succeeded; otherwise cuda_load_error holds the message every later call repeats.
+ * cuda_load_status is CP_OK exactly when every required entry of cp_cuda_fn is non-NULL and
+ * cuInit(0) succeeded; otherwise cuda_load_error holds the message every later call repeats.
  * cuda_loaded mirrors cuda_load_status == CP_OK for cp_cuda_shutdown, which must not load. */
 static pthread_once_t cuda_load_once = PTHREAD_ONCE_INIT;
 static int cuda_load_status = CP_ERR_BACKEND;
 static char cuda_load_error[CUDA_MESSAGE_BYTES];
-static cuda_driver_t cuda_fn;
+cuda_driver_t cp_cuda_fn;
+char cp_cuda_vmm_missing[CUDA_MESSAGE_BYTES];
 static atomic_int cuda_loaded;
-
-/* One slot per device ordinal; the backend's ctx points at it.
- * Invariants:
- *  - live == 1  <=>  this process holds exactly one retain of dev's primary context, ctx;
- *  - ordinal, dev and ctx are written under cuda_devices_lock while live == 0, before the
- *    release store of live = 1; operations read them only after an acquire load saw live == 1. */
-typedef struct cuda_device_s {
-  atomic_int live;
-  int ordinal;
-  CUdevice dev;
-  CUcontext ctx; /* the device's primary context */
-} cuda_device_t;
 
 static pthread_mutex_t cuda_devices_lock = PTHREAD_MUTEX_INITIALIZER;
 static cuda_device_t cuda_devices[CP_MAX_DEVICES];
@@ -140,13 +61,12 @@ static cuda_device_t cuda_devices[CP_MAX_DEVICES];
  * Error reporting
  * ---------------------------------------------------------------------------------------- */
 
-/* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)", or the bare number when the driver cannot name it
- * (unknown code, or the naming functions are not resolved yet). Returns `buf`. */
-static const char *cuda_why(CUresult result, char *buf, size_t buf_bytes) {
+/* cuda_internal.h; the bare number also while the naming functions are not resolved yet. */
+const char *cp_cuda_why(CUresult result, char *buf, size_t buf_bytes) {
   const char *name = NULL;
   const char *text = NULL;
-  if (cuda_fn.cuGetErrorName == NULL || cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS) name = NULL;
-  if (cuda_fn.cuGetErrorString == NULL || cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS) text = NULL;
+  if (cp_cuda_fn.cuGetErrorName == NULL || cp_cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS) name = NULL;
+  if (cp_cuda_fn.cuGetErrorString == NULL || cp_cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS) text = NULL;
   if (name != NULL && text != NULL)
     snprintf(buf, buf_bytes, "%s (%s)", name, text);
   else if (name != NULL)
@@ -156,21 +76,15 @@ static const char *cuda_why(CUresult result, char *buf, size_t buf_bytes) {
   return buf;
 }
 
-/* Set the last error "cudapool: <call> failed: <driver error>" and return `status`. */
-static int cuda_fail(int status, CUresult result, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static int cuda_fail(int status, CUresult result, const char *fmt, ...) {
+/* cuda_internal.h */
+int cp_cuda_fail(int status, CUresult result, const char *fmt, ...) {
   char call[CUDA_MESSAGE_BYTES];
   char why[CUDA_WHY_BYTES];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(call, sizeof call, fmt, ap);
   va_end(ap);
-  return cp_set_error(status, "cudapool: %s failed: %s", call, cuda_why(result, why, sizeof why));
+  return cp_set_error(status, "cudapool: %s failed: %s", call, cp_cuda_why(result, why, sizeof why));
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -207,6 +121,22 @@ static int cuda_dlsym_fn(void *library, const char *name, void *out_fn, size_t f
   return 0;
 }
 
+/* Resolve one driver function into cp_cuda_fn: 0, or -1 with the reason in `why`. */
+static int cuda_resolve(const cuda_get_proc_t *gp, const cuda_symbol_t *sym, char *why, size_t why_bytes) {
+  void *addr = NULL;
+  CUresult r = cuda_get_proc(gp, sym->name, CUDA_API_VERSION, &addr);
+  if (addr == NULL) r = cuda_get_proc(gp, sym->name, CUDA_API_VERSION_FALLBACK, &addr);
+  if (addr == NULL) {
+    if (r == CUDA_SUCCESS)
+      snprintf(why, why_bytes, "not provided by this driver");
+    else
+      cp_cuda_why(r, why, why_bytes);
+    return -1;
+  }
+  memcpy((char *)&cp_cuda_fn + sym->offset, &addr, sizeof addr);
+  return 0;
+}
+
 /* Everything cp_cuda_load promises; on failure the thread's last error says why. Runs once. */
 static int cuda_load_driver(void) {
   void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -232,29 +162,23 @@ static int cuda_load_driver(void) {
                         "cuGetProcAddress (a driver for CUDA 11.3 or newer is needed)");
   }
 
-  /* Straight into cuda_fn: nothing reads it unless the whole load succeeds, and this way the
+  /* Straight into cp_cuda_fn: nothing reads it unless the whole load succeeds, and this way the
    * error naming functions (first in the list) name every later failure. */
+  char why[CUDA_WHY_BYTES];
   for (size_t i = 0; i < sizeof cuda_symbols / sizeof cuda_symbols[0]; i++) {
-    const cuda_symbol_t *sym = &cuda_symbols[i];
-    void *addr = NULL;
-    CUresult r = cuda_get_proc(&gp, sym->name, CUDA_API_VERSION, &addr);
-    if (addr == NULL) r = cuda_get_proc(&gp, sym->name, CUDA_API_VERSION_FALLBACK, &addr);
-    if (addr == NULL) {
-      char why[CUDA_WHY_BYTES];
-      if (r == CUDA_SUCCESS)
-        snprintf(why, sizeof why, "not provided by this driver");
-      else
-        cuda_why(r, why, sizeof why);
-      return cp_set_error(CP_ERR_BACKEND,
-                          "cudapool: no CUDA driver: cuGetProcAddress(\"%s\") "
-                          "for CUDA %d or %d: %s",
-                          sym->name, CUDA_API_VERSION, CUDA_API_VERSION_FALLBACK, why);
-    }
-    memcpy((char *)&cuda_fn + sym->offset, &addr, sizeof addr);
+    if (cuda_resolve(&gp, &cuda_symbols[i], why, sizeof why) != 0)
+      return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: cuGetProcAddress(\"%s\") for CUDA %d or %d: %s",
+                          cuda_symbols[i].name, CUDA_API_VERSION, CUDA_API_VERSION_FALLBACK, why);
+  }
+  /* The optional ones: the first that is missing is remembered, and the load goes on. */
+  for (size_t i = 0; i < sizeof cuda_vmm_symbols / sizeof cuda_vmm_symbols[0]; i++) {
+    if (cuda_resolve(&gp, &cuda_vmm_symbols[i], why, sizeof why) != 0 && cp_cuda_vmm_missing[0] == '\0')
+      snprintf(cp_cuda_vmm_missing, sizeof cp_cuda_vmm_missing, "cuGetProcAddress(\"%s\") for CUDA %d or %d: %s",
+               cuda_vmm_symbols[i].name, CUDA_API_VERSION, CUDA_API_VERSION_FALLBACK, why);
   }
 
-  const CUresult r = cuda_fn.cuInit(0);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuInit");
+  const CUresult r = cp_cuda_fn.cuInit(0);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuInit");
   return CP_OK;
 }
 
@@ -283,8 +207,8 @@ int cp_cuda_driver_version(int *out) {
   int rc = cp_cuda_load();
   if (rc != CP_OK) return rc;
   int version = 0;
-  const CUresult r = cuda_fn.cuDriverGetVersion(&version);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDriverGetVersion");
+  const CUresult r = cp_cuda_fn.cuDriverGetVersion(&version);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDriverGetVersion");
   *out = version;
   return CP_OK;
 }
@@ -292,8 +216,8 @@ int cp_cuda_driver_version(int *out) {
 /* CP_OK when `device` names a visible device; the driver is loaded. */
 static int cuda_check_ordinal(int device) {
   int count = 0;
-  const CUresult r = cuda_fn.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
   if (device < 0 || device >= count)
     return cp_set_error(CP_ERR_INVALID,
                         "cudapool: CUDA device %d does not exist (%d CUDA "
@@ -307,8 +231,8 @@ int cp_cuda_device_count(int *out) {
   int rc = cp_cuda_load();
   if (rc != CP_OK) return rc;
   int count = 0;
-  const CUresult r = cuda_fn.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
   *out = count;
   return CP_OK;
 }
@@ -320,11 +244,11 @@ int cp_cuda_device_name(int device, char *buf, size_t n) {
   if (rc == CP_OK) rc = cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
   CUdevice dev = 0;
-  CUresult r = cuda_fn.cuDeviceGet(&dev, device);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
+  CUresult r = cp_cuda_fn.cuDeviceGet(&dev, device);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
   char name[CUDA_NAME_BYTES];
-  r = cuda_fn.cuDeviceGetName(name, (int)sizeof name, dev);
-  if (r != CUDA_SUCCESS) return cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetName(device %d)", device);
+  r = cp_cuda_fn.cuDeviceGetName(name, (int)sizeof name, dev);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetName(device %d)", device);
   name[sizeof name - 1] = '\0';
   snprintf(buf, n, "%s", name);
   return CP_OK;
@@ -342,12 +266,8 @@ int cp_cuda_device_name(int device, char *buf, size_t n) {
  * the rest fail.
  * ---------------------------------------------------------------------------------------- */
 
-typedef struct cuda_scope_s {
-  CUcontext prev_ctx; /* current before the operation; NULL when none was */
-  int switched;       /* 1 when prev_ctx must be put back */
-} cuda_scope_t;
-
-static int cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
+/* cuda_internal.h */
+int cp_cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
   scope->prev_ctx = NULL;
   scope->switched = 0;
   if (d == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: %s: no CUDA device", call);
@@ -357,25 +277,24 @@ static int cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
                         "down",
                         call, d->ordinal);
   CUcontext current = NULL;
-  CUresult r = cuda_fn.cuCtxGetCurrent(&current);
+  CUresult r = cp_cuda_fn.cuCtxGetCurrent(&current);
   if (r != CUDA_SUCCESS)
-    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call, d->ordinal);
+    return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call, d->ordinal);
   if (current == d->ctx) return CP_OK;
-  r = cuda_fn.cuCtxSetCurrent(d->ctx);
+  r = cp_cuda_fn.cuCtxSetCurrent(d->ctx);
   if (r != CUDA_SUCCESS)
-    return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s", d->ordinal, call);
+    return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s", d->ordinal, call);
   scope->prev_ctx = current;
   scope->switched = 1;
   return CP_OK;
 }
 
-/* Put the previous context back. Returns `rc` when the operation already failed (its message
- * stands), else CP_OK or the failure to restore. */
-static int cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc) {
+/* cuda_internal.h */
+int cp_cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc) {
   if (!scope->switched) return rc;
-  const CUresult r = cuda_fn.cuCtxSetCurrent(scope->prev_ctx);
+  const CUresult r = cp_cuda_fn.cuCtxSetCurrent(scope->prev_ctx);
   if (r == CUDA_SUCCESS || rc != CP_OK) return rc;
-  return cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d", call, d->ordinal);
+  return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d", call, d->ordinal);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -388,23 +307,23 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
     return cp_set_error(CP_ERR_INVALID, "cudapool: cuda reserve(%zu bytes): %s", size,
                         size == 0 ? "size must be > 0" : "out_addr is NULL");
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuMemAlloc", &scope);
+  int rc = cp_cuda_enter(d, "cuMemAlloc", &scope);
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
-  const CUresult r = cuda_fn.cuMemAlloc(&ptr, size);
+  const CUresult r = cp_cuda_fn.cuMemAlloc(&ptr, size);
   if (r != CUDA_SUCCESS) {
-    rc = cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r, "cuMemAlloc(%zu bytes) on device %d",
-                   size, d->ordinal);
+    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+                      "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);
   } else if (ptr % CUDA_ALIGN_BYTES != 0) {
-    (void)cuda_fn.cuMemFree(ptr);
+    (void)cp_cuda_fn.cuMemFree(ptr);
     rc = cp_set_error(CP_ERR_BACKEND,
                       "cudapool: cuMemAlloc(%zu bytes) on device %d returned "
                       "0x%llx, which is not %llu-byte aligned",
                       size, d->ordinal, ptr, (unsigned long long)CUDA_ALIGN_BYTES);
   }
   const int acquired = rc == CP_OK;
-  rc = cuda_leave(d, "cuMemAlloc", &scope, rc);
-  if (acquired && rc != CP_OK) (void)cuda_fn.cuMemFree(ptr); /* still in our context */
+  rc = cp_cuda_leave(d, "cuMemAlloc", &scope, rc);
+  if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemFree(ptr); /* still in our context */
   if (rc == CP_OK) *out_addr = (uintptr_t)ptr;
   return rc;
 }
@@ -412,12 +331,12 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
 static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
   cuda_device_t *d = ctx;
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuMemFree", &scope);
+  int rc = cp_cuda_enter(d, "cuMemFree", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cuda_fn.cuMemFree((CUdeviceptr)addr);
+  const CUresult r = cp_cuda_fn.cuMemFree((CUdeviceptr)addr);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
-  (void)cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
+  (void)cp_cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
@@ -425,15 +344,15 @@ static int cuda_event_create(void *ctx, cp_event_t *out_event) {
   cuda_device_t *d = ctx;
   if (out_event == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuEventCreate", &scope);
+  int rc = cp_cuda_enter(d, "cuEventCreate", &scope);
   if (rc != CP_OK) return rc;
   CUevent event = NULL;
-  const CUresult r = cuda_fn.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
+  const CUresult r = cp_cuda_fn.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d", d->ordinal);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d", d->ordinal);
   const int acquired = rc == CP_OK;
-  rc = cuda_leave(d, "cuEventCreate", &scope, rc);
-  if (acquired && rc != CP_OK) (void)cuda_fn.cuEventDestroy(event);
+  rc = cp_cuda_leave(d, "cuEventCreate", &scope, rc);
+  if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuEventDestroy(event);
   if (rc == CP_OK) *out_event = (cp_event_t)event;
   return rc;
 }
@@ -441,25 +360,25 @@ static int cuda_event_create(void *ctx, cp_event_t *out_event) {
 static int cuda_event_destroy(void *ctx, cp_event_t event) {
   cuda_device_t *d = ctx;
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuEventDestroy", &scope);
+  int rc = cp_cuda_enter(d, "cuEventDestroy", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cuda_fn.cuEventDestroy((CUevent)event);
+  const CUresult r = cp_cuda_fn.cuEventDestroy((CUevent)event);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event, d->ordinal);
-  (void)cuda_leave(d, "cuEventDestroy", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+  (void)cp_cuda_leave(d, "cuEventDestroy", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
 static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   cuda_device_t *d = ctx;
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuEventRecord", &scope);
+  int rc = cp_cuda_enter(d, "cuEventRecord", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cuda_fn.cuEventRecord((CUevent)event, (CUstream)stream);
+  const CUresult r = cp_cuda_fn.cuEventRecord((CUevent)event, (CUstream)stream);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR ") on device %d", event,
-                   stream, d->ordinal);
-  return cuda_leave(d, "cuEventRecord", &scope, rc);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR ") on device %d",
+                      event, stream, d->ordinal);
+  return cp_cuda_leave(d, "cuEventRecord", &scope, rc);
 }
 
 static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
@@ -471,15 +390,15 @@ static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
                         "is NULL",
                         event);
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuEventQuery", &scope);
+  int rc = cp_cuda_enter(d, "cuEventQuery", &scope);
   if (rc != CP_OK) return rc;
   int done = 0;
-  const CUresult r = cuda_fn.cuEventQuery((CUevent)event);
+  const CUresult r = cp_cuda_fn.cuEventQuery((CUevent)event);
   if (r == CUDA_SUCCESS)
     done = 1;
   else if (r != CUDA_ERROR_NOT_READY)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event, d->ordinal);
-  rc = cuda_leave(d, "cuEventQuery", &scope, rc);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+  rc = cp_cuda_leave(d, "cuEventQuery", &scope, rc);
   if (rc == CP_OK) *out_done = done;
   return rc;
 }
@@ -487,12 +406,12 @@ static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
 static int cuda_event_synchronize(void *ctx, cp_event_t event) {
   cuda_device_t *d = ctx;
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuEventSynchronize", &scope);
+  int rc = cp_cuda_enter(d, "cuEventSynchronize", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cuda_fn.cuEventSynchronize((CUevent)event);
+  const CUresult r = cp_cuda_fn.cuEventSynchronize((CUevent)event);
   if (r != CUDA_SUCCESS)
-    rc = cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event, d->ordinal);
-  return cuda_leave(d, "cuEventSynchronize", &scope, rc);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+  return cp_cuda_leave(d, "cuEventSynchronize", &scope, rc);
 }
 
 static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
@@ -500,12 +419,12 @@ static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   if (out_free == NULL || out_total == NULL)
     return cp_set_error(CP_ERR_INVALID, "cudapool: cuda mem_info: out_free or out_total is NULL");
   cuda_scope_t scope;
-  int rc = cuda_enter(d, "cuMemGetInfo", &scope);
+  int rc = cp_cuda_enter(d, "cuMemGetInfo", &scope);
   if (rc != CP_OK) return rc;
   size_t free_bytes = 0, total_bytes = 0;
-  const CUresult r = cuda_fn.cuMemGetInfo(&free_bytes, &total_bytes);
-  if (r != CUDA_SUCCESS) rc = cuda_fail(CP_ERR_BACKEND, r, "cuMemGetInfo on device %d", d->ordinal);
-  rc = cuda_leave(d, "cuMemGetInfo", &scope, rc);
+  const CUresult r = cp_cuda_fn.cuMemGetInfo(&free_bytes, &total_bytes);
+  if (r != CUDA_SUCCESS) rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemGetInfo on device %d", d->ordinal);
+  rc = cp_cuda_leave(d, "cuMemGetInfo", &scope, rc);
   if (rc == CP_OK) {
     *out_free = free_bytes;
     *out_total = total_bytes;
@@ -534,12 +453,12 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   if (!atomic_load_explicit(&d->live, memory_order_relaxed)) {
     CUdevice dev = 0;
     CUcontext primary = NULL;
-    CUresult r = cuda_fn.cuDeviceGet(&dev, device);
+    CUresult r = cp_cuda_fn.cuDeviceGet(&dev, device);
     if (r != CUDA_SUCCESS) {
-      rc = cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
+      rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
     } else {
-      r = cuda_fn.cuDevicePrimaryCtxRetain(&primary, dev);
-      if (r != CUDA_SUCCESS) rc = cuda_fail(CP_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain(device %d)", device);
+      r = cp_cuda_fn.cuDevicePrimaryCtxRetain(&primary, dev);
+      if (r != CUDA_SUCCESS) rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain(device %d)", device);
     }
     if (rc == CP_OK) {
       d->ordinal = device;
@@ -563,6 +482,11 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   out->event_query = cuda_event_query;
   out->event_synchronize = cuda_event_synchronize;
   out->mem_info = cuda_mem_info;
+  /* Page-mapped entries only where the driver has them all and the device supports them; a
+   * failed query means none (cp_cuda_vmm_support reports it), never a failed table. */
+  char why[CUDA_MESSAGE_BYTES];
+  CUresult r = CUDA_SUCCESS;
+  if (cp_cuda_vmm_probe(device, d->dev, why, sizeof why, &r) == 1) cp_cuda_vmm_table(out);
   return CP_OK;
 }
 
@@ -572,12 +496,12 @@ void cp_cuda_shutdown(void) {
   /* At process exit the driver may have torn itself down already; then every call fails and
    * the retains are gone with it, so nothing is released. */
   CUcontext current = NULL;
-  const int usable = cuda_fn.cuCtxGetCurrent(&current) == CUDA_SUCCESS;
+  const int usable = cp_cuda_fn.cuCtxGetCurrent(&current) == CUDA_SUCCESS;
   for (int i = 0; i < CP_MAX_DEVICES; i++) {
     cuda_device_t *d = &cuda_devices[i];
     if (!atomic_load_explicit(&d->live, memory_order_relaxed)) continue;
     atomic_store_explicit(&d->live, 0, memory_order_release);
-    if (usable) (void)cuda_fn.cuDevicePrimaryCtxRelease(d->dev);
+    if (usable) (void)cp_cuda_fn.cuDevicePrimaryCtxRelease(d->dev);
   }
   pthread_mutex_unlock(&cuda_devices_lock);
 }

@@ -1,4 +1,4 @@
-/* cuda.h — the CUDA backend: device memory and events through the CUDA driver API.
+/* cuda.h — the CUDA backend: device memory, page-mapped memory and events through the CUDA driver API.
  * libcuda is loaded with dlopen at run time: this builds and imports on a machine without one. */
 #ifndef CP_CUDA_H
 #define CP_CUDA_H
@@ -36,6 +36,15 @@ int cp_cuda_device_name(int device, char *buf, size_t n);
  * current context. Streams are CUstream / cudaStream_t values; 0 is the legacy default
  * stream. Events are created with timing disabled. */
 int cp_cuda_backend(int device, cp_backend_t *out);
+
+/* Whether device `device` gets the page-mapped entries of the operation table (Note
+ * [Page-mapped memory] in base/backend.h): *out_supported is 1 when the driver provides every
+ * VMM call and the device reports CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, else
+ * 0 (the pool then uses plain segments). `why` gets one line saying which and why (NUL-terminated,
+ * truncated to `why_size` bytes; why may be NULL when why_size is 0). Both are untouched on
+ * failure: no driver (the load's message), a device that does not exist (CP_ERR_INVALID), or
+ * the driver failing the query. The table of cp_cuda_backend follows the same answer. */
+int cp_cuda_vmm_support(int device, int *out_supported, char *why, size_t why_size);
 
 /* Release the primary contexts retained by cp_cuda_backend; operations of tables filled
  * before then fail with CP_ERR_STATE until cp_cuda_backend is called again for that device.

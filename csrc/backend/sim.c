@@ -3,24 +3,19 @@
 #include "backend/sim.h"
 
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "base/fork.h"
-#include "base/ptrmap.h"
+#include "backend/sim_internal.h"
 
 /* ------------------------------------------------------------------------------------------
  * Constants
  * ---------------------------------------------------------------------------------------- */
 
-#define SIM_ALIGN_BYTES      ((size_t)512) /* alignment of real reservations */
-#define SIM_FAKE_BASE_ADDR   ((uintptr_t)0x7f0000000000ull)
-#define SIM_FAKE_ALIGN_BYTES ((uintptr_t)2 << 20) /* 2 MiB between fake reservations */
-#define SIM_MAP_MIN_SLOTS    ((size_t)64)         /* initial slots of every map */
-#define SIM_FLAGS_KNOWN      (CP_SIM_AUTO_COMPLETE | CP_SIM_NO_TOUCH)
+#define SIM_ALIGN_BYTES    ((size_t)512) /* alignment of real reservations */
+#define SIM_FAKE_BASE_ADDR ((uintptr_t)0x7f0000000000ull)
+#define SIM_FLAGS_KNOWN    (CP_SIM_AUTO_COMPLETE | CP_SIM_NO_TOUCH | CP_SIM_NO_VMM)
 
 /* Fake NO_TOUCH addresses start high in a 64-bit address space. */
 _Static_assert(sizeof(uintptr_t) >= 8, "sim.c assumes 64-bit addresses");
@@ -42,45 +37,7 @@ typedef struct sim_event_s {
   uint64_t seq;       /* position on that stream; 0 = never recorded */
 } sim_event_t;
 
-/* ------------------------------------------------------------------------------------------
- * The device
- * ---------------------------------------------------------------------------------------- */
-
-typedef struct sim_delay_s {
-  uint64_t countdown; /* calls left until the delayed one; 0 = disarmed */
-  unsigned ms;        /* how long it sleeps, with the device lock held */
-} sim_delay_t;
-
-typedef struct sim_fault_s {
-  uint64_t countdown; /* calls left until the injected failure; 0 = disarmed */
-  int status;         /* what the failing call returns */
-} sim_fault_t;
-
-/* Invariants (all under `lock`):
- *  - used_bytes == sum of the sizes in `reservations`, and used_bytes <= capacity_bytes;
- *  - every event with seq > 0 names a stream present in `streams` whose recorded_seq >= seq;
- *  - for every stream, completed_seq <= recorded_seq; both only grow;
- *  - with CP_SIM_NO_TOUCH, no reservation has host memory behind it and next_fake_addr is above
- *    every address handed out so far (addresses are never reused). */
-struct cp_sim_s {
-  pthread_mutex_t lock;
-  cp_fork_lock_t fork_node; /* `lock` is held across fork() */
-  size_t capacity_bytes;
-  size_t used_bytes;
-  unsigned flags;           /* CP_SIM_* given at create */
-  int auto_complete;        /* events complete at record time */
-  uintptr_t next_fake_addr; /* NO_TOUCH bump pointer, 2 MiB aligned */
-  uintptr_t next_event_id;  /* handles are never reused, so a stale one is detected */
-  cp_ptrmap_t reservations; /* address -> size in bytes as asked for (not rounded) */
-  cp_ptrmap_t streams;      /* stream handle -> sim_stream_t (owned) */
-  cp_ptrmap_t events;       /* event handle -> sim_event_t (owned) */
-  uint64_t calls[CP_SIM_CALL_COUNT];
-  sim_fault_t faults[CP_SIM_CALL_COUNT];
-  uint64_t faults_injected;
-  sim_delay_t delays[CP_SIM_CALL_COUNT];
-  atomic_uint_fast64_t delays_entered; /* read without the lock, while a delay holds it */
-  int lost;                            /* every call fails: the driver is gone */
-};
+/* The device itself (struct cp_sim_s) is in sim_internal.h, shared with sim_vmm.c. */
 
 static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
 #define CP_X(id, name) name,
@@ -92,17 +49,10 @@ static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
  * Locking, counting and fault injection
  * ---------------------------------------------------------------------------------------- */
 
-/* The getters take a const device; the lock inside it is still mutable state (the device is
- * always heap-allocated, never a const object, so dropping the qualifier here is sound). */
-static void sim_lock(const cp_sim_t *sim) { pthread_mutex_lock(&((cp_sim_t *)sim)->lock); }
-
-static void sim_unlock(const cp_sim_t *sim) { pthread_mutex_unlock(&((cp_sim_t *)sim)->lock); }
-
 static int sim_kind_valid(cp_sim_call_t kind) { return (int)kind >= 0 && kind < CP_SIM_CALL_COUNT; }
 
-/* Count one call of `kind` and fire its armed failure if this is the one. Returns CP_OK or the
- * injected status (last error set). Called with the lock held, before any side effect. */
-static int sim_enter(cp_sim_t *sim, cp_sim_call_t kind) {
+/* sim_internal.h */
+int cp_sim_enter_locked(cp_sim_t *sim, cp_sim_call_t kind) {
   const uint64_t call_no = ++sim->calls[kind];
   sim_delay_t *d = &sim->delays[kind];
   if (d->countdown != 0 && --d->countdown == 0) {
@@ -160,7 +110,7 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: reserve: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_RESERVE);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_RESERVE);
   if (rc != CP_OK) goto out;
   if (out_addr == NULL || size == 0) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: reserve(%zu bytes): %s", size,
@@ -218,7 +168,7 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: release: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_RELEASE);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_RELEASE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->reservations, addr);
   if (value == NULL) {
@@ -245,7 +195,7 @@ static int sim_event_create(void *ctx, cp_event_t *out_event) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_create: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_EVENT_CREATE);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_CREATE);
   if (rc != CP_OK) goto out;
   if (out_event == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_create: out_event is NULL");
@@ -267,7 +217,7 @@ static int sim_event_destroy(void *ctx, cp_event_t event) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_destroy: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_EVENT_DESTROY);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_DESTROY);
   if (rc != CP_OK) goto out;
   sim_event_t *ev = cp_ptrmap_remove(&sim->events, event);
   if (ev == NULL) {
@@ -284,7 +234,7 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_record: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_EVENT_RECORD);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_RECORD);
   if (rc != CP_OK) goto out;
   sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
@@ -321,7 +271,7 @@ static int sim_event_query(void *ctx, cp_event_t event, int *out_done) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_query: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_EVENT_QUERY);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_QUERY);
   if (rc != CP_OK) goto out;
   if (out_done == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): out_done is NULL", event);
@@ -342,7 +292,7 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_synchronize: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_EVENT_SYNCHRONIZE);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
   if (rc != CP_OK) goto out;
   const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
@@ -363,7 +313,7 @@ static int sim_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: mem_info: no device");
   sim_lock(sim);
-  int rc = sim_enter(sim, CP_SIM_MEM_INFO);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_MEM_INFO);
   if (rc != CP_OK) goto out;
   if (out_free == NULL || out_total == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: mem_info: out_free or out_total is NULL");
@@ -388,9 +338,10 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
   if (sim == NULL) goto no_host_memory;
   if (cp_ptrmap_init(&sim->reservations, SIM_MAP_MIN_SLOTS) != CP_OK ||
       cp_ptrmap_init(&sim->streams, SIM_MAP_MIN_SLOTS) != CP_OK ||
-      cp_ptrmap_init(&sim->events, SIM_MAP_MIN_SLOTS) != CP_OK)
+      cp_ptrmap_init(&sim->events, SIM_MAP_MIN_SLOTS) != CP_OK || cp_sim_vmm_init(sim) != CP_OK)
     goto no_host_memory;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) {
+    cp_sim_vmm_destroy(sim);
     cp_ptrmap_destroy(&sim->reservations);
     cp_ptrmap_destroy(&sim->streams);
     cp_ptrmap_destroy(&sim->events);
@@ -408,6 +359,7 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
 
 no_host_memory:
   if (sim != NULL) {
+    cp_sim_vmm_destroy(sim);               /* fine on maps never set up (all empty) */
     cp_ptrmap_destroy(&sim->reservations); /* free(NULL) is fine for maps never set up */
     cp_ptrmap_destroy(&sim->streams);
     cp_ptrmap_destroy(&sim->events);
@@ -433,6 +385,7 @@ static void sim_free_value(uintptr_t key, void *value, void *arg) {
 void cp_sim_destroy(cp_sim_t *sim) {
   if (sim == NULL) return;
   cp_fork_unregister(&sim->fork_node);
+  cp_sim_vmm_destroy(sim);
   if (!(sim->flags & CP_SIM_NO_TOUCH)) cp_ptrmap_each(&sim->reservations, sim_free_key, NULL);
   cp_ptrmap_each(&sim->streams, sim_free_value, NULL);
   cp_ptrmap_each(&sim->events, sim_free_value, NULL);
@@ -457,6 +410,7 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
   out->event_query = sim_event_query;
   out->event_synchronize = sim_event_synchronize;
   out->mem_info = sim_mem_info;
+  if (sim != NULL && !(sim->flags & CP_SIM_NO_VMM)) cp_sim_vmm_table(sim, out);
 }
 
 /* ------------------------------------------------------------------------------------------

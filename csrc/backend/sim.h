@@ -1,5 +1,6 @@
 /* sim.h — the simulated device: host memory with a capacity, deterministic streams and
- * events, fault injection and a counter per call. The whole pool runs on it without a GPU. */
+ * events, page-mapped memory, fault injection and a counter per call. The whole pool runs on
+ * it without a GPU. */
 #ifndef CP_SIM_H
 #define CP_SIM_H
 
@@ -10,7 +11,8 @@
 
 typedef struct cp_sim_s cp_sim_t;
 
-/* Backend calls, counted and individually fault-injectable. */
+/* Backend calls, counted and individually fault-injectable. New kinds go at the end, so that
+ * the index of every kind stays what it was. */
 #define CP_SIM_CALLS(X)                     \
   X(RESERVE, "reserve")                     \
   X(RELEASE, "release")                     \
@@ -19,7 +21,15 @@ typedef struct cp_sim_s cp_sim_t;
   X(EVENT_RECORD, "event_record")           \
   X(EVENT_QUERY, "event_query")             \
   X(EVENT_SYNCHRONIZE, "event_synchronize") \
-  X(MEM_INFO, "mem_info")
+  X(MEM_INFO, "mem_info")                   \
+  X(VMM_GRANULARITY, "vmm_granularity")     \
+  X(VA_RESERVE, "va_reserve")               \
+  X(VA_FREE, "va_free")                     \
+  X(PAGE_CREATE, "page_create")             \
+  X(PAGE_RELEASE, "page_release")           \
+  X(PAGE_MAP, "page_map")                   \
+  X(PAGE_UNMAP, "page_unmap")               \
+  X(PAGE_SET_ACCESS, "page_set_access")
 
 typedef enum cp_sim_call_e {
 #define CP_X(id, name) CP_SIM_##id,
@@ -31,19 +41,52 @@ typedef enum cp_sim_call_e {
 enum {
   /* Events complete as soon as they are recorded (a device that is always idle). */
   CP_SIM_AUTO_COMPLETE = 1u << 0,
-  /* Do not back reservations with host memory: hand out distinct, 512-aligned addresses that
-   * must never be dereferenced. For replaying traces far larger than this machine. */
-  CP_SIM_NO_TOUCH = 1u << 1
+  /* Do not back reservations (nor page-mapped memory) with host memory: hand out distinct,
+   * 512-aligned addresses that must never be dereferenced. For replaying traces far larger
+   * than this machine. */
+  CP_SIM_NO_TOUCH = 1u << 1,
+  /* A device without page-mapped memory: cp_sim_backend leaves the entries from
+   * vmm_granularity to page_set_access NULL. */
+  CP_SIM_NO_VMM = 1u << 2
 };
+
+/* Note [Simulated page-mapped memory]
+ * The entries of Note [Page-mapped memory] (base/backend.h) behave as the driver's do, with
+ * host memory (Linux) in place of device memory:
+ *  - a page is a memfd of its size: real memory, shared by every address it is mapped at, so
+ *    bytes written through one mapping read back through any other;
+ *  - va_reserve is a PROT_NONE anonymous host mapping (MAP_NORESERVE) aligned to the
+ *    granularity; page_map maps the page's file over part of it, still PROT_NONE, and
+ *    page_set_access makes that read-write: touching a mapping before faults, as on a GPU;
+ *    page_unmap puts PROT_NONE anonymous memory back (the addresses stay reserved), va_free
+ *    unmaps the range;
+ *  - a page counts against the capacity (used_bytes, mem_info) from page_create until it is
+ *    both released and unmapped everywhere, as a reservation does; address ranges do not;
+ *  - misuse is CP_ERR_INVALID with the device unchanged: a size or address that is not a
+ *    multiple of the granularity; page_map outside one reserved range, over a mapped address,
+ *    of an unknown or released page or with a size other than the page's; page_unmap of a
+ *    range that cuts a mapping, lies outside one reserved range or has nothing mapped;
+ *    page_set_access of a range not tiled exactly by whole mappings; va_free of anything but
+ *    a whole reserved range, or of one with mappings left; page_release of an unknown or
+ *    released page. A host call that fails (memfd_create, mmap, mprotect) is CP_ERR_BACKEND
+ *    naming it and errno's text;
+ *  - with CP_SIM_NO_TOUCH there is no host memory at all: ranges are fake addresses from the
+ *    same bump pointer as reservations, pages and mappings are bookkeeping only. */
 
 /* A simulated device of `capacity` bytes. */
 int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim);
 
-/* Frees everything still reserved and every event; returns nothing. */
+/* Frees everything still reserved, every event, and every range, page and mapping (host
+ * mappings unmapped, files closed); returns nothing. */
 void cp_sim_destroy(cp_sim_t *sim);
 
 /* Fill `out` with the operation table of this device (device ordinal 0). */
 void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out);
+
+/* The page-mapped granularity: 2 MiB unless set here, before any page-mapped call, to a power
+ * of two of at least 4096 bytes and at least the host's page size (CP_ERR_INVALID otherwise).
+ * CP_ERR_STATE once a page-mapped call was made, or on a device made with CP_SIM_NO_VMM. */
+int cp_sim_set_vmm_granularity(cp_sim_t *sim, size_t bytes);
 
 /* All work submitted to `stream` so far finishes: every event recorded on it completes. */
 void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream);
@@ -80,10 +123,18 @@ uint64_t cp_sim_faults_injected(const cp_sim_t *sim);
 void cp_sim_reset_counters(cp_sim_t *sim);
 const char *cp_sim_call_name(cp_sim_call_t kind);
 
-/* What is live on the device now. */
+/* What is live on the device now. reserved_bytes is the device memory in use: reservations
+ * and page-mapped pages alike (what mem_info subtracts from the capacity). */
 size_t cp_sim_reserved_bytes(const cp_sim_t *sim);
 size_t cp_sim_live_reservations(const cp_sim_t *sim);
 size_t cp_sim_live_events(const cp_sim_t *sim);
 size_t cp_sim_capacity(const cp_sim_t *sim);
+/* Page-mapped memory: address ranges reserved; pages not gone yet (released ones still mapped
+ * included) and their bytes; mappings and their bytes. */
+size_t cp_sim_vmm_ranges(const cp_sim_t *sim);
+size_t cp_sim_vmm_pages(const cp_sim_t *sim);
+size_t cp_sim_vmm_page_bytes(const cp_sim_t *sim);
+size_t cp_sim_vmm_mappings(const cp_sim_t *sim);
+size_t cp_sim_vmm_mapped_bytes(const cp_sim_t *sim);
 
 #endif /* CP_SIM_H */

@@ -12,6 +12,8 @@
  * any integer for sim); 0 is the device's default stream. An event is owned by the backend. */
 typedef uintptr_t cp_stream_t;
 typedef uintptr_t cp_event_t;
+/* A physical allocation of page-mapped memory (CUmemGenericAllocationHandle for CUDA). */
+typedef uintptr_t cp_page_t;
 
 /* Device ordinals run from 0 to CP_MAX_DEVICES - 1 in every layer (backends, device table). */
 #define CP_MAX_DEVICES 64
@@ -25,7 +27,24 @@ typedef uintptr_t cp_event_t;
  *  - reserve, release, event_synchronize and mem_info are called without the pool lock
  *    (they may block or take long). event_create, event_record and event_query are called
  *    under the pool lock: they must not wait for device work.
+ *  - The page-mapped entries (vmm_granularity to page_set_access) are all NULL or all set;
+ *    every one is called without the pool lock (they may block or take long).
  *  - `ctx` is the backend's own state; entries are thread-safe with respect to it. */
+
+/* Note [Page-mapped memory]
+ * Besides plain segments (reserve/release: an address and its memory in one call), a device
+ * with virtual memory management (the CUDA VMM API: cuMemAddressReserve, cuMemCreate, cuMemMap)
+ * separates the two: an address range is reserved without memory; physical pages are created
+ * without an address; a page is mapped at an address inside a reserved range, and the device
+ * may touch it only once read-write access is set there. One page may be mapped at several
+ * addresses at once (all of them see the same bytes), and a range can grow by mapping more
+ * pages behind it, which is what later page-mapped pools are built on. A page's memory goes
+ * back to the device when it is released AND unmapped everywhere, in either order.
+ *
+ * Every size, offset and address below is a multiple of the device's granularity
+ * (vmm_granularity; 2 MiB on current GPUs). A page is always mapped whole (offset 0, size
+ * equal to the page's), and an unmap covers whole mappings, never part of one. The entries
+ * are NULL on a device without VMM support; the pool then uses plain segments. */
 typedef struct cp_backend_s {
   const char *name; /* "sim", "cuda" */
   void *ctx;
@@ -44,6 +63,29 @@ typedef struct cp_backend_s {
 
   /* Free and total device memory in bytes. */
   int (*mem_info)(void *ctx, size_t *out_free, size_t *out_total);
+
+  /* Page-mapped memory, Note [Page-mapped memory]; NULL without VMM support. */
+  /* The granularity in bytes, a power of two (cuMemGetAllocationGranularity, MINIMUM, for
+   * pinned memory on this device). */
+  int (*vmm_granularity)(void *ctx, size_t *out_bytes);
+  /* An address range of `size` bytes, granularity-aligned, with no memory behind it
+   * (cuMemAddressReserve). va_free gives back a whole range exactly as reserved; a range that
+   * still has mappings is refused (CP_ERR_INVALID) by the simulated device (cuMemAddressFree). */
+  int (*va_reserve)(void *ctx, size_t size, uintptr_t *out_addr);
+  int (*va_free)(void *ctx, uintptr_t addr, size_t size);
+  /* Physical memory of `size` bytes (cuMemCreate); CP_ERR_OOM when the device has none.
+   * page_release drops the handle (cuMemRelease): the memory stays while the page is mapped
+   * anywhere and goes with its last unmap. */
+  int (*page_create)(void *ctx, size_t size, cp_page_t *out_page);
+  int (*page_release)(void *ctx, cp_page_t page);
+  /* Map the whole page (offset 0; `size` is the page's size) at `addr` inside a reserved
+   * range, on addresses not mapped yet (cuMemMap). page_unmap unmaps [addr, addr + size),
+   * which must cover whole mappings and never cut one (cuMemUnmap). */
+  int (*page_map)(void *ctx, uintptr_t addr, size_t size, cp_page_t page);
+  int (*page_unmap)(void *ctx, uintptr_t addr, size_t size);
+  /* Read-write access for this device to mapped [addr, addr + size) (cuMemSetAccess); a
+   * mapping must not be touched before. */
+  int (*page_set_access)(void *ctx, uintptr_t addr, size_t size);
 } cp_backend_t;
 
 #endif /* CP_BACKEND_H */

@@ -1,5 +1,5 @@
-/* test_cuda_nodriver.c — tests of the CUDA backend (csrc/backend/cuda.c) that run anywhere.
- * Owns: clean failure without a driver; with a driver and a GPU, a real round trip on device 0. */
+/* test_cuda_nodriver.c — tests of the CUDA backend (csrc/backend/cuda*.c) that run anywhere.
+ * Owns: clean failure without a driver; with a driver and a GPU, real round trips on device 0. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -64,6 +64,11 @@ TEST(argument_checks) {
   CHECK(cp_cuda_device_name(0, name, 0) == CP_ERR_INVALID);
   CHECK(cp_cuda_backend(0, NULL) == CP_ERR_INVALID);
   CHECK(contains(cp_last_error(), "out is NULL"));
+  char why[16];
+  CHECK(cp_cuda_vmm_support(0, NULL, why, sizeof why) == CP_ERR_INVALID);
+  CHECK(contains(cp_last_error(), "out_supported is NULL"));
+  int supported = 0;
+  CHECK(cp_cuda_vmm_support(0, &supported, NULL, sizeof why) == CP_ERR_INVALID);
 }
 
 /* ---- No driver (or no device): everything fails cleanly -------------------------------------- */
@@ -94,6 +99,17 @@ TEST(no_driver_fails_cleanly) {
   for (size_t i = 0; i < sizeof be; i++) untouched &= bytes[i] == 0xab;
   CHECK(untouched);
   CHECK(cp_cuda_backend(-1, &be) == CP_ERR_BACKEND); /* the driver is checked first */
+
+  /* The page-mapped query says "no CUDA driver" too, and leaves its outputs alone. */
+  int supported = -7;
+  char why[64] = "untouched";
+  cp_clear_error();
+  CHECK(cp_cuda_vmm_support(0, &supported, why, sizeof why) == CP_ERR_BACKEND);
+  CHECK(strcmp(cp_last_error(), load_message) == 0);
+  CHECK(contains(cp_last_error(), "no CUDA driver") || contains(cp_last_error(), "cuInit"));
+  CHECK(supported == -7);
+  CHECK(strcmp(why, "untouched") == 0);
+  CHECK(cp_cuda_vmm_support(0, &supported, NULL, 0) == CP_ERR_BACKEND);
 }
 
 TEST(shutdown_without_driver) {
@@ -212,6 +228,70 @@ TEST(gpu_round_trip) {
   CHECK(current_ctx(get) == before);
 }
 
+/* Page-mapped memory on device 0: the entries follow cp_cuda_vmm_support; where the device
+ * has them, one page mapped at two addresses of a reserved range, and the driver's errors. */
+TEST(gpu_vmm) {
+  if (!have_gpu()) return;
+  const ctx_get_current_fn get = ctx_get_current();
+  void *const before = current_ctx(get);
+  int supported = -1;
+  char why[512] = "";
+  REQUIRE(cp_cuda_vmm_support(0, &supported, why, sizeof why) == CP_OK);
+  CHECK(supported == 0 || supported == 1);
+  CHECK(why[0] != '\0');
+  printf("device 0 page-mapped memory: %d (%s)\n", supported, why);
+  int count = 0;
+  REQUIRE(cp_cuda_device_count(&count) == CP_OK);
+  CHECK(cp_cuda_vmm_support(count, &supported, why, sizeof why) == CP_ERR_INVALID);
+
+  cp_backend_t be;
+  REQUIRE(cp_cuda_backend(0, &be) == CP_OK);
+  const int all = be.vmm_granularity && be.va_reserve && be.va_free && be.page_create && be.page_release &&
+                  be.page_map && be.page_unmap && be.page_set_access;
+  const int none = !be.vmm_granularity && !be.va_reserve && !be.va_free && !be.page_create && !be.page_release &&
+                   !be.page_map && !be.page_unmap && !be.page_set_access;
+  CHECK(supported ? all : none);
+  if (!all) {
+    cp_cuda_shutdown();
+    return;
+  }
+
+  size_t g = 0;
+  REQUIRE(be.vmm_granularity(be.ctx, &g) == CP_OK);
+  CHECK(g >= 4096 && (g & (g - 1)) == 0);
+  printf("device 0 granularity: %zu bytes\n", g);
+  uintptr_t r = 0;
+  cp_page_t p = 0;
+  REQUIRE(be.va_reserve(be.ctx, 4 * g, &r) == CP_OK);
+  CHECK(r != 0 && r % g == 0);
+  REQUIRE(be.page_create(be.ctx, g, &p) == CP_OK);
+  CHECK(be.page_map(be.ctx, r, g, p) == CP_OK);
+  CHECK(be.page_map(be.ctx, r + 2 * g, g, p) == CP_OK); /* one page, two addresses */
+  CHECK(be.page_set_access(be.ctx, r, g) == CP_OK);
+  CHECK(be.page_set_access(be.ctx, r + 2 * g, g) == CP_OK);
+  CHECK(be.page_release(be.ctx, p) == CP_OK); /* still mapped: the memory stays */
+  CHECK(be.page_unmap(be.ctx, r, g) == CP_OK);
+  CHECK(be.page_unmap(be.ctx, r + 2 * g, g) == CP_OK);
+
+  /* The driver's refusals, named. */
+  size_t free_b = 0, total_b = 0;
+  REQUIRE(be.mem_info(be.ctx, &free_b, &total_b) == CP_OK);
+  cp_page_t huge = 7;
+  CHECK(be.page_create(be.ctx, (total_b / g + 1024) * g, &huge) == CP_ERR_OOM);
+  CHECK(contains(cp_last_error(), "cuMemCreate("));
+  CHECK(contains(cp_last_error(), "CUDA_ERROR_OUT_OF_MEMORY"));
+  CHECK(huge == 7);
+  CHECK(be.page_create(be.ctx, 0, &huge) == CP_ERR_INVALID);
+  CHECK(be.va_free(be.ctx, r, 4 * g) == CP_OK);
+  CHECK(be.va_free(be.ctx, r, 4 * g) == CP_ERR_BACKEND);
+  CHECK(contains(cp_last_error(), "cuMemAddressFree(0x"));
+  CHECK(contains(cp_last_error(), "CUDA_ERROR_"));
+
+  CHECK(current_ctx(get) == before);
+  cp_cuda_shutdown();
+  CHECK(be.vmm_granularity(be.ctx, &g) == CP_ERR_STATE);
+}
+
 int main(void) {
   load_rc = cp_cuda_load();
   snprintf(load_message, sizeof load_message, "%s", load_rc == CP_OK ? "" : cp_last_error());
@@ -224,5 +304,6 @@ int main(void) {
   RUN(shutdown_without_driver);
   RUN(gpu_queries);
   RUN(gpu_round_trip);
+  RUN(gpu_vmm);
   return check_summary("test_cuda_nodriver");
 }

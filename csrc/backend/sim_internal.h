@@ -1,0 +1,107 @@
+/* sim_internal.h — what the simulated device's files share: the device struct and its lock,
+ * the per-call hook (count, delay, lost device, injected fault), the page-mapped state. */
+#ifndef CP_SIM_INTERNAL_H
+#define CP_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/sim.h"
+#include "base/fork.h"
+#include "base/ptrmap.h"
+
+typedef struct sim_delay_s {
+  uint64_t countdown; /* calls left until the delayed one; 0 = disarmed */
+  unsigned ms;        /* how long it sleeps, with the device lock held */
+} sim_delay_t;
+
+typedef struct sim_fault_s {
+  uint64_t countdown; /* calls left until the injected failure; 0 = disarmed */
+  int status;         /* what the failing call returns */
+} sim_fault_t;
+
+/* Page-mapped memory (sim_vmm.c), Note [Page-mapped memory] in base/backend.h.
+ * Invariants (under the device lock):
+ *  - page_bytes == sum of the sizes in `pages`, and it is part of the device's used_bytes;
+ *  - a page stays in `pages` while it is not released or still mapped (maps > 0);
+ *  - mapped_bytes == sum of the sizes in `mappings`; mappings never overlap, each lies inside
+ *    one range of `ranges` and names a page of `pages` of the same size;
+ *  - every size and address in the three maps is a multiple of `granularity`;
+ *  - without CP_SIM_NO_TOUCH, every range is a PROT_NONE host mapping of its size, every
+ *    mapping the page's file mapped at its address (read-write once `access` is set), and
+ *    every page owns an open file descriptor; with it, no host memory is behind any of them. */
+typedef struct sim_page_s {
+  size_t size;
+  int fd;       /* the page's memory (memfd); -1 with CP_SIM_NO_TOUCH */
+  int released; /* page_release was called; gone with the last unmap */
+  size_t maps;  /* mappings of this page */
+} sim_page_t;
+
+typedef struct sim_mapping_s {
+  size_t size;
+  cp_page_t page;
+  int access; /* page_set_access was called on it */
+} sim_mapping_t;
+
+typedef struct sim_vmm_s {
+  size_t granularity;     /* bytes, a power of two; fixed once `started` */
+  int started;            /* a page-mapped call was made */
+  uintptr_t next_page_id; /* page handles are never reused, so a stale one is detected */
+  size_t page_bytes;
+  size_t mapped_bytes;
+  cp_ptrmap_t ranges;   /* range address -> size in bytes (never NULL: size > 0) */
+  cp_ptrmap_t pages;    /* page handle -> sim_page_t (owned) */
+  cp_ptrmap_t mappings; /* mapping address -> sim_mapping_t (owned) */
+} sim_vmm_t;
+
+/* Invariants (all under `lock`):
+ *  - used_bytes == sum of the sizes in `reservations` + vmm.page_bytes, and
+ *    used_bytes <= capacity_bytes;
+ *  - every event with seq > 0 names a stream present in `streams` whose recorded_seq >= seq;
+ *  - for every stream, completed_seq <= recorded_seq; both only grow;
+ *  - with CP_SIM_NO_TOUCH, no reservation has host memory behind it and next_fake_addr is above
+ *    every address handed out so far (addresses are never reused). */
+struct cp_sim_s {
+  pthread_mutex_t lock;
+  cp_fork_lock_t fork_node; /* `lock` is held across fork() */
+  size_t capacity_bytes;
+  size_t used_bytes;
+  unsigned flags;           /* CP_SIM_* given at create */
+  int auto_complete;        /* events complete at record time */
+  uintptr_t next_fake_addr; /* NO_TOUCH bump pointer, 2 MiB aligned */
+  uintptr_t next_event_id;  /* handles are never reused, so a stale one is detected */
+  cp_ptrmap_t reservations; /* address -> size in bytes as asked for (not rounded) */
+  cp_ptrmap_t streams;      /* stream handle -> sim_stream_t (owned) */
+  cp_ptrmap_t events;       /* event handle -> sim_event_t (owned) */
+  sim_vmm_t vmm;
+  uint64_t calls[CP_SIM_CALL_COUNT];
+  sim_fault_t faults[CP_SIM_CALL_COUNT];
+  uint64_t faults_injected;
+  sim_delay_t delays[CP_SIM_CALL_COUNT];
+  atomic_uint_fast64_t delays_entered; /* read without the lock, while a delay holds it */
+  int lost;                            /* every call fails: the driver is gone */
+};
+
+#define SIM_MAP_MIN_SLOTS    ((size_t)64)         /* initial slots of every map */
+#define SIM_FAKE_ALIGN_BYTES ((uintptr_t)2 << 20) /* 2 MiB between fake reservations */
+
+/* The getters take a const device; the lock inside it is still mutable state (the device is
+ * always heap-allocated, never a const object, so dropping the qualifier here is sound). */
+static inline void sim_lock(const cp_sim_t *sim) { pthread_mutex_lock(&((cp_sim_t *)sim)->lock); }
+
+static inline void sim_unlock(const cp_sim_t *sim) { pthread_mutex_unlock(&((cp_sim_t *)sim)->lock); }
+
+/* sim.c: count one call of `kind`, sleep if it is the delayed one, fail when the device is
+ * lost, fire its armed failure if this is the one. Returns CP_OK or the failure (last error
+ * set). Called with the lock held, before any side effect. */
+int cp_sim_enter_locked(cp_sim_t *sim, cp_sim_call_t kind);
+
+/* sim_vmm.c: the page-mapped state of a new device (CP_ERR_HOST_OOM, nothing to undo), all of
+ * it freed by destroy (host mappings, files, tables), and the entries of the operation table. */
+int cp_sim_vmm_init(cp_sim_t *sim);
+void cp_sim_vmm_destroy(cp_sim_t *sim);
+void cp_sim_vmm_table(cp_sim_t *sim, cp_backend_t *out);
+
+#endif /* CP_SIM_INTERNAL_H */
