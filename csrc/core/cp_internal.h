@@ -252,8 +252,14 @@ int cp_reserve_metadata_locked(cp_pool_t *pool, int n);
 cp_block_t *cp_block_new_locked(cp_pool_t *pool); /* a spare node, zeroed */
 /* Put the FREE block `b` into its index (and the free-segment list when it is unsplit). */
 void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b);
-/* Add `seg` to the pool's segments and count it (segment, reserved_bytes stats). */
-void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg);
+/* A new segment of `seg_size` bytes from the backend, within the cap; the lock is dropped
+ * around the backend call, with the bytes counted in flight. *out_seg has addr and size set
+ * and nothing else: not linked, no blocks. cp_segment_unreserve_locked gives it back (a later
+ * step failed); cp_segment_adopt_locked makes it the pool's: serving (st, kind), linked and
+ * counted, the high-water mark raised. The caller gives it its blocks. */
+int cp_segment_reserve_locked(cp_pool_t *pool, size_t seg_size, cp_segment_t **out_seg);
+void cp_segment_unreserve_locked(cp_pool_t *pool, cp_segment_t *seg);
+void cp_segment_adopt_locked(cp_pool_t *pool, cp_segment_t *seg, cp_stream_state_t *st, int kind);
 /* Make `b` LIVE with `requested` bytes: live map (room reserved), allocation stats. */
 void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested);
 /* Reserved bytes plus those being reserved without the lock. */

@@ -210,7 +210,7 @@ static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, in
   if (seg->size >= pool->cfg.max_split_size) cp_stat_add(&pool->stats.oversize_segments, sign);
 }
 
-void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
+static void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
   seg->prev = NULL;
   seg->next = pool->segments;
   if (pool->segments != NULL) pool->segments->prev = seg;
@@ -322,10 +322,7 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
   return cap;
 }
 
-/* Reserve one new segment for (st, kind) and take a block from it. Called and returns with
- * the lock held; the backend call runs without it. */
-static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size, size_t requested,
-                          size_t seg_size, void **out_ptr) {
+int cp_segment_reserve_locked(cp_pool_t *pool, size_t seg_size, cp_segment_t **out_seg) {
   size_t reserved = cp_held_locked(pool);
   if (pool->cap_bytes != 0 && (seg_size > pool->cap_bytes || reserved > pool->cap_bytes - seg_size)) {
     return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
@@ -344,32 +341,53 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
   if (rc == CP_OK) rc = pool->backend.reserve(pool->backend.ctx, seg_size, &addr);
   pthread_mutex_lock(&pool->lock);
   pool->inflight_bytes -= seg_size;
-  if (rc == CP_OK) rc = cp_reserve_metadata_locked(pool, 2);
   if (rc != CP_OK) {
-    if (addr != 0) {
-      pthread_mutex_unlock(&pool->lock);
-      pool->backend.release(pool->backend.ctx, addr, seg_size);
-      pthread_mutex_lock(&pool->lock);
-    }
     free(seg);
     return rc;
   }
-  pool->stats.num_device_alloc++;
   seg->addr = addr;
   seg->size = seg_size;
+  *out_seg = seg;
+  return CP_OK;
+}
+
+void cp_segment_unreserve_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  pthread_mutex_unlock(&pool->lock);
+  pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
+  pthread_mutex_lock(&pool->lock);
+  free(seg);
+}
+
+void cp_segment_adopt_locked(cp_pool_t *pool, cp_segment_t *seg, cp_stream_state_t *st, int kind) {
+  pool->stats.num_device_alloc++;
   seg->stream = st;
   seg->kind = (uint8_t)kind;
-  cp_block_t *head = cp_block_new_locked(pool);
-  head->addr = addr;
-  head->size = seg_size;
-  head->segment = seg;
-  head->state = CP_BLOCK_FREE;
-  seg->head = head;
   cp_segment_link_locked(pool, seg);
   /* The mark moves only for memory really had: a refused request (a huge one from bad input,
    * say) must not raise it and so switch release_before_grow off for good. */
   const size_t held = cp_held_locked(pool);
   if (held > pool->high_water) pool->high_water = held;
+}
+
+/* Reserve one new segment for (st, kind) and take a block from it. Called and returns with
+ * the lock held; the backend call runs without it. */
+static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size, size_t requested,
+                          size_t seg_size, void **out_ptr) {
+  cp_segment_t *seg = NULL;
+  int rc = cp_segment_reserve_locked(pool, seg_size, &seg);
+  if (rc != CP_OK) return rc;
+  rc = cp_reserve_metadata_locked(pool, 2);
+  if (rc != CP_OK) {
+    cp_segment_unreserve_locked(pool, seg);
+    return rc;
+  }
+  cp_block_t *head = cp_block_new_locked(pool);
+  head->addr = seg->addr;
+  head->size = seg_size;
+  head->segment = seg;
+  head->state = CP_BLOCK_FREE;
+  seg->head = head;
+  cp_segment_adopt_locked(pool, seg, st, kind);
   *out_ptr = cp_take_locked(pool, head, size, requested);
   return CP_OK;
 }

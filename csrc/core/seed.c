@@ -65,22 +65,8 @@ int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segmen
   const int nodes = (int)(2 * n + 1); /* every block, and a gap before each and after the last */
 
   pthread_mutex_lock(&pool->lock);
-  const size_t held = cp_held_locked(pool);
-  if (pool->cap_bytes != 0 && (segment_size > pool->cap_bytes || held > pool->cap_bytes - segment_size)) {
-    pthread_mutex_unlock(&pool->lock);
-    return cp_set_error(CP_ERR_OOM, "seed segment: %zu bytes do not fit the memory cap of %zu beside the %zu reserved",
-                        segment_size, pool->cap_bytes, held);
-  }
-  pool->inflight_bytes += segment_size;
-  pthread_mutex_unlock(&pool->lock);
-
-  uintptr_t addr = 0;
-  cp_segment_t *seg = calloc(1, sizeof *seg);
-  if (seg == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "seed segment: no host memory");
-  if (rc == CP_OK) rc = pool->backend.reserve(pool->backend.ctx, segment_size, &addr);
-
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight_bytes -= segment_size;
+  cp_segment_t *seg = NULL;
+  rc = cp_segment_reserve_locked(pool, segment_size, &seg);
   cp_stream_state_t *st = NULL;
   /* Spare nodes for every block, and live-map room for the live ones: one slab per call. */
   for (int have = 0; rc == CP_OK && have < nodes;) {
@@ -94,18 +80,13 @@ int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segmen
     if (st == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "seed segment: no host memory for a stream");
   }
   if (rc != CP_OK) {
+    if (seg != NULL) cp_segment_unreserve_locked(pool, seg);
     pthread_mutex_unlock(&pool->lock);
-    if (addr != 0) pool->backend.release(pool->backend.ctx, addr, segment_size);
-    free(seg);
     return rc;
   }
 
-  pool->stats.num_device_alloc++;
-  seg->addr = addr;
-  seg->size = segment_size;
-  seg->stream = st;
-  seg->kind = (uint8_t)kind;
-  cp_segment_link_locked(pool, seg);
+  const uintptr_t addr = seg->addr;
+  cp_segment_adopt_locked(pool, seg, st, kind);
   cp_block_t *prev = NULL;
   size_t at = 0;
   for (size_t i = 0; i <= n; i++) {
@@ -120,8 +101,6 @@ int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segmen
   for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
     if (b->state == CP_BLOCK_FREE) cp_free_insert_locked(pool, b);
   }
-  const size_t now = cp_held_locked(pool);
-  if (now > pool->high_water) pool->high_water = now;
   CP_DEBUG_CHECK(pool, "cp_replay_seed_segment");
   pthread_mutex_unlock(&pool->lock);
   *out_addr = addr;
