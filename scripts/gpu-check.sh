@@ -15,6 +15,8 @@
 #                                                                           fidelity.json
 # 6. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
 #                                                                           bench-micro.json
+# 7. runs the C tests of the CUDA backend on the GPU (test_cuda_nodriver: the driver table,
+#    events, plain segments and page-mapped memory through the VMM calls)  -> $OUT/c-cuda.txt
 # then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
 # the build or the GPU tests fail; a benchmark failure shows in the summary only.
 #
@@ -195,6 +197,22 @@ else
   micro_status="skipped (no make)"
 fi
 
+# -- 7. C tests of the CUDA backend on the GPU ----------------------------------------------------
+ccuda_status="skipped (no make)"
+if command -v make >/dev/null 2>&1; then
+  section "C tests of the CUDA backend: build/release/test_cuda_nodriver"
+  t=$(stage_time 60)
+  if [ "$t" -eq 0 ]; then
+    ccuda_status="SKIPPED (out of time)"
+  else
+    ccuda_rc=0
+    with_timeout "$t" sh -c 'make build/release/test_cuda_nodriver && ./build/release/test_cuda_nodriver' \
+      >"$OUT/c-cuda.txt" 2>&1 || ccuda_rc=$?
+    ccuda_status="$(status_of "$ccuda_rc" "$t")  $(grep -E 'passed, [0-9]+ failed' "$OUT/c-cuda.txt" | tail -n 1 || true)"
+    tail -n 5 "$OUT/c-cuda.txt"
+  fi
+fi
+
 # -- summary ----------------------------------------------------------------------------------
 section "summary"
 echo "build        : $build_status"
@@ -210,6 +228,7 @@ if [ -f "$OUT/fidelity.txt" ]; then
   grep -E '^(\||largest |note: |FAILED: )' "$OUT/fidelity.txt" | sed 's/^/               /' || true
 fi
 echo "micro bench  : $micro_status"
+echo "c cuda tests : $ccuda_status"
 echo "time         : ${SECONDS}s of a ${BUDGET_S}s budget"
 
 # The device tool brings back at most 8 files: the logs go into one archive, the figures stay.
