@@ -6,6 +6,7 @@
 #define CP_TEST_FIXTURE_H
 
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/sim.h"
 #include "check.h"
@@ -20,6 +21,16 @@ typedef struct fixture_s {
   cp_backend_t backend;
   cp_pool_t *pool;
 } fixture_t;
+
+/* A fresh simulated device and its operation table; NULL when it cannot be made. */
+static inline cp_sim_t *make_sim(size_t capacity, unsigned flags, cp_backend_t *be) {
+  cp_sim_t *sim = NULL;
+  if (cp_sim_create(capacity, flags, &sim) != CP_OK) return NULL;
+  cp_sim_backend(sim, be);
+  return sim;
+}
+
+static inline int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 /* sim_flags: CP_SIM_* (0: events complete only when the test says so). */
 static inline int fx_open_sim(fixture_t *fx, size_t capacity, unsigned sim_flags, const char *conf) {

@@ -6,18 +6,7 @@
 
 #include "backend/sim.h"
 #include "check.h"
-
-#define MiB ((size_t)1 << 20)
-
-/* A fresh device and its operation table; every test destroys what it creates. */
-static cp_sim_t *make_sim(size_t capacity, unsigned flags, cp_backend_t *be) {
-  cp_sim_t *sim = NULL;
-  if (cp_sim_create(capacity, flags, &sim) != CP_OK) return NULL;
-  cp_sim_backend(sim, be);
-  return sim;
-}
-
-static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+#include "fixture.h"
 
 TEST(create_and_backend_table) {
   cp_backend_t be;

@@ -11,20 +11,9 @@
 
 #include "backend/sim.h"
 #include "check.h"
+#include "fixture.h"
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define GiB ((size_t)1 << 30)
-#define G   (2 * MiB) /* the default granularity */
-
-static cp_sim_t *make_sim(size_t capacity, unsigned flags, cp_backend_t *be) {
-  cp_sim_t *sim = NULL;
-  if (cp_sim_create(capacity, flags, &sim) != CP_OK) return NULL;
-  cp_sim_backend(sim, be);
-  return sim;
-}
-
-static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+#define G (2 * MiB) /* the default granularity */
 
 /* Everything the device counts, to prove a failed call changed nothing. */
 typedef struct snap_s {
@@ -419,12 +408,12 @@ TEST(no_touch_has_no_host_memory) {
 
 /* A range r of 4 granules with page `mapped` at r + 2G (access set), an empty range `spare`,
  * and a page `loose` mapped nowhere: every call below succeeds on it once. */
-typedef struct fixture_s {
+typedef struct vmm_setup_s {
   uintptr_t r, spare;
   cp_page_t mapped, loose;
-} fixture_t;
+} vmm_setup_t;
 
-static int setup(cp_backend_t *be, fixture_t *fx) {
+static int setup(cp_backend_t *be, vmm_setup_t *fx) {
   return be->va_reserve(be->ctx, 4 * G, &fx->r) != CP_OK || be->va_reserve(be->ctx, G, &fx->spare) != CP_OK ||
                  be->page_create(be->ctx, G, &fx->mapped) != CP_OK ||
                  be->page_create(be->ctx, G, &fx->loose) != CP_OK ||
@@ -435,7 +424,7 @@ static int setup(cp_backend_t *be, fixture_t *fx) {
 }
 
 /* One call of `kind`; its out-parameter (if any) goes to *out. */
-static int vmm_call(cp_backend_t *be, cp_sim_call_t kind, const fixture_t *fx, uintptr_t *out) {
+static int vmm_call(cp_backend_t *be, cp_sim_call_t kind, const vmm_setup_t *fx, uintptr_t *out) {
   size_t g = 0;
   int rc;
   switch (kind) {
@@ -463,7 +452,7 @@ TEST(faults_and_lost_device_every_vmm_kind) {
       cp_backend_t be;
       cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
       REQUIRE(sim != NULL);
-      fixture_t fx;
+      vmm_setup_t fx;
       REQUIRE(setup(&be, &fx) == 0);
       cp_sim_reset_counters(sim);
       const snap_t before = snap(sim);
@@ -503,7 +492,7 @@ TEST(delay_every_vmm_kind) {
   cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
   REQUIRE(sim != NULL);
   for (int k = CP_SIM_VMM_GRANULARITY; k < CP_SIM_CALL_COUNT; k++) {
-    fixture_t fx;
+    vmm_setup_t fx;
     REQUIRE(setup(&be, &fx) == 0);
     const uint64_t entered = cp_sim_delays_entered(sim);
     cp_sim_delay_nth(sim, (cp_sim_call_t)k, 1, 1);
@@ -523,7 +512,7 @@ TEST(destroy_with_live_ranges_pages_and_mappings) {
   cp_backend_t be;
   cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
   REQUIRE(sim != NULL);
-  fixture_t fx;
+  vmm_setup_t fx;
   REQUIRE(setup(&be, &fx) == 0);
   cp_page_t held = 0;
   REQUIRE(be.page_create(be.ctx, G, &held) == CP_OK);
