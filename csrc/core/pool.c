@@ -130,6 +130,21 @@ static cp_block_t *cp_take_free_locked(cp_pool_t *pool, cp_stream_state_t *st, i
   return b;
 }
 
+/* The body of cp_block_make_live_locked, inlined on the allocation path. */
+static inline void cp_block_make_live_inline(cp_pool_t *pool, cp_block_t *b, size_t requested) {
+  int kind = b->segment->kind;
+  b->state = CP_BLOCK_LIVE;
+  b->requested = requested;
+  cp_ptrmap_insert(&pool->live, b->addr, b); /* room reserved: cannot fail */
+  cp_stats_t *st = &pool->stats;
+  cp_stats_inc(st, CP_STAT_ALLOCATION, kind, 1);
+  cp_stats_inc(st, CP_STAT_ALLOCATED_BYTES, kind, b->size);
+  cp_stats_inc(st, CP_STAT_ACTIVE, kind, 1);
+  cp_stats_inc(st, CP_STAT_ACTIVE_BYTES, kind, b->size);
+  cp_stats_inc(st, CP_STAT_REQUESTED_BYTES, kind, requested);
+  if (b->size >= pool->cfg.max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
+}
+
 /* Hand the FREE block `b` (not in the index) to the user for a request of `size` rounded
  * bytes (`requested` asked). Needs one spare node and live-map room (reserved earlier). */
 static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t requested) {
@@ -149,22 +164,12 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
     r->state = CP_BLOCK_FREE;
     cp_free_insert_locked(pool, r);
   }
-  cp_block_make_live_locked(pool, b, requested);
+  cp_block_make_live_inline(pool, b, requested);
   return (void *)b->addr;
 }
 
 void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested) {
-  int kind = b->segment->kind;
-  b->state = CP_BLOCK_LIVE;
-  b->requested = requested;
-  cp_ptrmap_insert(&pool->live, b->addr, b); /* room reserved: cannot fail */
-  cp_stats_t *st = &pool->stats;
-  cp_stats_inc(st, CP_STAT_ALLOCATION, kind, 1);
-  cp_stats_inc(st, CP_STAT_ALLOCATED_BYTES, kind, b->size);
-  cp_stats_inc(st, CP_STAT_ACTIVE, kind, 1);
-  cp_stats_inc(st, CP_STAT_ACTIVE_BYTES, kind, b->size);
-  cp_stats_inc(st, CP_STAT_REQUESTED_BYTES, kind, requested);
-  if (b->size >= pool->cfg.max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
+  cp_block_make_live_inline(pool, b, requested);
 }
 
 /* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
