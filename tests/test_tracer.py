@@ -17,7 +17,7 @@ from cudapool.trace import ALLOC, FREE, load, save
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from workloads import WORKLOADS, rmm_random  # noqa: E402
+from workloads import WORKLOADS, lstm, moe, rmm_random, unet, vit  # noqa: E402
 from workloads._common import peak_live_bytes  # noqa: E402
 
 try:
@@ -270,6 +270,7 @@ def test_meta_and_cpu_give_the_same_trace():
                 chunk=8,
             ),
         ),
+        ("lstm", dict(layers=2, embed=8, hidden=16, vocab=50, batch=3, min_len=2, max_len=6, steps=2, optimizer="sgd")),
     ],
 )
 def test_workloads_meta_equals_cpu(name, kw):
@@ -328,6 +329,71 @@ def test_rmm_random_is_seeded_and_streams():
         rmm_random.generate(10, 2 * GiB, 1 * GiB)
     with pytest.raises(ValueError):
         rmm_random.capture(scale="huge")
+
+
+# ---- the model families: vit, unet, moe, lstm ------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["vit", "unet", "moe", "lstm"])
+def test_model_family_is_deterministic_and_balanced(name):
+    """Two captures of the small scale (2 steps) with one seed: the same trace, every allocation freed."""
+    a = WORKLOADS[name]("small", seed=3, steps=2)
+    b = WORKLOADS[name]("small", seed=3, steps=2)
+    assert len(a) > 1000 and shape_of(a) == shape_of(b)
+    assert check_ids(a) == {}, "everything is freed at the end"
+    assert peak_live_bytes(a) == peak_live_bytes(b) > 0
+    assert a.meta["workload"] == name and a.meta["config"]["steps"] == 2
+
+
+def test_model_family_shapes_vary_with_the_step_and_the_seed():
+    cfg = dict(vit.SCALES["small"], steps=30)
+    sizes = vit.draw_images(0, cfg)
+    assert sizes == vit.draw_images(0, cfg) != vit.draw_images(1, cfg)
+    assert len({h * w for h, w in sizes}) > 5, "the number of patches changes from step to step"
+    assert all(cfg["min_image"] <= x <= cfg["max_image"] and x % cfg["patch"] == 0 for hw in sizes for x in hw)
+
+    cfg = dict(unet.SCALES["medium"], steps=30)
+    sizes = unet.draw_sizes(0, cfg)
+    assert len(set(sizes)) > 3 and all(64 <= s <= 256 and s % 32 == 0 for s in sizes)
+
+    cfg = dict(moe.SCALES["small"], steps=5)
+    routing = moe.draw_routing(0, cfg)
+    tokens = cfg["batch"] * cfg["seq"]
+    assert len(routing) == 5 and all(len(step) == cfg["layers"] for step in routing)
+    counts = [c for step in routing for c in step]
+    assert all(sum(c) == tokens * cfg["top_k"] and max(c) <= tokens and len(c) == cfg["experts"] for c in counts)
+    assert len({tuple(c) for c in counts}) == len(counts), "each expert's batch changes with the step and layer"
+    skewed = moe.draw_routing(0, dict(cfg, router_alpha=0.05))
+    assert max(max(c) for s in skewed for c in s) == tokens, "a skewed router sends every token to one expert"
+
+    cfg = dict(lstm.SCALES["small"], steps=20)
+    batches = lstm.draw_batches(0, cfg)
+    assert batches != lstm.draw_batches(1, cfg)
+    for src, tgt in batches:
+        for lengths in (src, tgt):
+            assert len(lengths) == cfg["batch"] and max(lengths) == lengths[0]
+            assert cfg["min_len"] <= min(lengths) and max(lengths) - min(lengths) <= max(lengths) // 4
+    assert len({max(s) for s, _ in batches}) > 5
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("vit", dict(min_image=4, max_image=7)),
+        ("unet", dict(mults=())),
+        ("moe", dict(top_k=9)),
+        ("moe", dict(router_alpha=0.0)),
+        ("lstm", dict(min_len=40)),
+        ("vit", dict(dim=100)),
+    ],
+)
+def test_model_family_refuses_bad_settings(name, kw):
+    with pytest.raises(ValueError):
+        WORKLOADS[name]("small", steps=1, **kw)
+    with pytest.raises(TypeError):
+        WORKLOADS[name]("small", no_such_setting=1)
 
 
 # ---- every workload at the small scale -------------------------------------------------------

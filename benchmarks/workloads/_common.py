@@ -1,13 +1,15 @@
-"""Shared pieces of the workload scripts: making cudapool importable, trace figures, the CLI."""
+"""Shared pieces of the workload scripts: making cudapool importable, trace figures, the CLI,
+drawing varying shapes, optimizers and the traced training loop."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +61,75 @@ def pick(scales: Dict[str, Dict[str, Any]], scale: str, overrides: Dict[str, Any
         raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))} (known: {', '.join(cfg)})")
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return cfg
+
+
+def draw_multiple(rng: random.Random, lo: int, hi: int, multiple: int) -> int:
+    """A multiple of ``multiple`` in ``lo..hi`` drawn uniformly by ``rng`` (lo rounded up, hi down)."""
+    a, b = -(-lo // multiple), hi // multiple
+    if not 1 <= a <= b:
+        raise ValueError(f"no multiple of {multiple} in {lo}..{hi}")
+    return multiple * rng.randint(a, b)
+
+
+def check_range(cfg: Dict[str, Any], lo: str, hi: str, least: int = 1) -> None:
+    """Raise ValueError unless ``least <= cfg[lo] <= cfg[hi]``."""
+    if not least <= cfg[lo] <= cfg[hi]:
+        raise ValueError(f"need {least} <= {lo} <= {hi}, got {cfg[lo]}, {cfg[hi]}")
+
+
+def make_optimizer(kind: str, params: Any, lr: float, weight_decay: float = 0.0) -> Any:
+    """A torch optimizer by name, with ``foreach=True`` (the implementation it picks on CUDA):
+    adamw, adam, sgd (momentum 0.9), rmsprop (momentum 0.9) or adagrad."""
+    import torch
+
+    makers: Dict[str, Callable[[], Any]] = {
+        "adamw": lambda: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True),
+        "adam": lambda: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True),
+        "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=True),
+        "rmsprop": lambda: torch.optim.RMSprop(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=True),
+        "adagrad": lambda: torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay, foreach=True),
+    }
+    if kind not in makers:
+        raise ValueError(f"unknown optimizer {kind!r} (one of: {', '.join(makers)})")
+    return makers[kind]()
+
+
+def capture_training(
+    name: str,
+    scale: str,
+    seed: int,
+    cfg: Dict[str, Any],
+    build: Callable[[str], Tuple[Any, Any]],
+    batches: Iterable[Any],
+    loss_of: Callable[[Any, Any], Any],
+    clip: Optional[float] = None,
+    **meta: Any,
+) -> Trace:
+    """Trace a training run: ``build(device) -> (model, optimizer)``, then for each item of
+    ``batches`` one step: ``loss_of(model, item)`` (which makes its inputs; they die when it
+    returns, unless autograd saved them), backward, the gradients clipped to norm ``clip`` when
+    it is given (``clip_grad_norm_``), the optimizer's step, gradients set to None.
+
+    Runs under ``Tracer(device=cfg["device"])`` with ``torch.manual_seed(seed)``; the model and
+    the optimizer are built inside, so their allocations are in the trace, and dropped at the
+    end. The trace's meta: workload, scale, seed, config and ``meta``.
+    """
+    import torch
+    from cudapool.tracer import Tracer
+
+    torch.manual_seed(seed)
+    with Tracer(device=cfg["device"]) as tr:
+        model, opt = build(cfg["device"])
+        for item in batches:
+            loss = loss_of(model, item)
+            loss.backward()
+            del loss
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        del model, opt
+    return tr.trace(meta={"workload": name, "scale": scale, "seed": seed, "config": cfg, **meta})
 
 
 def main(

@@ -18,7 +18,7 @@ device), ``medium`` (ResNet-18 layout: batch 64, 224x224, widths 64..512, 10 ste
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any, Sequence, Tuple
 
 try:
     from . import _common
@@ -89,31 +89,22 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace ``steps`` SGD training steps of the ResNet at ``scale`` (kw overrides settings)."""
     import torch
     import torch.nn.functional as F
-    from cudapool.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)
     cfg["blocks"] = tuple(cfg["blocks"])
     if not cfg["blocks"] or min(cfg["blocks"]) < 1:
         raise ValueError(f"blocks must be positive counts per stage, got {cfg['blocks']}")
-    device = cfg["device"]
-    torch.manual_seed(seed)
-    with Tracer(device=device) as tr:
+
+    def build(device: str) -> Tuple[Any, Any]:
         model = build_model(cfg["width"], cfg["blocks"], cfg["classes"], device)
-        opt = torch.optim.SGD(
-            model.parameters(), lr=cfg["lr"], momentum=0.9, weight_decay=cfg["weight_decay"], foreach=True
-        )
-        for _ in range(cfg["steps"]):
-            images = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], device=device)
-            labels = torch.randint(0, cfg["classes"], (cfg["batch"],), device=device)
-            loss = F.cross_entropy(model(images), labels)
-            del images, labels
-            loss.backward()
-            del loss
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        del model, opt
-    meta = {"workload": "cnn", "scale": scale, "seed": seed, "config": cfg}
-    return tr.trace(meta=meta)
+        return model, _common.make_optimizer("sgd", model.parameters(), cfg["lr"], cfg["weight_decay"])
+
+    def loss_of(model: Any, step: int) -> Any:
+        images = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], device=cfg["device"])
+        labels = torch.randint(0, cfg["classes"], (cfg["batch"],), device=cfg["device"])
+        return F.cross_entropy(model(images), labels)
+
+    return _common.capture_training("cnn", scale, seed, cfg, build, range(cfg["steps"]), loss_of)
 
 
 if __name__ == "__main__":

@@ -149,32 +149,24 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace ``steps`` AdamW training steps of the GPT model at ``scale`` (settings in kw override)."""
     import torch
     import torch.nn.functional as F
-    from cudapool.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)
-    device = cfg["device"]
     shapes = draw_shapes(seed, cfg["steps"], cfg["min_seq"], cfg["max_seq"], cfg["min_batch"], cfg["max_batch"])
-    torch.manual_seed(seed)
-    with Tracer(device=device) as tr:
+    if cfg["optimizer"] not in ("adamw", "sgd"):
+        raise ValueError(f"unknown optimizer {cfg['optimizer']!r} (adamw or sgd)")
+
+    def build(device: str) -> Tuple[Any, Any]:
         model = build_model(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["vocab"], cfg["max_seq"], device)
-        if cfg["optimizer"] == "adamw":
-            opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], foreach=True)
-        elif cfg["optimizer"] == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9, foreach=True)
-        else:
-            raise ValueError(f"unknown optimizer {cfg['optimizer']!r} (adamw or sgd)")
-        for batch, seq in shapes:
-            idx = torch.randint(0, cfg["vocab"], (batch, seq + 1), device=device)
-            logits = model(idx[:, :-1])
-            loss = F.cross_entropy(logits.view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
-            del logits, idx
-            loss.backward()
-            del loss
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        del model, opt
-    meta = {"workload": "gpt", "scale": scale, "seed": seed, "config": cfg, "shapes": shapes}
-    return tr.trace(meta=meta)
+        decay = cfg["weight_decay"] if cfg["optimizer"] == "adamw" else 0.0
+        return model, _common.make_optimizer(cfg["optimizer"], model.parameters(), cfg["lr"], decay)
+
+    def loss_of(model: Any, shape: Tuple[int, int]) -> Any:
+        batch, seq = shape
+        idx = torch.randint(0, cfg["vocab"], (batch, seq + 1), device=cfg["device"])
+        logits = model(idx[:, :-1])
+        return F.cross_entropy(logits.view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
+
+    return _common.capture_training("gpt", scale, seed, cfg, build, shapes, loss_of, shapes=shapes)
 
 
 if __name__ == "__main__":
