@@ -6,7 +6,7 @@
 For each workload of ``benchmarks/workloads`` (``WORKLOADS``): load its trace from
 ``build/traces/<workload>-<scale>.cptrace``, capturing and saving it first when it is missing
 (or unreadable, or with --recapture); replay it through the pool on a simulated device under
-the ``builtin`` policy and under ``cudapool``; then print one markdown table, write the
+the ``builtin``, ``expandable`` (expandable_segments:True) and ``cudapool`` policies; then print one markdown table, write the
 results as JSON (default ``build/replay-all.json``:
 ``{"scale": ..., "rows": [{"workload", "events", "policies": {"builtin": {...},
 "cudapool": {...}}, "targets": {...}}], "errors": [...]}``, the policies' dicts holding
@@ -53,7 +53,7 @@ from cudapool.torch_snapshot import from_snapshot  # noqa: E402
 from cudapool.trace import load, save  # noqa: E402
 from window_snapshot import simulate  # noqa: E402
 
-POLICIES = ("builtin", "cudapool")
+POLICIES = ("builtin", "expandable", "cudapool")
 SCALES = ("small", "medium", "large")
 PLOT_WORKLOAD = "gpt"
 CURVE_POINTS = 2000
@@ -152,29 +152,44 @@ def _targets_cell(targets: Dict[str, Any]) -> str:
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:
-    head = [
-        "workload", "events", "builtin peak reserved", "cudapool peak reserved", "builtin util",
-        "cudapool util", "builtin ns/op", "cudapool ns/op", "builtin dev allocs",
-        "cudapool dev allocs", "targets",
-    ]  # fmt: skip
+    head = ["workload", "events"]
+    for label, _ in _COLUMNS:
+        head += [f"{p} {label}" for p in POLICIES]
+    head += ["cudapool / expandable", "targets"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for row in rows:
-        b, c = row["policies"]["builtin"], row["policies"]["cudapool"]
-        cells = [
-            row["workload"],
-            f"{row['events']:,}",
-            format_bytes(b["peak_reserved"]),
-            format_bytes(c["peak_reserved"]),
-            f"{b['utilization'] * 100:.1f} %",
-            f"{c['utilization'] * 100:.1f} %",
-            f"{b['ns_per_op']:.0f}",
-            f"{c['ns_per_op']:.0f}",
-            f"{b['device_allocs']:,}",
-            f"{c['device_allocs']:,}",
-            _targets_cell(row["targets"]),
-        ]
+        cells = [row["workload"], f"{row['events']:,}"]
+        for _, cell in _COLUMNS:
+            cells += [cell(row["policies"][p]) for p in POLICIES]
+        cells.append(_versus_cell(row.get("versus_expandable")))
+        cells.append(_targets_cell(row["targets"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+#: The table's figures, one column per policy each: (label, cell from a replay's result).
+_COLUMNS = (
+    ("peak reserved", lambda r: format_bytes(r["peak_reserved"])),
+    ("util", lambda r: f"{r['utilization'] * 100:.1f} %"),
+    ("ns/op", lambda r: f"{r['ns_per_op']:.0f}"),
+    ("dev allocs", lambda r: f"{r['device_allocs']:,}"),
+)
+
+
+def compare_expandable(c: Dict[str, Any], e: Dict[str, Any]) -> Dict[str, Any]:
+    """cudapool against the expandable-segments yardstick: reported, not a target."""
+    ratio = c["peak_reserved"] / e["peak_reserved"] if e["peak_reserved"] else None
+    return {
+        "cudapool_peak_reserved": c["peak_reserved"],
+        "expandable_peak_reserved": e["peak_reserved"],
+        "ratio": ratio,
+    }
+
+
+def _versus_cell(v: Any) -> str:
+    if not v or v.get("ratio") is None:
+        return "-"
+    return f"{v['ratio']:.3f} x"
 
 
 def plot(row: Dict[str, Any], curves: Dict[str, List[List[int]]], builtin_reserved: Any, path: str, scale: str) -> None:
@@ -257,18 +272,20 @@ def format_window_table(rows: List[Dict[str, Any]]) -> str:
 
     lines = [
         "| workload | window from event | live / reserved at its start | recorded builtin peak | "
-        "builtin replay | builtin from an empty pool | cudapool replay |",
-        "|---|---|---|---|---|---|---|",
+        "builtin replay | builtin from an empty pool | expandable replay | cudapool replay |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         truth = r["recorded_peak_reserved"]
         b = r["policies"]["builtin"]["peak_reserved"]
         e = r["builtin_empty_start_peak_reserved"]
         c = r["policies"]["cudapool"]["peak_reserved"]
+        x = r["policies"]["expandable"]["peak_reserved"]
         lines.append(
             f"| {r['workload']} | {r['cut_event']:,} | {format_bytes(r['start_live_bytes'])} / "
             f"{format_bytes(r['start_reserved'])} | {format_bytes(truth)} | {format_bytes(b)} ({pct(b, truth)}) | "
-            f"{format_bytes(e)} ({pct(e, truth)}) | {format_bytes(c)} ({pct(c, truth)}) |"
+            f"{format_bytes(e)} ({pct(e, truth)}) | {format_bytes(x)} ({pct(x, truth)}) | "
+            f"{format_bytes(c)} ({pct(c, truth)}) |"
         )
     return "\n".join(lines)
 
@@ -339,6 +356,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "trace_builtin_peak_reserved": trace.builtin_peak_reserved,
                 "policies": results,
                 "targets": check_targets(name, results["builtin"], results["cudapool"]),
+                "versus_expandable": compare_expandable(results["cudapool"], results["expandable"]),
             }
             rows.append(row)
             windows.append(replay_window(name, trace))

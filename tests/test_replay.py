@@ -362,11 +362,30 @@ def test_replay_counts_frees_without_allocs_and_zero_sizes():
 def test_replay_accepts_a_path_and_each_policy(tmp_path):
     path = tmp_path / "t.cptrace"
     save(synthetic(5000), path)
-    for policy in ("builtin", "cudapool"):
+    for policy in ("builtin", "expandable", "cudapool"):
         r = replay(str(path), policy=policy)
         assert r["events"] == 5000 and r["policy"] == policy
         assert r["config"] == config_text(policy)
         assert 0 < r["utilization"] <= 1 and 0 <= r["fragmentation"] < 1
+
+
+def test_replay_expandable_peak_follows_torchs_rules():
+    """Three 12 MiB blocks, the middle one freed, then 13 MiB. Built-in rules: a segment per
+    request of 10 MiB or more (12, 12, 12), and the freed 12 MiB cannot hold 13 MiB: a fourth
+    segment of 14 MiB, 50 MiB in all. expandable_segments:True: one large-pool segment mapped
+    in 20 MiB chunks; 12 MiB maps one chunk, the second 12 MiB a second one (8 MiB were free at
+    the end), the third fits in the 16 MiB left; 13 MiB fits neither the 12 MiB hole nor the
+    4 MiB free at the end, so that tail grows by one chunk: 60 MiB mapped, 3 mappings."""
+    t = Trace.from_events(
+        [(ALLOC, 1, 12 * MiB), (ALLOC, 2, 12 * MiB), (ALLOC, 3, 12 * MiB), (FREE, 2, 0), (ALLOC, 4, 13 * MiB)]
+    )
+    assert replay(t, policy="builtin")["peak_reserved"] == 50 * MiB
+    r = replay(t, policy="expandable")
+    assert r["config"] == "expandable_segments:True"
+    assert r["peak_reserved"] == 60 * MiB and r["device_allocs"] == 3
+    # A 1000-byte request adds one 2 MiB chunk of a small-pool segment of its own.
+    t2 = Trace.from_events([(ALLOC, 1, 1000), (ALLOC, 2, 9 * MiB), (FREE, 1, 0), (ALLOC, 3, 2000)])
+    assert replay(t2, policy="expandable")["peak_reserved"] == 2 * MiB + 20 * MiB
 
 
 def test_replay_config_goes_on_top_of_the_policy():
@@ -975,8 +994,12 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     out = proc.stdout
     main_part, _, window_part = out.partition("the same runs as windowed torch snapshots")
     table = [line for line in main_part.splitlines() if line.startswith("|")]
-    assert table[0].startswith("| workload | events | builtin peak reserved | cudapool peak reserved | builtin util |")
-    assert "builtin ns/op | cudapool ns/op" in table[0] and "targets" in table[0]
+    assert table[0].startswith(
+        "| workload | events | builtin peak reserved | expandable peak reserved | cudapool peak reserved | "
+        "builtin util | expandable util | cudapool util |"
+    )
+    assert "builtin ns/op | expandable ns/op | cudapool ns/op" in table[0] and "targets" in table[0]
+    assert "builtin dev allocs | expandable dev allocs | cudapool dev allocs | cudapool / expandable" in table[0]
     assert len(table) == 4 and table[2].startswith("| gpt | 200 |") and table[3].startswith("| tiny | 3 |")
     assert "util ≥ 90 %" in table[2] and "util ≥ 90 %" not in table[3]
     data = json.loads((tmp_path / "all.json").read_text())
@@ -984,15 +1007,20 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     rows = {r["workload"]: r for r in data["rows"]}
     assert set(rows) == {"gpt", "tiny"} and rows["gpt"]["events"] == 200
     for row in rows.values():
-        assert set(row["policies"]) == {"builtin", "cudapool"}
+        assert set(row["policies"]) == {"builtin", "expandable", "cudapool"}
         for res in row["policies"].values():
             assert REPLAY_KEYS <= set(res) and "curve" not in res
         assert "ok" in row["targets"] and "reserved" in row["targets"]
     assert rows["tiny"]["policies"]["builtin"]["peak_reserved"] == 2 * MiB + 20 * MiB
+    # 1000 B: a 2 MiB small chunk; 9 MiB: one 20 MiB large chunk.
+    assert rows["tiny"]["policies"]["expandable"]["peak_reserved"] == 2 * MiB + 20 * MiB
+    v = rows["tiny"]["versus_expandable"]
+    assert v["ratio"] == v["cudapool_peak_reserved"] / v["expandable_peak_reserved"]
     # Each trace again as a windowed snapshot: the builtin replay from the reconstructed start
     # reaches the recorded peak exactly.
     window_table = [line for line in window_part.splitlines() if line.startswith("|")]
     assert window_table[0].startswith("| workload | window from event | live / reserved at its start |")
+    assert "| expandable replay | cudapool replay |" in window_table[0]
     assert len(window_table) == 4 and window_table[2].startswith("| gpt | 100 |")
     windows = {w["workload"]: w for w in data["windows"]}
     assert set(windows) == {"gpt", "tiny"}

@@ -40,7 +40,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   const cp_config_t *cfg = &pool->cfg;
   cp_tally_t t[CP_KIND_COUNT] = {{0}};
   size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
-  size_t nseg = 0;
+  size_t nseg = 0, npaged = 0, space = 0;
 
   /* Segments are tiled exactly by their blocks. */
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
@@ -52,9 +52,20 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     }
     if (seg->next != NULL && seg->next->prev != seg)
       CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
-    t[k].segments++;
-    t[k].reserved += (int64_t)seg->size;
-    if (seg->size >= cfg->max_split_size) oversize_segs++;
+    if (seg->paged) {
+      npaged++;
+      space += seg->size;
+      t[k].reserved += (int64_t)seg->mapped;
+      if (seg->chunk == 0 || seg->size % seg->chunk != 0 || seg->size < 2 * seg->chunk)
+        CP_VIOLATION("segment %#lx: %zu bytes are not whole chunks of %zu", (unsigned long)seg->addr, seg->size,
+                     seg->chunk);
+    } else {
+      t[k].segments++;
+      t[k].reserved += (int64_t)seg->size;
+      if (seg->size >= cfg->max_split_size) oversize_segs++;
+      if (seg->mapped != 0 || seg->chunk != 0)
+        CP_VIOLATION("segment %#lx: plain but has mapped bytes or a chunk", (unsigned long)seg->addr);
+    }
     if (seg->head == NULL || seg->head->addr != seg->addr || seg->head->prev != NULL) {
       CP_VIOLATION("segment %#lx: head block does not start it", (unsigned long)seg->addr);
       continue;
@@ -64,7 +75,8 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     const size_t block_align = cfg->granule < 512 ? cfg->granule : 512;
     if (seg->addr % 512 != 0) CP_VIOLATION("segment %#lx: not 512-aligned", (unsigned long)seg->addr);
     uintptr_t expect_addr = seg->addr;
-    size_t blocks = 0;
+    size_t blocks = 0, mapped = 0;
+    const cp_block_t *tail = NULL;
     for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
       if (++blocks > seg->size / cfg->granule + 1) {
         CP_VIOLATION("segment %#lx: block list does not end", (unsigned long)seg->addr);
@@ -79,6 +91,24 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
       if (b->addr % block_align != 0) CP_VIOLATION("block %#lx: not %zu-aligned", (unsigned long)b->addr, block_align);
       if (b->next != NULL && b->next->prev != b) CP_VIOLATION("block %#lx: broken back link", (unsigned long)b->addr);
       expect_addr = b->addr + b->size;
+      tail = b;
+      if (b->state >= CP_BLOCK_UNMAPPED && b->state <= CP_BLOCK_UNMAPPING) {
+        if (!seg->paged) {
+          CP_VIOLATION("block %#lx: state %d in a plain segment", (unsigned long)b->addr, b->state);
+        } else if (seg->chunk != 0 && ((b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)) {
+          CP_VIOLATION("block %#lx: (un)mapped range of %zu bytes is not whole chunks", (unsigned long)b->addr,
+                       b->size);
+        }
+        if (cp_index_contains(&seg->stream->index[k], b))
+          CP_VIOLATION("block %#lx: unmapped or changing mapping but in the index", (unsigned long)b->addr);
+        if (cp_ptrmap_get(&pool->live, b->addr) == b)
+          CP_VIOLATION("block %#lx: unmapped or changing mapping but in the live map", (unsigned long)b->addr);
+        if (b->state == CP_BLOCK_UNMAPPED && b->next != NULL && b->next->state == CP_BLOCK_UNMAPPED)
+          CP_VIOLATION("block %#lx: two unmapped neighbours not merged", (unsigned long)b->addr);
+        if (b->state == CP_BLOCK_UNMAPPING) mapped += b->size;
+        continue;
+      }
+      mapped += b->size;
       switch (b->state) {
         case CP_BLOCK_FREE:
           t[k].free_blocks++;
@@ -123,8 +153,19 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     if (expect_addr != seg->addr + seg->size)
       CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr,
                    (size_t)(expect_addr - seg->addr), seg->size);
+    if (seg->paged) {
+      if (mapped != seg->mapped)
+        CP_VIOLATION("segment %#lx: %zu bytes mapped, its blocks hold %zu", (unsigned long)seg->addr, seg->mapped,
+                     mapped);
+      if (tail == NULL || tail->state != CP_BLOCK_UNMAPPED || tail->size < seg->chunk)
+        CP_VIOLATION("segment %#lx: its last chunk is not unmapped", (unsigned long)seg->addr);
+    }
   }
   if (nseg != pool->segment_count) CP_VIOLATION("segments: %zu in the list, count says %zu", nseg, pool->segment_count);
+  if (npaged != pool->paged_segments || space != pool->address_space)
+    CP_VIOLATION("page-mapped segments: %zu (%zu bytes of address space), counts say %zu (%zu)", npaged, space,
+                 pool->paged_segments, pool->address_space);
+  if (npaged != 0 && !pool->paged) CP_VIOLATION("page-mapped segments in a pool that is not page-mapped");
 
   /* The free-segment list holds exactly the wholly free segments. */
   size_t wholly_free = 0, listed = 0;

@@ -239,8 +239,7 @@ typedef enum key_kind_e {
   KIND_DIVISIONS,
   KIND_FRACTION_OPEN,
   KIND_FRACTION,
-  KIND_BOOL,
-  KIND_FALSE_ONLY
+  KIND_BOOL
 } key_kind_t;
 
 /* What parsing, validation and formatting need of a row: its kind and where its field is. */
@@ -410,12 +409,6 @@ static int apply_key(cp_config_t *cfg, key_id_t key, span_t value) {
         return CP_OK;
       }
       return bad_value(key, value, "expected True or False");
-    case KIND_FALSE_ONLY:
-      if (is_false(value)) return CP_OK;
-      if (is_true(value))
-        return bad_value(key, value, "%s are not supported by cudapool (remove the key or set it to False)",
-                         key == KEY_EXPANDABLE_SEGMENTS ? "expandable segments" : keys[key].name);
-      return bad_value(key, value, "expected False (True is not supported)");
     default: break;
   }
   return cp_set_error(CP_ERR_INVALID, CONF_PREFIX "internal error: key %d", (int)key);
@@ -640,7 +633,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
   for (int k = 0; k < KEY_COUNT; k++) {
     const key_kind_t kind = keys[k].kind;
     /* 0 means off/unset for the fractions and is not a valid value: omit them then. */
-    if (kind == KIND_FALSE_ONLY) continue;
+    if (k == KEY_EXPANDABLE_SEGMENTS && !cfg->expandable_segments) continue; /* written when True only */
     if ((kind == KIND_FRACTION_OPEN || kind == KIND_FRACTION) && *KEY_FIELD_C(cfg, k, double) == 0.0) continue;
     out_printf(&o, "%s%s:", sep, keys[k].name);
     sep = ",";
@@ -664,7 +657,6 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
         out_printf(&o, "%s", num);
         break;
       case KIND_BOOL: out_printf(&o, "%s", *KEY_FIELD_C(cfg, k, int) ? "True" : "False"); break;
-      case KIND_FALSE_ONLY:
       default: break;
     }
   }

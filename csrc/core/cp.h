@@ -38,6 +38,8 @@ typedef struct cp_config_s {
   int release_before_grow;             /* 1: give back wholly free segments before reserving */
   size_t memory_cap;                   /* bytes, 0 = none */
   double memory_fraction;              /* 0 = unset, else (0, 1]: cap = fraction * device total */
+  /* Page-mapped segments (Note [Expandable segments], core/expand.c). */
+  int expandable_segments; /* 1: one growable segment per (stream, kind), where the device can */
 } cp_config_t;
 
 /* The configuration keys, one row each, in the order cp_config_format writes them:
@@ -52,9 +54,8 @@ typedef struct cp_config_s {
  *   DIVISIONS         N or [SIZE_MB:N,...,>:N] (roundup_power2_divisions);
  *   FRACTION_OPEN     a number in (0, 1); 0 means off and is not written;
  *   FRACTION          a number in (0, 1]; 0 means unset and is not written;
- *   BOOL              True/False (also true/false, 1/0);
- *   FALSE_ONLY        accepted for compatibility with PYTORCH_CUDA_ALLOC_CONF when false; no
- *                     field (the field column names `granule` only to keep the table square). */
+ *   BOOL              True/False (also true/false, 1/0); expandable_segments is written only
+ *                     when True, so that default configurations read as they always have. */
 #define CP_CONFIG_KEYS(X)                                                                                             \
   X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")   \
   X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")      \
@@ -77,7 +78,9 @@ typedef struct cp_config_s {
     "in (0, 1): give back free segments before growing past this fraction of the limit")                              \
   X(MEMORY_FRACTION, "memory_fraction", FRACTION, memory_fraction, "unset",                                           \
     "in (0, 1]: cap at this fraction of the device's total")                                                          \
-  X(EXPANDABLE_SEGMENTS, "expandable_segments", FALSE_ONLY, granule, "False", "accepted as `False` only")
+  X(EXPANDABLE_SEGMENTS, "expandable_segments", BOOL, expandable_segments, "False",                                   \
+    "True: serve each (stream, pool) from one page-mapped segment that grows in place (falls back to plain "          \
+    "segments on a device without page-mapped memory)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
 typedef struct cp_config_key_s {
@@ -239,6 +242,16 @@ typedef struct cp_pool_info_s {
   size_t memory_cap;  /* effective cap in bytes, 0 = none */
   size_t device_free; /* from the backend, 0 when it cannot tell */
   size_t device_total;
+  /* Page-mapped segments (expandable_segments:True): page_mapped is 1 when they serve the
+   * pool, 0 when the option is off or the device has no page-mapped memory (then plain
+   * segments serve it). `reserved` counts their mapped bytes only; address_space is the
+   * address space they hold (mapped or not); device_map / device_unmap count the page_map
+   * and page_unmap calls made (one per chunk mapped; one per range unmapped). */
+  int page_mapped;
+  size_t page_segments;
+  size_t address_space;
+  size_t device_map;
+  size_t device_unmap;
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
 

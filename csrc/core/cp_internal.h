@@ -25,9 +25,28 @@ typedef struct cp_stream_state_s cp_stream_state_t;
  *   LIVE     handed to a user, in the live map, not in the index;
  *   PENDING  freed by the user, waiting for `pending_events` stream events; in neither.
  * Blocks of different segments never merge, even when their addresses touch.
+ *
+ * A page-mapped segment (seg->paged, expand.c) is an address range of which only some whole
+ * chunks are mapped; its blocks tile the whole range, and three more states cover what is not
+ * (or not yet, or no longer) memory. None of them is ever in an index or the live map:
+ *   UNMAPPED   no memory behind it (whole chunks); never next to another UNMAPPED block;
+ *   MAPPING    unmapped chunks being mapped right now, without the lock;
+ *   UNMAPPING  mapped chunks being unmapped right now, without the lock.
+ * FREE merges only with FREE, so mapped and unmapped blocks never merge. For each such
+ *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING and UNMAPPING blocks,
+ * and at least one block is UNMAPPED or MAPPING (the last chunk is never mapped), so a FREE
+ * block of a page-mapped segment is always split and such a segment is never on the list of
+ * wholly free segments. reserved_bytes == sum(seg->size of plain) + sum(seg->mapped of paged).
  * ---------------------------------------------------------------------------------------- */
 
-typedef enum cp_block_state_e { CP_BLOCK_FREE = 0, CP_BLOCK_LIVE = 1, CP_BLOCK_PENDING = 2 } cp_block_state_t;
+typedef enum cp_block_state_e {
+  CP_BLOCK_FREE = 0,
+  CP_BLOCK_LIVE = 1,
+  CP_BLOCK_PENDING = 2,
+  CP_BLOCK_UNMAPPED = 3,
+  CP_BLOCK_MAPPING = 4,
+  CP_BLOCK_UNMAPPING = 5
+} cp_block_state_t;
 
 struct cp_block_s {
   uintptr_t addr;
@@ -48,7 +67,11 @@ struct cp_block_s {
 
 struct cp_segment_s {
   uintptr_t addr;
-  size_t size;               /* bytes reserved from the backend */
+  size_t size;               /* bytes reserved from the backend (address space when paged) */
+  size_t mapped;             /* paged: bytes mapped (what reserved_bytes counts); else 0 */
+  size_t chunk;              /* paged: bytes mapped and unmapped at a time; else 0 */
+  bool paged;                /* a page-mapped segment (expand.c) */
+  unsigned release_stamp;    /* paged: the last cp_expand_release_locked that looked at it */
   cp_stream_state_t *stream; /* allocation stream: its blocks serve only this stream */
   uint8_t kind;              /* CP_KIND_SMALL or CP_KIND_LARGE */
   cp_block_t *head;          /* lowest-address block */
@@ -85,6 +108,8 @@ cp_block_t *cp_index_lower_bound(const cp_index_t *ix, size_t size);
 cp_block_t *cp_index_lower_bound_link(cp_index_t *ix, size_t size, cp_block_t ***out_link);
 void cp_index_remove_at(cp_index_t *ix, cp_block_t **link);
 cp_block_t *cp_index_largest(const cp_index_t *ix);
+/* The node right after `b` in (size, addr) order, or NULL. */
+cp_block_t *cp_index_next(const cp_index_t *ix, const cp_block_t *b);
 bool cp_index_contains(const cp_index_t *ix, const cp_block_t *b);
 /* Count tree-shape violations (order, heap, count, bytes); describe them on `out`. */
 size_t cp_index_check(const cp_index_t *ix, FILE *out);
@@ -244,6 +269,15 @@ struct cp_pool_s {
   size_t high_water;     /* the most ever reserved (+ in flight then); never reset */
   size_t cap_bytes;      /* effective cap, 0 = none */
   size_t device_total;   /* from the backend at creation, 0 when unknown */
+
+  /* Page-mapped segments (expand.c). */
+  bool paged;             /* expandable_segments and the device has page-mapped memory */
+  size_t vmm_granularity; /* the device's, when paged */
+  size_t paged_segments;  /* page-mapped segments held */
+  size_t address_space;   /* their bytes of address space */
+  size_t device_maps;     /* page_map calls made */
+  size_t device_unmaps;   /* page_unmap calls made */
+  unsigned release_seq;   /* cp_expand_release_locked calls so far */
 };
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
@@ -271,6 +305,34 @@ size_t cp_held_locked(const cp_pool_t *pool);
  * receives the segment's address (block i is at *out_addr + blocks[i].offset). */
 int cp_seed_segment(cp_pool_t *pool, cp_stream_t stream, int kind, size_t segment_size, const cp_seed_block_t *blocks,
                     size_t n, uintptr_t *out_addr);
+
+/* More of pool.c for expand.c; lock held. */
+/* Return a FREE block already out of the index (merges with FREE neighbours, indexes). */
+void cp_block_merge_free_locked(cp_pool_t *pool, cp_block_t *b);
+void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b);
+/* Remove the FREE block `b` from its index (and the free-segment list). */
+void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b);
+void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg);
+void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg);
+void cp_reclaim_completed_locked(cp_pool_t *pool);
+int cp_synchronize_pending_locked(cp_pool_t *pool);
+/* Give back every wholly free plain segment. */
+int cp_release_free_segments_locked(cp_pool_t *pool);
+
+/* ------------------------------------------------------------------------------------------
+ * Page-mapped segments (expand.c), Note [Expandable segments]
+ * ---------------------------------------------------------------------------------------- */
+
+/* At creation: decide whether the pool is paged (expandable_segments and VMM entries). */
+void cp_expand_init(cp_pool_t *pool);
+/* cp_alloc of a paged pool, lock held: the whole ladder. */
+int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                           void **out_ptr);
+/* Unmap every whole chunk of free memory of every paged segment, and give back the address
+ * space of segments left wholly unmapped. Pending frees must have been waited for. */
+int cp_expand_release_locked(cp_pool_t *pool);
+/* At destroy: unmap everything and give back the address space (no lock needed). */
+void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg);
 
 /* Bytes held from the backend (the reserved_bytes stat). */
 static inline size_t cp_reserved_locked(const cp_pool_t *pool) {

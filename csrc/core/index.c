@@ -72,6 +72,19 @@ void cp_index_insert(cp_index_t *ix, cp_block_t *b) {
   ix->bytes += b->size;
 }
 
+cp_block_t *cp_index_next(const cp_index_t *ix, const cp_block_t *b) {
+  cp_block_t *best = NULL;
+  for (cp_block_t *t = ix->root; t != NULL;) {
+    if (cp_key_less(b->size, b->addr, t)) {
+      best = t;
+      t = t->left;
+    } else {
+      t = t->right;
+    }
+  }
+  return best;
+}
+
 void cp_index_remove(cp_index_t *ix, cp_block_t *b) {
   cp_block_t **link = &ix->root;
   while (*link != b) {

@@ -49,7 +49,7 @@ cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
   return b;
 }
 
-static void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) {
+static inline void cp_block_delete_impl(cp_pool_t *pool, cp_block_t *b) {
   if (b->uses != NULL) {
     free(b->uses);
     b->uses = NULL;
@@ -109,11 +109,14 @@ static void cp_free_removed_locked(cp_pool_t *pool, cp_block_t *b) {
   }
 }
 
-static void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b) {
+static inline void cp_free_remove_impl(cp_pool_t *pool, cp_block_t *b) {
   cp_segment_t *seg = b->segment;
   cp_index_remove(&seg->stream->index[seg->kind], b);
   cp_free_removed_locked(pool, b);
 }
+
+void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) { cp_block_delete_impl(pool, b); }
+void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b) { cp_free_remove_impl(pool, b); }
 
 /* ------------------------------------------------------------------------------------------
  * Taking and returning blocks
@@ -172,6 +175,8 @@ void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested)
   cp_block_make_live_inline(pool, b, requested);
 }
 
+static inline void cp_block_merge_free_impl(cp_pool_t *pool, cp_block_t *b);
+
 /* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
  * active/inactive stats. */
 static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
@@ -181,23 +186,29 @@ static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_stats_dec(&pool->stats, CP_STAT_REQUESTED_BYTES, kind, b->requested);
   b->requested = 0;
   b->use_count = 0;
+  cp_block_merge_free_impl(pool, b);
+}
+
+void cp_block_merge_free_locked(cp_pool_t *pool, cp_block_t *b) { cp_block_merge_free_impl(pool, b); }
+
+static inline void cp_block_merge_free_impl(cp_pool_t *pool, cp_block_t *b) {
   b->state = CP_BLOCK_FREE;
   cp_block_t *p = b->prev;
   if (p != NULL && p->state == CP_BLOCK_FREE) { /* absorb b into its lower neighbour */
-    cp_free_remove_locked(pool, p);
+    cp_free_remove_impl(pool, p);
     p->size += b->size;
     p->next = b->next;
     if (b->next != NULL) b->next->prev = p;
-    cp_block_delete_locked(pool, b);
+    cp_block_delete_impl(pool, b);
     b = p;
   }
   cp_block_t *n = b->next;
   if (n != NULL && n->state == CP_BLOCK_FREE) { /* absorb the upper neighbour */
-    cp_free_remove_locked(pool, n);
+    cp_free_remove_impl(pool, n);
     b->size += n->size;
     b->next = n->next;
     if (n->next != NULL) n->next->prev = b;
-    cp_block_delete_locked(pool, n);
+    cp_block_delete_impl(pool, n);
   }
   cp_free_insert_locked(pool, b);
 }
@@ -215,23 +226,23 @@ static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, in
   if (seg->size >= pool->cfg.max_split_size) cp_stat_add(&pool->stats.oversize_segments, sign);
 }
 
-static void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
+void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
   seg->prev = NULL;
   seg->next = pool->segments;
   if (pool->segments != NULL) pool->segments->prev = seg;
   pool->segments = seg;
   pool->segment_count++;
-  cp_segment_stats_locked(pool, seg, +1);
+  if (!seg->paged) cp_segment_stats_locked(pool, seg, +1); /* paged: mapped bytes count, not segments */
 }
 
-static void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
+void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
   if (seg->prev != NULL)
     seg->prev->next = seg->next;
   else
     pool->segments = seg->next;
   if (seg->next != NULL) seg->next->prev = seg->prev;
   pool->segment_count--;
-  cp_segment_stats_locked(pool, seg, -1);
+  if (!seg->paged) cp_segment_stats_locked(pool, seg, -1);
 }
 
 /* Take wholly free segments out of the pool (oldest first) until `want_bytes` are gathered
@@ -240,7 +251,7 @@ static size_t cp_detach_free_segments_locked(cp_pool_t *pool, size_t want_bytes,
   size_t bytes = 0;
   while (pool->free_segments_head != NULL) {
     cp_segment_t *seg = pool->free_segments_head; /* the one free the longest */
-    cp_free_remove_locked(pool, seg->head);       /* also takes it off the free list */
+    cp_free_remove_impl(pool, seg->head);         /* also takes it off the free list */
     cp_segment_unlink_locked(pool, seg);
     seg->next = *out_list;
     *out_list = seg;
@@ -276,7 +287,7 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
     cp_segment_t *seg = done;
     done = seg->next;
     pool->stats.num_device_free++;
-    cp_block_delete_locked(pool, seg->head);
+    cp_block_delete_impl(pool, seg->head);
     free(seg);
   }
   while (failed != NULL) {
@@ -286,6 +297,12 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
     cp_free_insert_locked(pool, seg->head);
   }
   return first_rc;
+}
+
+int cp_release_free_segments_locked(cp_pool_t *pool) {
+  cp_segment_t *list = NULL;
+  cp_detach_free_segments_locked(pool, 0, &list);
+  return cp_release_segments_locked(pool, list);
 }
 
 /* Blocks stream.c handed back: each returns to its free index, in completion order. */
@@ -299,14 +316,14 @@ static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
 
 /* Reuse what completed frees give back (non-blocking). A failed event query leaves those
  * blocks pending: not fatal. */
-static void cp_reclaim_completed_locked(cp_pool_t *pool) {
+void cp_reclaim_completed_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   cp_streams_poll_locked(&pool->streams, &done);
   cp_release_done_locked(pool, &done);
 }
 
 /* Wait (without the lock) for every pending free, then return those blocks to the index. */
-static int cp_synchronize_pending_locked(cp_pool_t *pool) {
+int cp_synchronize_pending_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   bool waited = false;
   int rc = cp_streams_synchronize_locked(&pool->streams, &pool->lock, &done, &waited);
@@ -449,6 +466,7 @@ int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_
   size_t dev_free = 0, dev_total = 0;
   if (pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total) == CP_OK) pool->device_total = dev_total;
   pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
+  cp_expand_init(pool);
   pool->stats.max_split_size = cfg->max_split_size == SIZE_MAX ? -1 : (int64_t)cfg->max_split_size;
   cp_clear_error();
   *out_pool = pool;
@@ -462,7 +480,10 @@ void cp_pool_destroy(cp_pool_t *pool) {
   for (cp_segment_t *seg = pool->segments, *next; seg != NULL; seg = next) {
     next = seg->next;
     for (cp_block_t *b = seg->head; b != NULL; b = b->next) free(b->uses);
-    pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
+    if (seg->paged)
+      cp_expand_destroy_segment(pool, seg);
+    else
+      pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
     free(seg);
   }
   pool->segments = NULL;
@@ -493,18 +514,19 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   const cp_config_t *cfg = &pool->cfg; /* only the cap fields change after creation */
   size_t rounded = cp_size_round(cfg, size);
   int kind = cp_size_kind(cfg, rounded);
-  size_t seg_size = rounded != 0 ? cp_size_segment(cfg, rounded) : 0;
 
   pthread_mutex_lock(&pool->lock);
   int rc = CP_OK;
   cp_stream_state_t *st = NULL;
-  if (seg_size == 0) {
+  if (rounded == 0) {
     rc = CP_ERR_OOM; /* larger than any address space */
   } else if ((rc = cp_reserve_metadata_locked(pool, 1)) == CP_OK) {
     st = cp_streams_get_locked(&pool->streams, stream);
     if (st == NULL) rc = CP_ERR_HOST_OOM;
   }
-  if (rc == CP_OK) {
+  if (rc == CP_OK && pool->paged) {
+    rc = cp_expand_alloc_locked(pool, st, kind, rounded, size, out_ptr);
+  } else if (rc == CP_OK) {
     /* 1. */
     if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
     cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
@@ -514,10 +536,15 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
       pthread_mutex_unlock(&pool->lock);
       return CP_OK;
     }
-    /* 2, 3. */
-    cp_collect_garbage_locked(pool, seg_size);
-    rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
-    if (rc == CP_ERR_OOM) {
+    /* 2, 3. The segment's size is worked out only here, off the path of reuse. */
+    const size_t seg_size = cp_size_segment(cfg, rounded);
+    if (seg_size == 0) {
+      rc = CP_ERR_OOM; /* larger than any address space */
+    } else {
+      cp_collect_garbage_locked(pool, seg_size);
+      rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
+    }
+    if (rc == CP_ERR_OOM && seg_size != 0) {
       /* 4. */
       pool->stats.num_alloc_retries++;
       cp_synchronize_pending_locked(pool);
@@ -616,10 +643,12 @@ int cp_empty_cache(cp_pool_t *pool) {
   if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_empty_cache: NULL pool");
   pthread_mutex_lock(&pool->lock);
   int rc = cp_synchronize_pending_locked(pool);
-  cp_segment_t *list = NULL;
-  cp_detach_free_segments_locked(pool, 0, &list);
-  int rc2 = cp_release_segments_locked(pool, list);
+  int rc2 = cp_release_free_segments_locked(pool);
   if (rc == CP_OK) rc = rc2;
+  if (pool->paged) {
+    rc2 = cp_expand_release_locked(pool);
+    if (rc == CP_OK) rc = rc2;
+  }
   CP_DEBUG_CHECK(pool, "cp_empty_cache");
   pthread_mutex_unlock(&pool->lock);
   return rc;

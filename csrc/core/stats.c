@@ -77,6 +77,11 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   info->live_blocks = pool->live.count;
   info->streams = pool->streams.count;
   info->memory_cap = pool->cap_bytes;
+  info->page_mapped = pool->paged;
+  info->page_segments = pool->paged_segments;
+  info->address_space = pool->address_space;
+  info->device_map = pool->device_maps;
+  info->device_unmap = pool->device_unmaps;
   for (size_t i = 0; i < pool->streams.count; i++) {
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
       const cp_index_t *ix = &pool->streams.list[i]->index[k];

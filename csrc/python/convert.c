@@ -230,7 +230,12 @@ fail:
   X(streams)                   \
   X(memory_cap)                \
   X(device_free)               \
-  X(device_total)
+  X(device_total)              \
+  X(page_mapped)               \
+  X(page_segments)             \
+  X(address_space)             \
+  X(device_map)                \
+  X(device_unmap)
 
 PyObject *cpy_info_to_dict(const cp_pool_info_t *info) {
   PyObject *d = PyDict_New();

@@ -4,6 +4,11 @@
   a small pool of 2 MiB segments for requests up to 1 MiB, 20 MiB segments for requests
   below 10 MiB, one segment rounded up to 2 MiB above that, its split and stream rules).
   The yardstick.
+- ``expandable``: the built-in allocator with ``expandable_segments:True``: each (stream, pool)
+  is served by one page-mapped segment that grows in place by mapping chunks (2 MiB for the
+  small pool, 20 MiB for the large one) at its end, and gives back whole free chunks on
+  empty_cache and when memory runs short. A second yardstick. On a device without page-mapped
+  memory it falls back to plain segments (``info()["page_mapped"]`` is then 0).
 - ``cudapool``: cudapool's own default, chosen by measurement to waste less (see README).
 """
 
@@ -11,7 +16,11 @@ from typing import Dict
 
 __all__ = ["POLICIES", "DEFAULT_POLICY", "config_for"]
 
-POLICIES: Dict[str, str] = {"builtin": "", "cudapool": "release_before_grow:True,max_split_size_mb:128"}
+POLICIES: Dict[str, str] = {
+    "builtin": "",
+    "expandable": "expandable_segments:True",
+    "cudapool": "release_before_grow:True,max_split_size_mb:128",
+}
 
 DEFAULT_POLICY = "cudapool"
 

@@ -185,17 +185,32 @@ TEST(fraction_keys) {
 TEST(expandable_segments) {
   cp_config_t cfg, def;
   cp_config_default(&def);
+  CHECK(def.expandable_segments == 0);
   PARSE_OK(cfg, "expandable_segments:False");
   CHECK(memcmp(&cfg, &def, sizeof cfg) == 0);
   PARSE_OK(cfg, "expandable_segments:false");
   CHECK(memcmp(&cfg, &def, sizeof cfg) == 0);
   PARSE_OK(cfg, "expandable_segments:0");
   CHECK(memcmp(&cfg, &def, sizeof cfg) == 0);
+  PARSE_OK(cfg, "expandable_segments:True");
+  CHECK(cfg.expandable_segments == 1);
+  PARSE_OK(cfg, "expandable_segments:true");
+  CHECK(cfg.expandable_segments == 1);
+  PARSE_OK(cfg, "expandable_segments:1");
+  CHECK(cfg.expandable_segments == 1);
+  /* Written only when True: default configurations read as before. */
+  char buf[512];
+  cp_config_format(&def, buf, sizeof buf);
+  CHECK(strstr(buf, "expandable_segments") == NULL);
+  cp_config_format(&cfg, buf, sizeof buf);
+  CHECK(strstr(buf, ",expandable_segments:True") != NULL);
+  cp_config_t back;
+  cp_config_default(&back);
+  CHECK(cp_config_parse(&back, buf) == CP_OK);
+  CHECK(memcmp(&back, &cfg, sizeof cfg) == 0);
   cp_config_t base = base_config();
-  EXPECT_FAIL(&base, "expandable_segments:True", "bad value 'True' for expandable_segments", "not supported");
-  EXPECT_FAIL(&base, "expandable_segments:true", "not supported", NULL);
-  EXPECT_FAIL(&base, "expandable_segments:1", "not supported", NULL);
-  EXPECT_FAIL(&base, "expandable_segments:maybe", "bad value 'maybe' for expandable_segments", NULL);
+  EXPECT_FAIL(&base, "expandable_segments:maybe", "bad value 'maybe' for expandable_segments",
+              "expected True or False");
   EXPECT_FAIL(&base, "expandable_segments:False,expandable_segments:False", "duplicate key 'expandable_segments'",
               NULL);
 }

@@ -1,0 +1,516 @@
+/* expand.c — page-mapped ("expandable") segments: one address range per (stream, kind) that
+ * grows in place by mapping chunks of memory at its end, and gives back whole free chunks.
+ * Owns: the UNMAPPED, MAPPING and UNMAPPING blocks and every page-mapped backend call. */
+#include <stdlib.h>
+
+#include "core/cp_internal.h"
+#include "core/sizes.h"
+
+/* Note [Expandable segments]
+ * expandable_segments:True follows the built-in allocator's rules (c10/cuda/
+ * CUDACachingAllocator.cpp, Note [Expandable Segments], class ExpandableSegment):
+ *  - A (stream, kind) is served by one segment: an address range of (total + total / 8) bytes
+ *    of the device, rounded up to whole chunks (ExpandableSegment's constructor, "1 1/8 the
+ *    total memory"), with no memory behind it at first. A chunk is what is mapped and unmapped
+ *    at a time: small_segment (2 MiB, kSmallBuffer) for the small pool, large_segment
+ *    (20 MiB, kLargeBuffer) for the large one, rounded up to the device's granularity. The
+ *    range's last chunk is never mapped here, which keeps every page-mapped segment split.
+ *  - Best fit first (get_free_block), in the (stream, kind) index as for plain segments, with
+ *    one more rule: a free block is ranked by the size it could grow to (its size plus the
+ *    unmapped block right after it), and the search moves on to the next block of the index
+ *    while that one's growable size is smaller. The oversize rules of cp_size_fits follow.
+ *  - When nothing fits (alloc_block, try_allocate_expandable_block, find_expandable_block):
+ *    the UNMAPPED blocks of the (stream, kind) segments in address order; the first one that,
+ *    together with a FREE block right before it and the FREE or UNMAPPED blocks after it, has
+ *    room for the request is grown: chunks are mapped at its start (map_block: min(its size,
+ *    what is missing), rounded up to chunks), they merge with the FREE neighbours, and so on
+ *    until the block is large enough. With no such room, a new segment is reserved.
+ *    Each mapping of a range counts one num_device_alloc (map_block), and reserved_bytes
+ *    grows by the bytes mapped; the segment stat counts plain segments only, as torch's does.
+ *  - Splitting: any remainder of at least one granule is split off, in both pools
+ *    (should_split with expandable segments).
+ *  - Memory is given back only on empty_cache and on the OOM ladder's retry
+ *    (release_cached_blocks -> release_blocks -> unmap_block), after every pending free has
+ *    been waited for and the segment's stream has finished its work (unmapHandles syncs the
+ *    stream): the whole chunks inside each FREE block are unmapped, one num_device_free per
+ *    range; a segment left wholly unmapped gives its address range back
+ *    (release_expandable_segment).
+ * Per chunk, mapping is page_create, page_map, page_release (the mapping keeps the memory)
+ * and page_set_access; the page-mapped calls run without the pool lock, with the range held
+ * in a MAPPING or UNMAPPING block meanwhile (cp_internal.h). Where this differs from torch:
+ * the cap counts the bytes really mapped, not the segment size a plain pool would reserve;
+ * the retry searches the index again before growing (as the plain ladder does); free blocks
+ * of page-mapped segments count in inactive_split (torch leaves them out); garbage collection
+ * and release_before_grow give back plain segments only. */
+
+/* Address space of a segment when the device's total is unknown. */
+#define CP_EXPAND_DEFAULT_SPACE ((size_t)1 << 40)
+
+void cp_expand_init(cp_pool_t *pool) {
+  pool->paged = false;
+  const cp_backend_t *be = &pool->backend;
+  if (!pool->cfg.expandable_segments || be->vmm_granularity == NULL || be->va_reserve == NULL || be->va_free == NULL ||
+      be->page_create == NULL || be->page_release == NULL || be->page_map == NULL || be->page_unmap == NULL ||
+      be->page_set_access == NULL) {
+    return;
+  }
+  size_t g = 0;
+  if (be->vmm_granularity(be->ctx, &g) != CP_OK || g == 0 || !cp_is_pow2(g)) return; /* plain segments */
+  pool->vmm_granularity = g;
+  pool->paged = true;
+}
+
+static size_t cp_expand_chunk(const cp_pool_t *pool, int kind) {
+  size_t base = kind == CP_KIND_SMALL ? pool->cfg.small_segment : pool->cfg.large_segment;
+  size_t g = pool->vmm_granularity;
+  return (base + g - 1) / g * g;
+}
+
+/* The size a FREE block could grow to: itself and the unmapped block after it. */
+static size_t cp_expandable_size(const cp_block_t *b) {
+  const cp_block_t *n = b->next;
+  return b->size + (n != NULL && (n->state == CP_BLOCK_UNMAPPED || n->state == CP_BLOCK_MAPPING) ? n->size : 0);
+}
+
+/* Best fit with the growable-size rule (Note [Expandable segments]); the block leaves the
+ * index. */
+static cp_block_t *cp_expand_best_fit_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
+  cp_index_t *ix = &st->index[kind];
+  cp_block_t *b = cp_index_lower_bound(ix, size);
+  if (b == NULL) return NULL;
+  for (cp_block_t *n = cp_index_next(ix, b); b->segment->paged && n != NULL; n = cp_index_next(ix, n)) {
+    if (cp_expandable_size(n) >= cp_expandable_size(b)) break;
+    b = n;
+  }
+  if (!cp_size_fits(&pool->cfg, size, b->size)) return NULL;
+  cp_free_remove_locked(pool, b);
+  return b;
+}
+
+/* Hand out the FREE block `b` (out of the index); the split rule of page-mapped pools. */
+static int cp_expand_take_locked(cp_pool_t *pool, cp_block_t *b, size_t rounded, size_t size, void **out_ptr) {
+  int rc = cp_reserve_metadata_locked(pool, 1);
+  if (rc != CP_OK) {
+    cp_block_merge_free_locked(pool, b);
+    return rc;
+  }
+  if (b->size - rounded >= pool->cfg.granule) {
+    cp_block_t *r = cp_block_new_locked(pool);
+    r->addr = b->addr + rounded;
+    r->size = b->size - rounded;
+    r->segment = b->segment;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL) b->next->prev = r;
+    b->next = r;
+    b->size = rounded;
+    r->state = CP_BLOCK_FREE;
+    cp_free_insert_locked(pool, r);
+  }
+  cp_block_make_live_locked(pool, b, size);
+  *out_ptr = (void *)b->addr;
+  return CP_OK;
+}
+
+/* Make `b` UNMAPPED and merge it with UNMAPPED neighbours. */
+static cp_block_t *cp_expand_make_unmapped_locked(cp_pool_t *pool, cp_block_t *b) {
+  b->state = CP_BLOCK_UNMAPPED;
+  cp_block_t *p = b->prev;
+  if (p != NULL && p->state == CP_BLOCK_UNMAPPED) {
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != NULL) b->next->prev = p;
+    cp_block_delete_locked(pool, b);
+    b = p;
+  }
+  cp_block_t *n = b->next;
+  if (n != NULL && n->state == CP_BLOCK_UNMAPPED) {
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != NULL) n->next->prev = b;
+    cp_block_delete_locked(pool, n);
+  }
+  return b;
+}
+
+/* Cut `b` at `offset` bytes: b keeps the lower part, the returned node (spare, reserved by
+ * the caller) the upper one, in b's state. Index membership is the caller's. */
+static cp_block_t *cp_expand_cut_locked(cp_pool_t *pool, cp_block_t *b, size_t offset) {
+  cp_block_t *r = cp_block_new_locked(pool);
+  r->addr = b->addr + offset;
+  r->size = b->size - offset;
+  r->segment = b->segment;
+  r->state = b->state;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next != NULL) b->next->prev = r;
+  b->next = r;
+  b->size = offset;
+  return r;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Segments
+ * ---------------------------------------------------------------------------------------- */
+
+/* A new page-mapped segment for (st, kind), wholly UNMAPPED. */
+static int cp_expand_new_segment_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind) {
+  const size_t chunk = cp_expand_chunk(pool, kind);
+  size_t total = pool->device_total != 0 ? pool->device_total : CP_EXPAND_DEFAULT_SPACE;
+  size_t space = total + total / 8;
+  if (space < total || space > SIZE_MAX - chunk) space = SIZE_MAX / 2;
+  size_t chunks = (space + chunk - 1) / chunk;
+  if (chunks < 2) chunks = 2;
+  const size_t size = chunks * chunk;
+  pthread_mutex_unlock(&pool->lock);
+  uintptr_t addr = 0;
+  int rc = CP_OK;
+  cp_segment_t *seg = calloc(1, sizeof *seg);
+  if (seg == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a segment");
+  if (rc == CP_OK) rc = pool->backend.va_reserve(pool->backend.ctx, size, &addr);
+  pthread_mutex_lock(&pool->lock);
+  if (rc == CP_OK) rc = cp_reserve_metadata_locked(pool, 1);
+  if (rc != CP_OK) {
+    if (seg != NULL && addr != 0) {
+      pthread_mutex_unlock(&pool->lock);
+      pool->backend.va_free(pool->backend.ctx, addr, size);
+      pthread_mutex_lock(&pool->lock);
+    }
+    free(seg);
+    return rc;
+  }
+  seg->addr = addr;
+  seg->size = size;
+  seg->chunk = chunk;
+  seg->paged = true;
+  seg->stream = st;
+  seg->kind = (uint8_t)kind;
+  cp_block_t *head = cp_block_new_locked(pool);
+  head->addr = addr;
+  head->size = size;
+  head->segment = seg;
+  head->state = CP_BLOCK_UNMAPPED;
+  seg->head = head;
+  cp_segment_link_locked(pool, seg); /* no stats: only mapped bytes count */
+  pool->paged_segments++;
+  pool->address_space += size;
+  return CP_OK;
+}
+
+/* Room for `size` bytes from `c` on: FREE and UNMAPPED blocks, the range's last chunk left out. */
+static bool cp_expand_has_room(const cp_block_t *c, size_t size) {
+  size_t bytes = 0;
+  for (; c != NULL && bytes < size; c = c->next) {
+    if (c->state == CP_BLOCK_FREE) {
+      bytes += c->size;
+    } else if (c->state == CP_BLOCK_UNMAPPED) {
+      bytes += c->next == NULL ? c->size - c->segment->chunk : c->size;
+    } else {
+      break;
+    }
+  }
+  return bytes >= size;
+}
+
+/* find_expandable_block: the block to grow from, or NULL when no segment has room. */
+static cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
+  uintptr_t after = 0;
+  bool first = true;
+  for (;;) {
+    cp_segment_t *best = NULL;
+    for (cp_segment_t *s = pool->segments; s != NULL; s = s->next) {
+      if (!s->paged || s->stream != st || s->kind != kind || (!first && s->addr <= after)) continue;
+      if (best == NULL || s->addr < best->addr) best = s;
+    }
+    if (best == NULL) return NULL;
+    first = false;
+    after = best->addr;
+    for (cp_block_t *b = best->head; b != NULL; b = b->next) {
+      if (b->state != CP_BLOCK_UNMAPPED) continue;
+      cp_block_t *c = b->prev != NULL && b->prev->state == CP_BLOCK_FREE ? b->prev : b;
+      if (cp_expand_has_room(c, size)) return c;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Mapping
+ * ---------------------------------------------------------------------------------------- */
+
+/* Map the first `bytes` (whole chunks) of the UNMAPPED block `u`, without the lock. On return
+ * *out_free is the FREE block (in the index) that holds what was mapped, merged with its FREE
+ * neighbours, or NULL when nothing was. Chunks mapped before a failure stay mapped, and the
+ * failure is returned. */
+static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free) {
+  *out_free = NULL;
+  cp_segment_t *seg = u->segment;
+  const size_t held = cp_held_locked(pool);
+  if (pool->cap_bytes != 0 && (bytes > pool->cap_bytes || held > pool->cap_bytes - bytes)) {
+    return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
+  }
+  int rc = cp_reserve_metadata_locked(pool, 2);
+  if (rc != CP_OK) return rc;
+  if (u->size > bytes) cp_expand_cut_locked(pool, u, bytes); /* the rest stays UNMAPPED */
+  cp_block_t *spare = cp_block_new_locked(pool);             /* for a partial mapping */
+  u->state = CP_BLOCK_MAPPING;
+  const uintptr_t base = u->addr;
+  const size_t chunk = seg->chunk;
+  pool->inflight_bytes += bytes;
+  pthread_mutex_unlock(&pool->lock);
+
+  const cp_backend_t *be = &pool->backend;
+  size_t mapped = 0, maps = 0;
+  while (mapped < bytes) {
+    const uintptr_t a = base + mapped;
+    cp_page_t page = 0;
+    rc = be->page_create(be->ctx, chunk, &page);
+    if (rc != CP_OK) break;
+    rc = be->page_map(be->ctx, a, chunk, page);
+    if (rc != CP_OK) {
+      be->page_release(be->ctx, page);
+      break;
+    }
+    maps++;
+    be->page_release(be->ctx, page); /* the mapping keeps the memory; it goes with the unmap */
+    rc = be->page_set_access(be->ctx, a, chunk);
+    if (rc != CP_OK) {
+      /* Unusable without access: undo it. Should the device refuse that too, the chunk stays
+       * mapped (and counted) and the next release unmaps it. */
+      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) mapped += chunk;
+      break;
+    }
+    mapped += chunk;
+  }
+
+  pthread_mutex_lock(&pool->lock);
+  pool->inflight_bytes -= bytes;
+  pool->device_maps += maps;
+  if (mapped < bytes) {
+    cp_block_t *rest = u;
+    if (mapped > 0) {
+      /* `spare` takes the part not mapped. */
+      spare->addr = u->addr + mapped;
+      spare->size = u->size - mapped;
+      spare->segment = seg;
+      spare->prev = u;
+      spare->next = u->next;
+      if (u->next != NULL) u->next->prev = spare;
+      u->next = spare;
+      u->size = mapped;
+      rest = spare;
+      spare = NULL;
+    }
+    cp_expand_make_unmapped_locked(pool, rest);
+  }
+  if (spare != NULL) cp_block_delete_locked(pool, spare);
+  if (mapped > 0) {
+    seg->mapped += mapped;
+    cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, mapped);
+    pool->stats.num_device_alloc++;
+    const size_t now = cp_held_locked(pool);
+    if (now > pool->high_water) pool->high_water = now;
+    cp_block_t *p = u->prev;
+    cp_block_t *into = p != NULL && p->state == CP_BLOCK_FREE ? p : u;
+    cp_block_merge_free_locked(pool, u);
+    *out_free = into;
+  }
+  return rc;
+}
+
+/* try_allocate_expandable_block: grow a segment of (st, kind) until a FREE block holds
+ * `rounded` bytes, and hand it out. */
+static int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                                 void **out_ptr) {
+  const size_t chunk = cp_expand_chunk(pool, kind);
+  for (int round = 0;; round++) {
+    /* Each round maps memory or finds what others changed meanwhile; bounded all the same. */
+    if (round == 1000) return cp_set_error(CP_ERR_OOM, "cudapool: page-mapped growth made no progress");
+    cp_block_t *c = cp_expand_find_locked(pool, st, kind, rounded);
+    if (c == NULL) {
+      int rc = cp_expand_new_segment_locked(pool, st, kind);
+      if (rc != CP_OK) return rc;
+      c = cp_expand_find_locked(pool, st, kind, rounded);
+      if (c == NULL) {
+        return cp_set_error(CP_ERR_OOM, "cudapool: %zu bytes do not fit in a page-mapped segment of %zu-byte chunks",
+                            rounded, chunk);
+      }
+    }
+    for (;;) {
+      if (c->state == CP_BLOCK_FREE && c->size >= rounded) {
+        cp_free_remove_locked(pool, c);
+        return cp_expand_take_locked(pool, c, rounded, size, out_ptr);
+      }
+      cp_block_t *u = c->state == CP_BLOCK_UNMAPPED ? c : c->next;
+      if (u == NULL || u->state != CP_BLOCK_UNMAPPED) break; /* changed while unlocked: search again */
+      const size_t have = c->state == CP_BLOCK_FREE ? c->size : 0;
+      size_t room = u->next == NULL ? u->size - chunk : u->size;
+      size_t want = rounded - have;
+      if (want > room) want = room;
+      if (want == 0) break;
+      want = (want + chunk - 1) / chunk * chunk;
+      cp_block_t *m = NULL;
+      int rc = cp_expand_map_locked(pool, u, want, &m);
+      if (rc != CP_OK) return rc;
+      c = m;
+    }
+  }
+}
+
+/* Note [The OOM ladder] for page-mapped pools: best fit; grow; on OOM wait for pending frees,
+ * give back plain free segments and unmap free chunks, then best fit and grow again. */
+int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                           void **out_ptr) {
+  if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
+  cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
+  if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
+  int rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
+  if (rc != CP_ERR_OOM) return rc;
+  pool->stats.num_alloc_retries++;
+  cp_synchronize_pending_locked(pool);
+  cp_release_free_segments_locked(pool);
+  cp_expand_release_locked(pool);
+  b = cp_expand_best_fit_locked(pool, st, kind, rounded);
+  if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
+  return cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Unmapping
+ * ---------------------------------------------------------------------------------------- */
+
+/* Wait until `stream` has finished the work submitted so far (an event recorded and waited
+ * for). Called without the lock. */
+static int cp_expand_sync_stream(const cp_backend_t *be, cp_stream_t stream) {
+  cp_event_t ev = 0;
+  int rc = be->event_create(be->ctx, &ev);
+  if (rc != CP_OK) return rc;
+  rc = be->event_record(be->ctx, ev, stream);
+  if (rc == CP_OK) rc = be->event_synchronize(be->ctx, ev);
+  be->event_destroy(be->ctx, ev);
+  return rc;
+}
+
+/* An UNMAPPING block and what became of it. */
+typedef struct cp_range_s {
+  cp_block_t *block;
+  uintptr_t addr;
+  size_t size;
+  bool unmapped;
+} cp_range_t;
+
+/* Carve the whole chunks of every FREE block of `seg` into UNMAPPING blocks, listed in
+ * *out (grown as needed). Returns how many; stops early when host memory runs out. */
+static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_range_t **out, size_t *cap) {
+  size_t n = 0;
+  for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+    if (b->state != CP_BLOCK_FREE) continue;
+    const size_t off = b->addr - seg->addr;
+    const size_t lo = (off + seg->chunk - 1) / seg->chunk * seg->chunk;
+    const size_t hi = (off + b->size) / seg->chunk * seg->chunk;
+    if (lo >= hi) continue;
+    if (n == *cap) {
+      size_t ncap = *cap != 0 ? *cap * 2 : 16;
+      cp_range_t *grown = realloc(*out, ncap * sizeof *grown);
+      if (grown == NULL) break;
+      *out = grown;
+      *cap = ncap;
+    }
+    if (cp_reserve_metadata_locked(pool, 2) != CP_OK) break;
+    cp_free_remove_locked(pool, b);
+    cp_block_t *mid = b;
+    if (lo > off) {
+      mid = cp_expand_cut_locked(pool, b, lo - off);
+      cp_free_insert_locked(pool, b);
+    }
+    if (mid->addr + mid->size > seg->addr + hi) {
+      cp_block_t *after = cp_expand_cut_locked(pool, mid, seg->addr + hi - mid->addr);
+      cp_free_insert_locked(pool, after);
+    }
+    mid->state = CP_BLOCK_UNMAPPING;
+    (*out)[n++] = (cp_range_t){mid, mid->addr, mid->size, false};
+    b = mid;
+  }
+  return n;
+}
+
+/* Give back the address range of a wholly unmapped segment. */
+static int cp_expand_drop_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  cp_segment_unlink_locked(pool, seg);
+  pool->paged_segments--;
+  pool->address_space -= seg->size;
+  pthread_mutex_unlock(&pool->lock);
+  int rc = pool->backend.va_free(pool->backend.ctx, seg->addr, seg->size);
+  pthread_mutex_lock(&pool->lock);
+  if (rc != CP_OK) { /* keep it: still a valid, empty segment */
+    cp_segment_link_locked(pool, seg);
+    pool->paged_segments++;
+    pool->address_space += seg->size;
+    return rc;
+  }
+  cp_block_delete_locked(pool, seg->head);
+  free(seg);
+  return CP_OK;
+}
+
+int cp_expand_release_locked(cp_pool_t *pool) {
+  const unsigned stamp = ++pool->release_seq; /* marks the segments this call has looked at */
+  int first_rc = CP_OK;
+  cp_range_t *ranges = NULL;
+  size_t cap = 0;
+  for (;;) {
+    cp_segment_t *seg = pool->segments;
+    while (seg != NULL && (!seg->paged || seg->release_stamp == stamp)) seg = seg->next;
+    if (seg == NULL) break;
+    seg->release_stamp = stamp;
+    size_t n = cp_expand_carve_locked(pool, seg, &ranges, &cap);
+    if (n > 0) {
+      const cp_stream_t stream = seg->stream->handle;
+      pthread_mutex_unlock(&pool->lock);
+      int rc = cp_expand_sync_stream(&pool->backend, stream);
+      size_t calls = 0;
+      for (size_t i = 0; i < n; i++) {
+        if (rc != CP_OK) break; /* the stream's work could not be waited for: unmap nothing */
+        int r = pool->backend.page_unmap(pool->backend.ctx, ranges[i].addr, ranges[i].size);
+        calls++;
+        ranges[i].unmapped = r == CP_OK;
+        if (r != CP_OK && rc == CP_OK) rc = r;
+      }
+      pthread_mutex_lock(&pool->lock);
+      pool->device_unmaps += calls;
+      if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
+      for (size_t i = 0; i < n; i++) {
+        cp_block_t *b = ranges[i].block;
+        if (ranges[i].unmapped) {
+          seg->mapped -= b->size;
+          cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
+          pool->stats.num_device_free++;
+          cp_expand_make_unmapped_locked(pool, b);
+        } else {
+          cp_block_merge_free_locked(pool, b);
+        }
+      }
+    }
+    if (seg->head->state == CP_BLOCK_UNMAPPED && seg->head->next == NULL) {
+      int rc = cp_expand_drop_segment_locked(pool, seg);
+      if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
+    }
+  }
+  free(ranges);
+  return first_rc;
+}
+
+void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {
+  const cp_backend_t *be = &pool->backend;
+  cp_block_t *b = seg->head;
+  while (b != NULL) {
+    if (b->state == CP_BLOCK_UNMAPPED || b->state == CP_BLOCK_MAPPING) {
+      b = b->next;
+      continue;
+    }
+    uintptr_t start = b->addr;
+    size_t len = 0;
+    for (; b != NULL && b->state != CP_BLOCK_UNMAPPED && b->state != CP_BLOCK_MAPPING; b = b->next) len += b->size;
+    be->page_unmap(be->ctx, start, len);
+  }
+  be->va_free(be->ctx, seg->addr, seg->size);
+}
