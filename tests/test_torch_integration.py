@@ -387,9 +387,10 @@ lib.cudapool_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
 """
 
 
-def sim(code: str) -> str:
-    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so."""
-    return SIM_PRELUDE + textwrap.dedent(code)
+def sim(code: str, head: str = "") -> str:
+    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so (then
+    ``head``, unindented)."""
+    return SIM_PRELUDE + head + textwrap.dedent(code)
 
 
 def test_sim_allocations_through_the_entry_points_show_in_torchs_functions():
@@ -472,6 +473,127 @@ def test_sim_memory_fraction_hook_caps_the_pool():
         """
         )
     )
+
+
+# -- out of memory is torch.OutOfMemoryError (cudapool._torch_oom) ----------------------------
+
+needs_torch_oom = pytest.mark.skipif(
+    _torch.torch_oom_library_path() is None, reason="cudapool._torch_oom was not built (torch absent at build time)"
+)
+
+# The allocation entry point called from C++ (cudapool._torch_oom's test entry), which names
+# the C++ type of the exception as torch's catch sites see it: 1 c10::OutOfMemoryError,
+# 2 another c10::Error, 3 another std::exception.
+CATCHING = """
+oom_lib = ctypes.CDLL(_torch.torch_oom_library_path())
+oom_lib.cudapool_torch_oom_catch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+oom_lib.cudapool_torch_oom_catch.restype = ctypes.c_int
+alloc_address = ctypes.cast(lib.cudapool_alloc, ctypes.c_void_p).value
+
+def caught(size, device=0):
+    out, buf = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    kind = oom_lib.cudapool_torch_oom_catch(alloc_address, size, device, None, ctypes.byref(out), buf, len(buf))
+    return kind, buf.value.decode(), out.value
+"""
+
+
+@needs_torch_oom
+def test_oom_throws_c10_out_of_memory_error_once_enabled():
+    ok(
+        sim(
+            """
+        assert _torch.oom_error_type() == "torch.OutOfMemoryError"
+        kind, msg, _ = caught(100 * MiB)
+        assert kind == 1, (kind, msg)                                  # c10::OutOfMemoryError
+        assert msg.startswith("CUDA out of memory. Tried to allocate 100.00 MiB"), msg
+        assert "Exception raised from" not in msg, msg                 # no C++ backtrace in the text
+        kind, msg, ptr = caught(MiB)
+        assert kind == 0 and ptr, (kind, msg)
+        lib.cudapool_free(ptr, MiB, 0, None)
+        kind, msg, _ = caught(MiB, device=5)                           # not out of memory: a std::exception
+        assert kind == 3 and "device 5 does not exist" in msg, (kind, msg)
+        # the ctypes-facing path sees the same exception, with its status and message
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and ptr == 0 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        ptr, status, msg = _testhooks.alloc_catching(MiB, 5, 0)
+        assert status == 2 and "device 5 does not exist" in msg, (status, msg)   # CP_ERR_INVALID
+        assert torch.cuda.memory_stats(0)["num_ooms"] == 2
+        print("OK")
+        """,
+            head=CATCHING,
+        )
+    )
+
+
+@needs_torch_oom
+def test_oom_before_enable_is_the_std_exception():
+    # Nothing installed yet: the fallback type, which torch turns into RuntimeError.
+    ok(
+        "_C.use_sim_devices(64 * MiB)\nlib = ctypes.CDLL(_C.__file__)\n"
+        + CATCHING
+        + textwrap.dedent(
+            """
+        assert _torch.oom_error_type() is None
+        kind, msg, _ = caught(100 * MiB)
+        assert kind == 3 and msg.startswith("CUDA out of memory. Tried to allocate"), (kind, msg)
+        print("OK")
+        """
+        )
+    )
+
+
+@needs_torch_oom
+def test_torch_oom_built_for_another_torch_is_not_installed_and_says_how_to_fix():
+    out = ok(
+        """
+        _C.use_sim_devices(64 * MiB)
+        torch.__version__ = "2.0.0+other"
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert cudapool.enabled() and _torch.oom_error_type() == "RuntimeError"
+        [w] = [w for w in caught_warnings if "OutOfMemoryError" in str(w.message)]
+        assert issubclass(w.category, RuntimeWarning), w
+        text = str(w.message)
+        assert "was built for torch 2" in text and "torch 2.0.0+other is running" in text, text
+        assert "reinstall cudapool" in text and "--no-build-isolation" in text, text
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        print("WARNING:", text)
+        print("OK")
+        """
+    )
+    assert "RuntimeError instead of torch.OutOfMemoryError" in out
+
+
+def test_without_torch_oom_enable_is_silent_and_oom_is_a_runtime_error():
+    ok(
+        """
+        _C.use_sim_devices(64 * MiB)
+        _torch.torch_oom_library_path = lambda: None     # as when torch was absent at build time
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert not caught_warnings, [str(w.message) for w in caught_warnings]
+        assert _torch.oom_error_type() == "RuntimeError"
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        print("OK")
+        """
+    )
+
+
+def test_the_extension_does_not_need_torch():
+    # _C is what torch dlopens, and what `pip install` builds without torch: no libc10 in it.
+    with open(_C.__file__, "rb") as f:
+        image = f.read()
+    assert b"libc10" not in image and b"c10::" not in image and b"_ZN3c10" not in image
+    path = _torch.torch_oom_library_path()
+    if path is not None:  # the thrower library links libc10, and nothing of cudapool
+        with open(path, "rb") as f:
+            image = f.read()
+        assert b"libc10.so" in image and b"cp_alloc" not in image
 
 
 # -- the statistics key set equals torch's ---------------------------------------------------

@@ -39,6 +39,14 @@ static void cpd_report(const char *fmt, ...) {
   va_end(ap);
 }
 
+static _Atomic(cpd_oom_thrower_t) cpd_thrower;
+
+void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower) {
+  atomic_store_explicit(&cpd_thrower, thrower, memory_order_release);
+}
+
+cpd_oom_thrower_t cpd_oom_thrower(void) { return atomic_load_explicit(&cpd_thrower, memory_order_acquire); }
+
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   cp_pool_t *pool;
   if (size == 0) {
