@@ -91,9 +91,10 @@ def test_enable_swaps_in_our_allocator_with_every_hook():
         assert cudapool.enabled()
         hooks = set(_torch.hooks_set())
         offered = set(_torch.torch_hooks_offered())
-        assert hooks == offered & {"init", "reset", "memory_fraction", "record_stream"}, (hooks, offered)
+        ours = {"init", "reset", "memory_fraction", "record_stream", "base_alloc"}
+        assert hooks == offered & ours, (hooks, offered)
         if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14):
-            assert hooks == {"init", "reset", "memory_fraction", "record_stream"}, hooks
+            assert hooks == ours, hooks
         ours = _torch._state.allocator
         assert type(ours) is torch.cuda.memory.CUDAPluggableAllocator
         if hasattr(torch.cuda.memory, "_get_current_allocator"):
@@ -469,6 +470,91 @@ def test_sim_memory_fraction_hook_caps_the_pool():
         ptr, status, msg = _testhooks.alloc_catching(30 * MiB, 0, 0)
         assert status == 0, msg
         lib.cudapool_free(ptr, 30 * MiB, 0, None)
+        print("OK")
+        """
+        )
+    )
+
+
+def test_sim_memory_fraction_zero_forbids_growth_and_get_fraction_answers():
+    ok(
+        sim(
+            """
+        # torch.cuda.get_per_process_memory_fraction answers from cudapool (no CUDA init)
+        assert torch.cuda.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
+        assert torch.cuda.memory.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
+        assert torch.cuda.get_per_process_memory_fraction() == 1.0 and not torch.cuda.is_initialized()
+        keep = _testhooks.alloc_catching(1000, 0, 0)[0]                   # a 2 MiB small segment
+        lib.cudapool_set_memory_fraction(0.0, 0)         # what set_per_process_memory_fraction(0.0) calls
+        assert torch.cuda.get_per_process_memory_fraction(0) == 0.0
+        assert torch.cuda.get_per_process_memory_fraction("cuda:1") == 1.0
+        ptr, status, msg = _testhooks.alloc_catching(1000, 0, 0)          # the cache still serves
+        assert status == 0, msg
+        lib.cudapool_free(ptr, 1000, 0, None)
+        for size in (4 * MiB, 3 * MiB):                                   # growth is refused
+            ptr, status, msg = _testhooks.alloc_catching(size, 0, 0)
+            assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        assert _testhooks.alloc_catching(4 * MiB, 1, 0)[1] == 0           # the other device is free to grow
+        lib.cudapool_set_memory_fraction(0.5, 0)
+        assert torch.cuda.get_per_process_memory_fraction(torch.device("cuda", 0)) == 0.5
+        ptr, status, msg = _testhooks.alloc_catching(4 * MiB, 0, 0)
+        assert status == 0, msg
+        try:
+            torch.cuda.get_per_process_memory_fraction("cpu")
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a CPU device was accepted")
+        try:
+            _C.parse_config("memory_fraction:0")                           # the key still refuses 0
+        except ValueError as exc:
+            assert "memory_fraction" in str(exc), exc
+        else:
+            raise AssertionError("memory_fraction:0 accepted")
+        print("OK")
+        """
+        )
+    )
+
+
+def test_get_fraction_reports_the_configured_memory_fraction():
+    ok(
+        """
+        cudapool.enable(memory_fraction=0.75)
+        assert torch.cuda.get_per_process_memory_fraction(0) == 0.75
+        assert torch.cuda.get_per_process_memory_fraction(3) == 0.75
+        print("OK")
+        """
+    )
+
+
+def test_sim_base_alloc_hook_answers_the_segment_of_a_live_block():
+    ok(
+        sim(
+            """
+        assert "base_alloc" in _torch.hooks_set()
+        lib.cudapool_base_alloc.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.cudapool_base_alloc.restype = ctypes.c_void_p
+        size = ctypes.c_size_t(0)
+        a = lib.cudapool_alloc(1000, 1, None)
+        b = lib.cudapool_alloc(5000, 1, None)                 # after a, in the same 2 MiB segment
+        assert lib.cudapool_base_alloc(b, ctypes.byref(size)) == a and size.value == 2 * MiB
+        assert lib.cudapool_base_alloc(b + 100, ctypes.byref(size)) == a and size.value == 2 * MiB
+        c = lib.cudapool_alloc(12 * MiB, 0, None)             # a large block: its own segment
+        assert lib.cudapool_base_alloc(c, ctypes.byref(size)) == c and size.value == 12 * MiB
+        foreign = ctypes.create_string_buffer(64)
+        address = ctypes.addressof(foreign)
+        assert lib.cudapool_base_alloc(address, ctypes.byref(size)) == address and size.value == 0
+        lib.cudapool_free(b, 5000, 1, None)
+        assert lib.cudapool_base_alloc(b, ctypes.byref(size)) == b and size.value == 0   # freed: not an allocation
+        # the hook torch calls is this very function
+        raw = _torch._state.allocator.allocator()
+        assert hasattr(raw, "set_base_alloc_fn")
+        # record_stream of memory no pool holds (a DLPack import): silent and counted
+        lib.cudapool_record_stream(address, 7)
+        assert cudapool.foreign_pointer_calls() == {"free": 0, "record_stream": 1}
+        lib.cudapool_free(a, 1000, 1, None)
+        lib.cudapool_free(c, 12 * MiB, 0, None)
         print("OK")
         """
         )

@@ -15,8 +15,9 @@ extern "C" {
 void cpd_set_exiting(void);
 unsigned long cpd_failures_at_exit(void);
 
-/* Cap `device`'s pool at `fraction` of its total memory (creating the pool). A fraction
- * outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
+/* Cap `device`'s pool at `fraction` of its total memory (creating the pool), as torch's
+ * set_per_process_memory_fraction does: 0 forbids growth (Note [Fraction zero] in abi.c). A
+ * fraction outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
 int cpd_set_memory_fraction(double fraction, int device);
 
 /* The entry points (exported, C ABI). cudapool_alloc is in alloc.cpp: it throws on failure,
@@ -31,6 +32,15 @@ void cudapool_record_stream(void *ptr, void *stream);
 void cudapool_empty_cache(void);
 void cudapool_set_memory_fraction(double fraction, int device);
 void cudapool_init(int device);
+/* torch's base_alloc hook (set_base_alloc_fn: void *(void *ptr, size_t *size)): for a pointer
+ * inside a live allocation of any device's pool, the address of the segment that holds it,
+ * with the segment's size in *size, as the built-in allocator's getBaseAllocation answers; for
+ * any other pointer, the pointer itself and *size = 0. */
+void *cudapool_base_alloc(void *ptr, size_t *size);
+
+/* Calls of cudapool_free and cudapool_record_stream on pointers that no pool's segment holds
+ * (Note [Pointers cudapool does not own]): they do nothing, say nothing, and are counted. */
+void cpd_foreign_calls(unsigned long long *out_frees, unsigned long long *out_record_streams);
 
 /* Note [Out-of-memory type]
  * torch turns a c10::OutOfMemoryError thrown by the allocator into torch.OutOfMemoryError,

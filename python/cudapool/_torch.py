@@ -30,14 +30,14 @@ _HOOKS: Tuple[Tuple[str, str, str], ...] = (
     ("reset", "set_reset_fn", "cudapool_empty_cache"),
     ("memory_fraction", "set_memory_fraction_fn", "cudapool_set_memory_fraction"),
     ("record_stream", "set_record_stream_fn", "cudapool_record_stream"),
+    ("base_alloc", "set_base_alloc_fn", "cudapool_base_alloc"),
 )
 
 #: The names of the hooks cudapool sets when torch offers them.
 HOOK_NAMES: Tuple[str, ...] = tuple(name for name, _, _ in _HOOKS)
 
-# Hooks torch offers that cudapool does not set (CUDA graph private pools, base allocation).
+# Hooks torch offers that cudapool does not set (CUDA graph private pools).
 _UNSET_HOOKS: Tuple[Tuple[str, str], ...] = (
-    ("base_alloc", "set_base_alloc_fn"),
     ("begin_allocate_to_pool", "set_begin_allocate_to_pool"),
     ("end_allocate_to_pool", "set_end_allocate_to_pool_fn"),
     ("release_pool", "set_release_pool"),
@@ -60,6 +60,7 @@ _PATCHED = (
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
+    "get_per_process_memory_fraction",
 )
 
 _NOT_FIRST_MESSAGE = (
@@ -96,7 +97,8 @@ def enabled() -> bool:
 
 def hooks_set() -> Tuple[str, ...]:
     """The optional allocator hooks cudapool set on torch's pluggable allocator: a subset of
-    ("init", "reset", "memory_fraction", "record_stream"), depending on the torch version."""
+    ("init", "reset", "memory_fraction", "record_stream", "base_alloc"), depending on the torch
+    version."""
     return _state.hooks
 
 
@@ -302,6 +304,20 @@ def _reset_max_memory_cached(device: Any = None) -> None:
     reset_peak_memory_stats(device)
 
 
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The memory fraction of ``device``, as ``torch.cuda.get_per_process_memory_fraction``
+    reports it: the last one ``set_per_process_memory_fraction`` set (0.0 included), else the
+    configuration's ``memory_fraction``, else 1.0."""
+    return _C.memory_fraction(device_index(device))
+
+
+def foreign_pointer_calls() -> Dict[str, int]:
+    """How many frees ("free") and ``record_stream`` calls ("record_stream") torch made on
+    pointers that no cudapool pool holds (memory of another allocator, a DLPack import).
+    Such calls do nothing and print nothing, as with the built-in allocator."""
+    return dict(_C.foreign_pointer_calls())
+
+
 _REPLACEMENTS = {
     "memory_stats": memory_stats,
     "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
@@ -310,6 +326,7 @@ _REPLACEMENTS = {
     "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
     "reset_max_memory_allocated": _reset_max_memory_allocated,
     "reset_max_memory_cached": _reset_max_memory_cached,
+    "get_per_process_memory_fraction": get_per_process_memory_fraction,
 }
 
 
