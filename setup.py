@@ -1,4 +1,5 @@
-"""Build of the extension modules: cudapool._C and its test hooks, cudapool._testhooks.
+"""Build of the extension modules: cudapool._C and its test hooks, cudapool._testhooks, and, when torch is
+importable at build time, the library cudapool._torch_oom.
 
 cudapool._C: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++
 sources get different flags: setuptools hands every source of an Extension the same extra_compile_args,
@@ -6,11 +7,21 @@ so C++ sources are compiled here first with their own flags and linked in as obj
 cudapool._testhooks: csrc/python/testhooks/ only; it links nothing of the core and calls _C's functions
 through a capsule (Note [Test hooks] in csrc/python/hooks_api.h).
 
+cudapool._torch_oom: csrc/torch/oom_c10.cpp alone, compiled against the installed torch's headers and
+linked to its libc10 (rpath: torch/lib). It throws c10::OutOfMemoryError for cudapool_alloc (Note
+[Out-of-memory type] in csrc/torch/abi.h), so that torch raises torch.OutOfMemoryError; enable() loads it
+with ctypes and installs it only when the running torch is the one it was built for. It is built only when
+`import torch` works here: under pip's default build isolation torch is not there, so build with
+`pip install --no-build-isolation .` to have it. Without it everything works, and out of memory raises a
+RuntimeError. Set CUDAPOOL_TORCH_OOM=0 to skip it. Its build failing is a warning, not an error, unless
+warnings are errors (CUDAPOOL_WERROR=1).
+
 Warnings are errors only when asked (CUDAPOOL_WERROR=1, as the Makefile does): a user's newer
 compiler with a new warning must not fail `pip install .`.
 """
 
 import copy
+import json
 import os
 import re
 from pathlib import Path
@@ -74,6 +85,7 @@ class BuildExt(build_ext):
         if not cxx_sources:
             return super().build_extension(ext)
 
+        cxx_flags = CXX_FLAGS + list(getattr(ext, "cxx_flags", []))
         macros = list(ext.define_macros or [])
         macros.extend((name,) for name in (ext.undef_macros or []))
         cxx_objects = self.compiler.compile(
@@ -82,7 +94,7 @@ class BuildExt(build_ext):
             macros=macros,
             include_dirs=ext.include_dirs,
             debug=self.debug,
-            extra_postargs=CXX_FLAGS,
+            extra_postargs=cxx_flags,
             depends=ext.depends,
         )
         c_ext = copy.copy(ext)
@@ -99,8 +111,44 @@ SOURCES = rel_glob(
         for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)
     )
 )
+# Built on its own, against torch (torch_oom_extension); never part of _C, which must not need torch.
+TORCH_OOM_SOURCE = "csrc/torch/oom_c10.cpp"
+SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE]
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")
+
+
+def torch_oom_extension() -> list:
+    """cudapool._torch_oom when torch (with its C++ headers and libc10) is importable here, else nothing."""
+    if os.environ.get("CUDAPOOL_TORCH_OOM", "") == "0":
+        return []
+    try:
+        import torch
+    except Exception:  # not installed, or broken: build without it
+        return []
+    root = Path(torch.__file__).resolve().parent
+    include, lib = root / "include", root / "lib"
+    if not (include / "c10" / "util" / "Exception.h").is_file() or not list(lib.glob("libc10.*")):
+        return []
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    ext = Extension(
+        "cudapool._torch_oom",
+        sources=[TORCH_OOM_SOURCE],
+        depends=HEADERS,
+        define_macros=[
+            ("CUDAPOOL_TORCH_VERSION", json.dumps(str(torch.__version__))),
+            ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
+        ],
+        library_dirs=[str(lib)],
+        libraries=["c10"],
+        runtime_library_dirs=[str(lib)],
+        extra_link_args=["-pthread"],
+        language="c++",
+        optional=not _WERROR,
+    )
+    ext.cxx_flags = ["-isystem", str(include)]  # torch's headers: their warnings are not ours
+    return [ext]
+
 
 setup(
     version=read_version(),
@@ -122,6 +170,7 @@ setup(
             extra_compile_args=C_FLAGS,
             language="c",
         ),
+        *torch_oom_extension(),
     ],
     cmdclass={"build_ext": BuildExt},
 )

@@ -217,16 +217,17 @@ def test_row_free_null_entry_and_sim_pool_are_noops(pool):
     assert pool.memory_stats()["allocation.all.freed"] == 0
 
 
-def test_row_free_unknown_double_interior_entry_warns_and_changes_nothing():
+def test_row_free_double_interior_entry_warns_and_changes_nothing():
     ok(
         SIM2
         + """
         p = alloc(1000)
         keep = alloc(4096)
-        for bad in (p + 512, p + 1, 0x1234_0000):
+        for bad in (p + 512, p + 1, p + 2 * MiB - 1):        # inside the pool's segment
             err = stderr_of(lib.cudapool_free, bad, 1000, 0, None)
             assert err.count("\\n") == 1 and err.startswith("cudapool: free("), err
             assert "was not allocated by this pool, or was already freed" in err, err
+        assert _C.foreign_pointer_calls() == {"free": 0, "record_stream": 0}
         assert allocated(0) == 1024 + 4096
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         err = stderr_of(lib.cudapool_free, p, 1000, 0, None)   # double free
@@ -282,16 +283,39 @@ def test_row_free_stream_argument_entry_is_ignored():
     )
 
 
-def test_row_record_stream_unknown_pointer_entry_warns():
+def test_row_foreign_pointer_entry_free_and_record_stream_are_silent_and_counted():
+    # Memory no pool holds (another allocator's, a DLPack import): ignored, as torch's
+    # built-in allocator ignores record_stream on memory it does not own; counted.
     ok(
         SIM2
         + """
         p = alloc(1000)
-        err = stderr_of(lib.cudapool_record_stream, 0x1234_0000, 7)
-        assert err == f"cudapool: record_stream({hex(0x1234_0000)}): not a live allocation of cudapool\\n", err
-        assert "not a live allocation" in stderr_of(lib.cudapool_record_stream, p + 512, 7)
+        q = alloc(1000, device=1)
+        foreign = ctypes.create_string_buffer(4096)
+        addresses = (0x1234_0000, ctypes.addressof(foreign), p + 2 * MiB, p - 1)
+        for bad in addresses:
+            assert stderr_of(lib.cudapool_record_stream, bad, 7) == ""
+            for device in (0, 1, 5, -1, 64):          # whatever the device number
+                assert stderr_of(lib.cudapool_free, bad, 1000, device, None) == ""
+        assert _C.foreign_pointer_calls() == {"free": 5 * len(addresses), "record_stream": len(addresses)}
+        assert cudapool.foreign_pointer_calls() == _C.foreign_pointer_calls()
+        assert allocated(0) == 1024 and allocated(1) == 1024
+        assert _C.device_pool(0).check() == 0 and _C.device_pool(1).check() == 0
+        print("OK")
+        """
+    )
+
+
+def test_row_record_stream_freed_or_interior_pointer_entry_warns():
+    ok(
+        SIM2
+        + """
+        p = alloc(1000)
+        err = stderr_of(lib.cudapool_record_stream, p + 512, 7)
+        assert err == f"cudapool: record_stream({hex(p + 512)}): not a live allocation of cudapool (freed, or inside one)\\n", err
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         assert "not a live allocation" in stderr_of(lib.cudapool_record_stream, p, 7)   # after its free
+        assert _C.foreign_pointer_calls() == {"free": 0, "record_stream": 0}
         assert _C.device_pool(0).check() == 0
         print("OK")
         """
@@ -327,14 +351,15 @@ def test_row_bad_device_entry_free_warns_and_the_block_stays():
             err = stderr_of(lib.cudapool_free, p, 1000, device, None)
             text = f"the pointer is a live allocation of device 0, not of device {device}: not freed"
             assert err.startswith("cudapool: free(") and text in err and err.count("\\n") == 1, err
-        for device in (-1, 64):                      # a pointer no pool holds
-            err = stderr_of(lib.cudapool_free, 0x1234_0000, 1000, device, None)
+        for device in (-1, 64):                      # a freed pointer of device 0's segment
+            err = stderr_of(lib.cudapool_free, p + 1024, 1000, device, None)
             assert f"invalid device {device} (expected 0..63)" in err, err
         q = alloc(1000, device=1)                    # device 1's pool now exists: same refusal
         err = stderr_of(lib.cudapool_free, p, 1000, 1, None)
         assert "the pointer is a live allocation of device 0, not of device 1" in err, err
-        err = stderr_of(lib.cudapool_free, 0x1234_0000, 1000, 5, None)
+        err = stderr_of(lib.cudapool_free, p + 1024, 1000, 5, None)
         assert "device 5 has no cudapool pool" in err, err
+        assert _C.foreign_pointer_calls()["free"] == 0
         assert allocated(0) == 1024 and allocated(1) == 1024
         assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
         assert stderr_of(lib.cudapool_free, q, 1000, 1, None) == ""
@@ -648,9 +673,10 @@ def test_row_after_shutdown_entry_points_warn_or_do_nothing():
         _C.shutdown()
         assert _C.device_pools() == [] and not _C.using_sim_devices()
         assert handle.info()["live_blocks"] == 0 and handle.check() == 0   # the handle does not dangle
-        err = stderr_of(lib.cudapool_free, p, 1000, 0, None)
-        assert err == f"cudapool: free({hex(p)}, 1000 bytes, device 0) failed: device 0 has no cudapool pool\\n", err
-        assert "not a live allocation of cudapool" in stderr_of(lib.cudapool_record_stream, q, 7)
+        # every segment went back: the old pointers are no pool's memory any more
+        assert stderr_of(lib.cudapool_free, p, 1000, 0, None) == ""
+        assert stderr_of(lib.cudapool_record_stream, q, 7) == ""
+        assert _C.foreign_pointer_calls() == {"free": 1, "record_stream": 1}
         assert stderr_of(lib.cudapool_empty_cache) == ""
         assert stderr_of(lib.cudapool_init, 2) == ""
         assert allocated(0) == allocated(1) == 0

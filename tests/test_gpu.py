@@ -577,6 +577,88 @@ def test_memory_fraction_caps_allocations(child_env):
     assert r["message"].startswith("CUDA out of memory. Tried to allocate")
 
 
+# -- g2. torch parity: the out-of-memory type, fraction 0, get_per_process_memory_fraction ------
+
+OOM_TYPE_AND_FRACTION = """
+from cudapool import _torch
+assert _torch.oom_error_type() == "torch.OutOfMemoryError", (
+    "cudapool._torch_oom is not in use: %r (built: %r)" % (_torch.oom_error_type(), _torch.torch_oom_library_path()))
+total = torch.cuda.get_device_properties(0).total_memory
+caught_as = None
+try:
+    torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+except torch.cuda.OutOfMemoryError as exc:        # torch's own type, as with the built-in allocator
+    caught_as = type(exc).__name__
+    first = str(exc)
+assert caught_as == "OutOfMemoryError" and first.startswith("CUDA out of memory. Tried to allocate"), first
+
+assert torch.cuda.get_per_process_memory_fraction() == 1.0
+keep = torch.empty(MiB, dtype=torch.uint8, device="cuda")   # a small segment that stays cached
+torch.cuda.set_per_process_memory_fraction(0.0)            # torch: no growth at all
+assert torch.cuda.get_per_process_memory_fraction() == 0.0
+assert torch.cuda.get_per_process_memory_fraction(0) == 0.0
+zero_oom = None
+try:
+    torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+except torch.cuda.OutOfMemoryError as exc:
+    zero_oom = str(exc)
+assert zero_oom is not None, "fraction 0.0 allowed a 64 MiB allocation"
+small = torch.empty(1024, dtype=torch.uint8, device="cuda")  # the cache still serves
+torch.cuda.set_per_process_memory_fraction(0.5)
+assert torch.cuda.get_per_process_memory_fraction() == 0.5
+y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+del y, small, keep
+torch.cuda.synchronize()
+check_pool()
+result(first=first[:300], zero_oom=zero_oom[:300])
+"""
+
+
+def test_oom_is_torch_out_of_memory_error_and_fraction_zero_forbids_growth(child_env):
+    r = run_scenario(child_env, OOM_TYPE_AND_FRACTION)
+    assert r["zero_oom"].startswith("CUDA out of memory. Tried to allocate")
+
+
+# cuDNN (v8 API) tries engines in turn and moves on when allocating one's workspace throws
+# c10::OutOfMemoryError; any other exception ends the convolution. With growth forbidden
+# (fraction 0.0) and the output's block waiting in the cache, only engines without a workspace
+# can run: the convolution must still succeed, with the same values.
+CONV_FALLBACK = """
+if not torch.backends.cudnn.is_available():
+    result(skipped="cuDNN is not available")
+    sys.exit(0)
+torch.backends.cudnn.benchmark = False
+torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+x = torch.randn(8, 64, 128, 128, device="cuda")
+w = torch.randn(128, 64, 3, 3, device="cuda")
+reference = torch.nn.functional.conv2d(x, w, padding=1)
+torch.cuda.synchronize()
+torch.cuda.empty_cache()                      # the workspaces of that run go back
+slot = torch.empty_like(reference)            # the output's block, cached for the next run
+del slot
+oom_before = torch.cuda.memory_stats()["num_ooms"]
+torch.cuda.set_per_process_memory_fraction(0.0)
+y = torch.nn.functional.conv2d(x, w, padding=1)
+torch.cuda.synchronize()
+workspace_ooms = torch.cuda.memory_stats()["num_ooms"] - oom_before
+torch.cuda.set_per_process_memory_fraction(1.0)
+max_diff = float((y - reference).abs().max())
+assert torch.allclose(y, reference, rtol=1e-3, atol=1e-3), max_diff
+del x, w, y, reference
+torch.cuda.synchronize()
+check_pool()
+result(workspace_ooms=workspace_ooms, max_diff=max_diff)
+"""
+
+
+def test_cudnn_convolution_at_the_cap_falls_back_to_a_smaller_workspace(child_env):
+    r = run_scenario(child_env, CONV_FALLBACK)
+    if "skipped" in r:
+        pytest.skip(r["skipped"])
+    print("workspace allocations refused and recovered from:", r["workspace_ooms"], "max diff", r["max_diff"])
+
+
 # -- h. a pool per device -----------------------------------------------------------------------
 
 MULTI_GPU = """

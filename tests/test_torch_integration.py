@@ -91,9 +91,10 @@ def test_enable_swaps_in_our_allocator_with_every_hook():
         assert cudapool.enabled()
         hooks = set(_torch.hooks_set())
         offered = set(_torch.torch_hooks_offered())
-        assert hooks == offered & {"init", "reset", "memory_fraction", "record_stream"}, (hooks, offered)
+        ours = {"init", "reset", "memory_fraction", "record_stream", "base_alloc"}
+        assert hooks == offered & ours, (hooks, offered)
         if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14):
-            assert hooks == {"init", "reset", "memory_fraction", "record_stream"}, hooks
+            assert hooks == ours, hooks
         ours = _torch._state.allocator
         assert type(ours) is torch.cuda.memory.CUDAPluggableAllocator
         if hasattr(torch.cuda.memory, "_get_current_allocator"):
@@ -387,9 +388,10 @@ lib.cudapool_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
 """
 
 
-def sim(code: str) -> str:
-    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so."""
-    return SIM_PRELUDE + textwrap.dedent(code)
+def sim(code: str, head: str = "") -> str:
+    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so (then
+    ``head``, unindented)."""
+    return SIM_PRELUDE + head + textwrap.dedent(code)
 
 
 def test_sim_allocations_through_the_entry_points_show_in_torchs_functions():
@@ -472,6 +474,212 @@ def test_sim_memory_fraction_hook_caps_the_pool():
         """
         )
     )
+
+
+def test_sim_memory_fraction_zero_forbids_growth_and_get_fraction_answers():
+    ok(
+        sim(
+            """
+        # torch.cuda.get_per_process_memory_fraction answers from cudapool (no CUDA init)
+        assert torch.cuda.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
+        assert torch.cuda.memory.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
+        assert torch.cuda.get_per_process_memory_fraction() == 1.0 and not torch.cuda.is_initialized()
+        keep = _testhooks.alloc_catching(1000, 0, 0)[0]                   # a 2 MiB small segment
+        lib.cudapool_set_memory_fraction(0.0, 0)         # what set_per_process_memory_fraction(0.0) calls
+        assert torch.cuda.get_per_process_memory_fraction(0) == 0.0
+        assert torch.cuda.get_per_process_memory_fraction("cuda:1") == 1.0
+        ptr, status, msg = _testhooks.alloc_catching(1000, 0, 0)          # the cache still serves
+        assert status == 0, msg
+        lib.cudapool_free(ptr, 1000, 0, None)
+        for size in (4 * MiB, 3 * MiB):                                   # growth is refused
+            ptr, status, msg = _testhooks.alloc_catching(size, 0, 0)
+            assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        assert _testhooks.alloc_catching(4 * MiB, 1, 0)[1] == 0           # the other device is free to grow
+        lib.cudapool_set_memory_fraction(0.5, 0)
+        assert torch.cuda.get_per_process_memory_fraction(torch.device("cuda", 0)) == 0.5
+        ptr, status, msg = _testhooks.alloc_catching(4 * MiB, 0, 0)
+        assert status == 0, msg
+        try:
+            torch.cuda.get_per_process_memory_fraction("cpu")
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a CPU device was accepted")
+        try:
+            _C.parse_config("memory_fraction:0")                           # the key still refuses 0
+        except ValueError as exc:
+            assert "memory_fraction" in str(exc), exc
+        else:
+            raise AssertionError("memory_fraction:0 accepted")
+        print("OK")
+        """
+        )
+    )
+
+
+def test_get_fraction_reports_the_configured_memory_fraction():
+    ok(
+        """
+        cudapool.enable(memory_fraction=0.75)
+        assert torch.cuda.get_per_process_memory_fraction(0) == 0.75
+        assert torch.cuda.get_per_process_memory_fraction(3) == 0.75
+        print("OK")
+        """
+    )
+
+
+def test_sim_base_alloc_hook_answers_the_segment_of_a_live_block():
+    ok(
+        sim(
+            """
+        assert "base_alloc" in _torch.hooks_set()
+        lib.cudapool_base_alloc.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.cudapool_base_alloc.restype = ctypes.c_void_p
+        size = ctypes.c_size_t(0)
+        a = lib.cudapool_alloc(1000, 1, None)
+        b = lib.cudapool_alloc(5000, 1, None)                 # after a, in the same 2 MiB segment
+        assert lib.cudapool_base_alloc(b, ctypes.byref(size)) == a and size.value == 2 * MiB
+        assert lib.cudapool_base_alloc(b + 100, ctypes.byref(size)) == a and size.value == 2 * MiB
+        c = lib.cudapool_alloc(12 * MiB, 0, None)             # a large block: its own segment
+        assert lib.cudapool_base_alloc(c, ctypes.byref(size)) == c and size.value == 12 * MiB
+        foreign = ctypes.create_string_buffer(64)
+        address = ctypes.addressof(foreign)
+        assert lib.cudapool_base_alloc(address, ctypes.byref(size)) == address and size.value == 0
+        lib.cudapool_free(b, 5000, 1, None)
+        assert lib.cudapool_base_alloc(b, ctypes.byref(size)) == b and size.value == 0   # freed: not an allocation
+        # the hook torch calls is this very function
+        raw = _torch._state.allocator.allocator()
+        assert hasattr(raw, "set_base_alloc_fn")
+        # record_stream of memory no pool holds (a DLPack import): silent and counted
+        lib.cudapool_record_stream(address, 7)
+        assert cudapool.foreign_pointer_calls() == {"free": 0, "record_stream": 1}
+        lib.cudapool_free(a, 1000, 1, None)
+        lib.cudapool_free(c, 12 * MiB, 0, None)
+        print("OK")
+        """
+        )
+    )
+
+
+# -- out of memory is torch.OutOfMemoryError (cudapool._torch_oom) ----------------------------
+
+needs_torch_oom = pytest.mark.skipif(
+    _torch.torch_oom_library_path() is None, reason="cudapool._torch_oom was not built (torch absent at build time)"
+)
+
+# The allocation entry point called from C++ (cudapool._torch_oom's test entry), which names
+# the C++ type of the exception as torch's catch sites see it: 1 c10::OutOfMemoryError,
+# 2 another c10::Error, 3 another std::exception.
+CATCHING = """
+oom_lib = ctypes.CDLL(_torch.torch_oom_library_path())
+oom_lib.cudapool_torch_oom_catch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+oom_lib.cudapool_torch_oom_catch.restype = ctypes.c_int
+alloc_address = ctypes.cast(lib.cudapool_alloc, ctypes.c_void_p).value
+
+def caught(size, device=0):
+    out, buf = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    kind = oom_lib.cudapool_torch_oom_catch(alloc_address, size, device, None, ctypes.byref(out), buf, len(buf))
+    return kind, buf.value.decode(), out.value
+"""
+
+
+@needs_torch_oom
+def test_oom_throws_c10_out_of_memory_error_once_enabled():
+    ok(
+        sim(
+            """
+        assert _torch.oom_error_type() == "torch.OutOfMemoryError"
+        kind, msg, _ = caught(100 * MiB)
+        assert kind == 1, (kind, msg)                                  # c10::OutOfMemoryError
+        assert msg.startswith("CUDA out of memory. Tried to allocate 100.00 MiB"), msg
+        assert "Exception raised from" not in msg, msg                 # no C++ backtrace in the text
+        kind, msg, ptr = caught(MiB)
+        assert kind == 0 and ptr, (kind, msg)
+        lib.cudapool_free(ptr, MiB, 0, None)
+        kind, msg, _ = caught(MiB, device=5)                           # not out of memory: a std::exception
+        assert kind == 3 and "device 5 does not exist" in msg, (kind, msg)
+        # the ctypes-facing path sees the same exception, with its status and message
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and ptr == 0 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        ptr, status, msg = _testhooks.alloc_catching(MiB, 5, 0)
+        assert status == 2 and "device 5 does not exist" in msg, (status, msg)   # CP_ERR_INVALID
+        assert torch.cuda.memory_stats(0)["num_ooms"] == 2
+        print("OK")
+        """,
+            head=CATCHING,
+        )
+    )
+
+
+@needs_torch_oom
+def test_oom_before_enable_is_the_std_exception():
+    # Nothing installed yet: the fallback type, which torch turns into RuntimeError.
+    ok(
+        "_C.use_sim_devices(64 * MiB)\nlib = ctypes.CDLL(_C.__file__)\n"
+        + CATCHING
+        + textwrap.dedent(
+            """
+        assert _torch.oom_error_type() is None
+        kind, msg, _ = caught(100 * MiB)
+        assert kind == 3 and msg.startswith("CUDA out of memory. Tried to allocate"), (kind, msg)
+        print("OK")
+        """
+        )
+    )
+
+
+@needs_torch_oom
+def test_torch_oom_built_for_another_torch_is_not_installed_and_says_how_to_fix():
+    out = ok(
+        """
+        _C.use_sim_devices(64 * MiB)
+        torch.__version__ = "2.0.0+other"
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert cudapool.enabled() and _torch.oom_error_type() == "RuntimeError"
+        [w] = [w for w in caught_warnings if "OutOfMemoryError" in str(w.message)]
+        assert issubclass(w.category, RuntimeWarning), w
+        text = str(w.message)
+        assert "was built for torch 2" in text and "torch 2.0.0+other is running" in text, text
+        assert "reinstall cudapool" in text and "--no-build-isolation" in text, text
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        print("WARNING:", text)
+        print("OK")
+        """
+    )
+    assert "RuntimeError instead of torch.OutOfMemoryError" in out
+
+
+def test_without_torch_oom_enable_is_silent_and_oom_is_a_runtime_error():
+    ok(
+        """
+        _C.use_sim_devices(64 * MiB)
+        _torch.torch_oom_library_path = lambda: None     # as when torch was absent at build time
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            cudapool.enable()
+        assert not caught_warnings, [str(w.message) for w in caught_warnings]
+        assert _torch.oom_error_type() == "RuntimeError"
+        ptr, status, msg = _testhooks.alloc_catching(100 * MiB, 0, 0)
+        assert status == 1 and msg.startswith("CUDA out of memory. Tried to allocate"), (status, msg)
+        print("OK")
+        """
+    )
+
+
+def test_the_extension_does_not_need_torch():
+    # _C is what torch dlopens, and what `pip install` builds without torch: no libc10 in it.
+    with open(_C.__file__, "rb") as f:
+        image = f.read()
+    assert b"libc10" not in image and b"c10::" not in image and b"_ZN3c10" not in image
+    path = _torch.torch_oom_library_path()
+    if path is not None:  # the thrower library links libc10, and nothing of cudapool
+        with open(path, "rb") as f:
+            image = f.read()
+        assert b"libc10.so" in image and b"cp_alloc" not in image
 
 
 # -- the statistics key set equals torch's ---------------------------------------------------

@@ -201,6 +201,18 @@ int cp_free_sized(cp_pool_t *pool, void *ptr, size_t size);
  * was allocated with), else 0. Changes nothing. */
 int cp_pool_lookup(cp_pool_t *pool, void *ptr, size_t *out_size);
 
+/* Where `ptr` lies in `pool` (cp_pool_base_of's answer). */
+enum {
+  CP_PTR_FOREIGN = 0, /* in none of the pool's segments: not the pool's memory */
+  CP_PTR_LIVE = 1,    /* inside a live allocation: its first byte or further in */
+  CP_PTR_HELD = 2     /* inside a segment, but in no live allocation (freed, pending, never handed out) */
+};
+/* Classify `ptr` (CP_PTR_*). For CP_PTR_LIVE and CP_PTR_HELD, *out_base and *out_size (each
+ * unless NULL) receive the address and size of the segment that holds it: the whole backend
+ * reservation, as torch's getBaseAllocation answers. NULL is CP_PTR_FOREIGN. Changes nothing;
+ * a live allocation's first byte is found in O(1), any other address in O(segments). */
+int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *out_size);
+
 /* Mark `ptr` as used on `stream` too: at free, an event is recorded there and the block
  * is reused only once it completes. Recording the allocation stream is a no-op. No device
  * call is made here, so a bad stream shows only at cp_free. */

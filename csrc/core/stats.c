@@ -1,6 +1,6 @@
 /* stats.c — statistics under the built-in allocator's names, and the pool's figures for readers.
  * Owns: the name tables, the resets, and every read-only public query of a pool (stats, info,
- * usage, check, config); the updates are inline in cp_internal.h. */
+ * usage, check, config, base_of); the updates are inline in cp_internal.h. */
 #include <string.h>
 
 #include "core/cp_internal.h"
@@ -117,4 +117,31 @@ size_t cp_pool_check(cp_pool_t *pool, FILE *out) {
   size_t v = cp_check_locked(pool, out);
   pthread_mutex_unlock(&pool->lock);
   return v;
+}
+
+int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *out_size) {
+  if (pool == NULL || ptr == NULL) return CP_PTR_FOREIGN;
+  const uintptr_t p = (uintptr_t)ptr;
+  int kind = CP_PTR_FOREIGN;
+  pthread_mutex_lock(&pool->lock);
+  const cp_segment_t *seg = NULL;
+  const cp_block_t *b = cp_ptrmap_get(&pool->live, p);
+  if (b != NULL) {
+    kind = CP_PTR_LIVE;
+    seg = b->segment;
+  } else {
+    /* Unsigned: an address below the segment wraps to a large offset. */
+    for (seg = pool->segments; seg != NULL && p - seg->addr >= seg->size; seg = seg->next) {}
+    if (seg != NULL) {
+      kind = CP_PTR_HELD;
+      for (b = seg->head; b != NULL && p - b->addr >= b->size; b = b->next) {}
+      if (b != NULL && b->state == CP_BLOCK_LIVE) kind = CP_PTR_LIVE;
+    }
+  }
+  if (seg != NULL) {
+    if (out_base != NULL) *out_base = (void *)seg->addr;
+    if (out_size != NULL) *out_size = seg->size;
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return kind;
 }

@@ -155,6 +155,18 @@ static PyObject *mod_interpreter_exiting(PyObject *Py_UNUSED(module), PyObject *
   Py_RETURN_NONE;
 }
 
+static PyObject *mod_memory_fraction(PyObject *Py_UNUSED(module), PyObject *dev) {
+  int device;
+  if (cpy_parse_device(dev, &device) < 0) return NULL;
+  return PyFloat_FromDouble(cpd_memory_fraction(device));
+}
+
+static PyObject *mod_foreign_pointer_calls(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  unsigned long long frees, record_streams;
+  cpd_foreign_calls(&frees, &record_streams);
+  return Py_BuildValue("{sKsK}", "free", frees, "record_stream", record_streams);
+}
+
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   Py_BEGIN_ALLOW_THREADS cpd_shutdown();
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
@@ -204,6 +216,13 @@ static PyMethodDef module_methods[] = {
      "up on every call, so it stays valid across shutdown()."},
     {"interpreter_exiting", mod_interpreter_exiting, METH_NOARGS,
      "Called at interpreter exit: from now on failed frees are counted, not printed."},
+    {"memory_fraction", mod_memory_fraction, METH_O,
+     "memory_fraction(device) -> float\n\nThe device's memory fraction as torch's "
+     "get_per_process_memory_fraction reports it: the last one set_per_process_memory_fraction set "
+     "(0.0 included), else the configuration's memory_fraction, else 1.0."},
+    {"foreign_pointer_calls", mod_foreign_pointer_calls, METH_NOARGS,
+     "foreign_pointer_calls() -> dict\n\nHow many frees and record_streams torch made on pointers that no "
+     "pool holds (memory of another allocator, a DLPack import): they do nothing and print nothing."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},

@@ -3,6 +3,7 @@
  * reporting the failures that a deleter cannot return. */
 #include "torch/abi.h"
 
+#include <float.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,6 +40,14 @@ static void cpd_report(const char *fmt, ...) {
   va_end(ap);
 }
 
+static _Atomic(cpd_oom_thrower_t) cpd_thrower;
+
+void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower) {
+  atomic_store_explicit(&cpd_thrower, thrower, memory_order_release);
+}
+
+cpd_oom_thrower_t cpd_oom_thrower(void) { return atomic_load_explicit(&cpd_thrower, memory_order_acquire); }
+
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   cp_pool_t *pool;
   if (size == 0) {
@@ -68,6 +77,32 @@ static int cpd_owner_of(void *ptr, int except) {
   return -1;
 }
 
+/* Note [Pointers cudapool does not own]
+ * A tensor's memory may come from elsewhere: a DLPack import, another allocator. The
+ * built-in allocator ignores record_stream on such memory, and so does cudapool: a
+ * record_stream or a free of a pointer that no pool's segment holds (cp_pool_base_of says
+ * CP_PTR_FOREIGN for every pool) does nothing, prints nothing, and is counted
+ * (cpd_foreign_calls, _C.foreign_pointer_calls()). A pointer that a segment does hold is
+ * cudapool's memory, and a call that does not match it is a bug of the caller's: it stays
+ * loud (Note [Frees that do not match]). Once a pool has given a segment back (empty_cache,
+ * shutdown), a stale pointer into it is foreign too. */
+static atomic_ullong cpd_foreign_frees;
+static atomic_ullong cpd_foreign_record_streams;
+
+void cpd_foreign_calls(unsigned long long *out_frees, unsigned long long *out_record_streams) {
+  *out_frees = atomic_load_explicit(&cpd_foreign_frees, memory_order_relaxed);
+  *out_record_streams = atomic_load_explicit(&cpd_foreign_record_streams, memory_order_relaxed);
+}
+
+/* 1 when no pool's segment holds `ptr`. */
+static int cpd_is_foreign(const void *ptr) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_pool_base_of(pool, ptr, NULL, NULL) != CP_PTR_FOREIGN) return 0;
+  }
+  return 1;
+}
+
 /* Note [Frees that do not match]
  * torch hands back exactly the size and device it allocated with (the stream too, which the
  * block already knows, so it is ignored). A free whose size or device differs from the
@@ -76,7 +111,8 @@ static int cpd_owner_of(void *ptr, int except) {
  * use to the next request, silently; refusing leaves one block allocated and says so on
  * stderr. The refusal is the one that cannot corrupt anything, so it is what happens: the
  * pool changes nothing (cp_free_sized), and a pointer that another device's pool holds is
- * named with that device. */
+ * named with that device. A pointer no pool holds is not cudapool's (Note [Pointers cudapool
+ * does not own]). */
 void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   (void)stream; /* the block remembers its allocation stream */
   if (ptr == NULL) return;
@@ -89,17 +125,18 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   } else {
     rc = cp_set_error(CP_ERR_INVALID, "device %d has no cudapool pool", device);
   }
-  if (rc != CP_OK) {
-    /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
-    int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
-    if (owner >= 0) {
-      cpd_report(
-          "cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
-          "not of device %d: not freed\n",
-          ptr, size, device, owner, device);
-    } else {
-      cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
-    }
+  if (rc == CP_OK) return;
+  /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
+  int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
+  if (owner >= 0) {
+    cpd_report(
+        "cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
+        "not of device %d: not freed\n",
+        ptr, size, device, owner, device);
+  } else if (rc == CP_ERR_INVALID && cpd_is_foreign(ptr)) {
+    atomic_fetch_add_explicit(&cpd_foreign_frees, 1, memory_order_relaxed);
+  } else {
+    cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
   }
 }
 
@@ -109,7 +146,25 @@ void cudapool_record_stream(void *ptr, void *stream) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
   }
-  cpd_report("cudapool: record_stream(%p): not a live allocation of cudapool\n", ptr);
+  if (cpd_is_foreign(ptr)) {
+    atomic_fetch_add_explicit(&cpd_foreign_record_streams, 1, memory_order_relaxed);
+    return;
+  }
+  cpd_report("cudapool: record_stream(%p): not a live allocation of cudapool (freed, or inside one)\n", ptr);
+}
+
+void *cudapool_base_alloc(void *ptr, size_t *size) {
+  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    void *base;
+    size_t bytes;
+    if (pool != NULL && cp_pool_base_of(pool, ptr, &base, &bytes) == CP_PTR_LIVE) {
+      if (size != NULL) *size = bytes;
+      return base;
+    }
+  }
+  if (size != NULL) *size = 0;
+  return ptr;
 }
 
 void cudapool_empty_cache(void) {
@@ -121,6 +176,14 @@ void cudapool_empty_cache(void) {
   }
 }
 
+/* Note [Fraction zero]
+ * torch caps a device at fraction × total memory for any fraction below 1, 0 included: after
+ * set_per_process_memory_fraction(0.0) nothing more can be reserved, while cached memory
+ * still serves. The pool reads a fraction of 0 as "no fraction" (as the memory_fraction
+ * configuration key, which refuses 0, leaves it), so a 0 set here reaches the pool as the
+ * smallest positive fraction: worth less than one byte, it caps the pool at one byte
+ * (cp_pool_set_memory_fraction), and no segment fits. The device table remembers the 0 for
+ * get_per_process_memory_fraction. */
 int cpd_set_memory_fraction(double fraction, int device) {
   /* Checked before the pool is looked up: a refused call must not create the device's pool
    * (which would also fix the configuration for good). */
@@ -128,7 +191,8 @@ int cpd_set_memory_fraction(double fraction, int device) {
   if (rc != CP_OK) return rc;
   cp_pool_t *pool;
   rc = cpd_pool(device, &pool);
-  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction);
+  if (rc == CP_OK) rc = cp_pool_set_memory_fraction(pool, fraction > 0 ? fraction : DBL_TRUE_MIN);
+  if (rc == CP_OK) cpd_note_memory_fraction(device, fraction > 0 ? fraction : 0.0);
   return rc;
 }
 

@@ -15,14 +15,15 @@ extern "C" {
 void cpd_set_exiting(void);
 unsigned long cpd_failures_at_exit(void);
 
-/* Cap `device`'s pool at `fraction` of its total memory (creating the pool). A fraction
- * outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
+/* Cap `device`'s pool at `fraction` of its total memory (creating the pool), as torch's
+ * set_per_process_memory_fraction does: 0 forbids growth (Note [Fraction zero] in abi.c). A
+ * fraction outside [0, 1] (or NaN) is CP_ERR_INVALID and creates nothing. */
 int cpd_set_memory_fraction(double fraction, int device);
 
 /* The entry points (exported, C ABI). cudapool_alloc is in alloc.cpp: it throws on failure,
  * so only C++ can call it; cudapool_alloc_catching is the same path with the exception
  * caught, for callers that cannot catch one (tests through ctypes or the binding): it returns
- * the status and, on failure, the message in buf. */
+ * the status of the failed allocation and, on failure, the exception's message in buf. */
 void *cudapool_alloc(size_t size, int device, void *stream);
 int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);
@@ -31,6 +32,30 @@ void cudapool_record_stream(void *ptr, void *stream);
 void cudapool_empty_cache(void);
 void cudapool_set_memory_fraction(double fraction, int device);
 void cudapool_init(int device);
+/* torch's base_alloc hook (set_base_alloc_fn: void *(void *ptr, size_t *size)): for a pointer
+ * inside a live allocation of any device's pool, the address of the segment that holds it,
+ * with the segment's size in *size, as the built-in allocator's getBaseAllocation answers; for
+ * any other pointer, the pointer itself and *size = 0. */
+void *cudapool_base_alloc(void *ptr, size_t *size);
+
+/* Calls of cudapool_free and cudapool_record_stream on pointers that no pool's segment holds
+ * (Note [Pointers cudapool does not own]): they do nothing, say nothing, and are counted. */
+void cpd_foreign_calls(unsigned long long *out_frees, unsigned long long *out_record_streams);
+
+/* Note [Out-of-memory type]
+ * torch turns a c10::OutOfMemoryError thrown by the allocator into torch.OutOfMemoryError,
+ * and its own recovery (cuDNN's search for a convolution engine with a smaller workspace)
+ * catches that type only; any other std::exception becomes a RuntimeError. Throwing c10's
+ * type needs torch's headers and libc10, which this library must not depend on (it builds and
+ * runs without torch). So the type is thrown by a separate small library built against the
+ * installed torch (oom_c10.cpp, the extension cudapool._torch_oom), which enable() registers
+ * here after checking it was built for the running torch. Without it, cudapool_alloc throws
+ * its own std::runtime_error subclass. The thrower must throw: if it returns, the fallback
+ * is thrown. */
+typedef void (*cpd_oom_thrower_t)(const char *message);
+/* Exported: install `thrower` (NULL: back to the fallback). */
+void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower);
+cpd_oom_thrower_t cpd_oom_thrower(void);
 
 /* Text for a failed cpd_alloc: "CUDA out of memory. Tried to allocate ..." for CP_ERR_OOM,
  * "cudapool: ..." otherwise. */

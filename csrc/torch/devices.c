@@ -29,6 +29,8 @@ static int cpd_sim_mode;
 static size_t cpd_sim_capacity;
 static int cpd_sim_count;
 static unsigned cpd_sim_flags;
+static double cpd_fractions[CP_MAX_DEVICES];           /* set through cpd_set_memory_fraction */
+static unsigned char cpd_fraction_set[CP_MAX_DEVICES]; /* 1 where cpd_fractions[d] holds one */
 static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
 
 static void cpd_register_for_fork(void) { cp_fork_register_outer(&cpd_lock); }
@@ -171,6 +173,28 @@ cp_pool_t *cpd_pool_if_created(int device) {
   return atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
 }
 
+void cpd_note_memory_fraction(int device, double fraction) {
+  if (device < 0 || device >= CP_MAX_DEVICES) return;
+  cpd_table_lock();
+  cpd_fractions[device] = fraction;
+  cpd_fraction_set[device] = 1;
+  pthread_mutex_unlock(&cpd_lock);
+}
+
+double cpd_memory_fraction(int device) {
+  cpd_table_lock();
+  double fraction = 1.0;
+  if (device >= 0 && device < CP_MAX_DEVICES && cpd_fraction_set[device]) {
+    fraction = cpd_fractions[device];
+  } else {
+    cp_config_t cfg;
+    cpd_config_locked(&cfg);
+    if (cfg.memory_fraction > 0) fraction = cfg.memory_fraction;
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  return fraction;
+}
+
 void cpd_shutdown(void) {
   cpd_table_lock();
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
@@ -181,6 +205,7 @@ void cpd_shutdown(void) {
       cpd_sims[d] = NULL;
     }
   }
+  memset(cpd_fraction_set, 0, sizeof cpd_fraction_set);
   cpd_pool_count = 0;
   cpd_sim_mode = 0;
   cpd_cfg_set = 0;

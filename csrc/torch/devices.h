@@ -27,6 +27,12 @@ int cpd_pool(int device, cp_pool_t **out_pool);
 cp_pool_t *cpd_pool_if_created(int device);
 int cpd_device_count(int *out_count);
 
+/* The memory fraction of `device` as torch's get_per_process_memory_fraction reports it: the
+ * last one cpd_set_memory_fraction set (0 included), else the configuration's memory_fraction,
+ * else 1.0 (no fraction). cpd_note_memory_fraction records a fraction that was set. */
+double cpd_memory_fraction(int device);
+void cpd_note_memory_fraction(int device, double fraction);
+
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */
 void cpd_shutdown(void);

@@ -34,6 +34,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
     "empty_cache",
+    "foreign_pointer_calls",
 ]
 
 
@@ -105,3 +106,10 @@ def empty_cache() -> None:
     enabled, ``torch.cuda.empty_cache()`` does the same.
     """
     _torch.empty_cache()
+
+
+def foreign_pointer_calls() -> Dict[str, int]:
+    """How many frees and ``record_stream`` calls torch made on memory cudapool does not hold
+    (another allocator's, a DLPack import): {"free": N, "record_stream": M}. They do nothing and
+    print nothing, as with torch's built-in allocator."""
+    return _torch.foreign_pointer_calls()

@@ -12,6 +12,8 @@ hooks (init, reset = empty_cache, memory fraction, record_stream) are set from t
 """
 
 import ctypes
+import importlib.machinery
+import os
 import sys
 import threading
 import warnings
@@ -28,14 +30,14 @@ _HOOKS: Tuple[Tuple[str, str, str], ...] = (
     ("reset", "set_reset_fn", "cudapool_empty_cache"),
     ("memory_fraction", "set_memory_fraction_fn", "cudapool_set_memory_fraction"),
     ("record_stream", "set_record_stream_fn", "cudapool_record_stream"),
+    ("base_alloc", "set_base_alloc_fn", "cudapool_base_alloc"),
 )
 
 #: The names of the hooks cudapool sets when torch offers them.
 HOOK_NAMES: Tuple[str, ...] = tuple(name for name, _, _ in _HOOKS)
 
-# Hooks torch offers that cudapool does not set (CUDA graph private pools, base allocation).
+# Hooks torch offers that cudapool does not set (CUDA graph private pools).
 _UNSET_HOOKS: Tuple[Tuple[str, str], ...] = (
-    ("base_alloc", "set_base_alloc_fn"),
     ("begin_allocate_to_pool", "set_begin_allocate_to_pool"),
     ("end_allocate_to_pool", "set_end_allocate_to_pool_fn"),
     ("release_pool", "set_release_pool"),
@@ -58,6 +60,7 @@ _PATCHED = (
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
+    "get_per_process_memory_fraction",
 )
 
 _NOT_FIRST_MESSAGE = (
@@ -77,6 +80,8 @@ class _State:
         self.hooks: Tuple[str, ...] = ()
         self.originals: Dict[Tuple[str, str], Any] = {}  # (module, name) -> torch's function
         self.warned_record_stream = False
+        self.oom_thrower = False  # out of memory raises torch.OutOfMemoryError (_torch_oom installed)
+        self.torch_oom_lib: Optional[ctypes.CDLL] = None
 
 
 _state = _State()
@@ -92,8 +97,19 @@ def enabled() -> bool:
 
 def hooks_set() -> Tuple[str, ...]:
     """The optional allocator hooks cudapool set on torch's pluggable allocator: a subset of
-    ("init", "reset", "memory_fraction", "record_stream"), depending on the torch version."""
+    ("init", "reset", "memory_fraction", "record_stream", "base_alloc"), depending on the torch
+    version."""
     return _state.hooks
+
+
+def oom_error_type() -> Optional[str]:
+    """What an allocation that runs out of memory raises once cudapool is enabled:
+    "torch.OutOfMemoryError" (c10::OutOfMemoryError, thrown through cudapool._torch_oom) or
+    "RuntimeError" (that library was not built, or not for the running torch). None before
+    :func:`enable`."""
+    if not enabled():
+        return None
+    return "torch.OutOfMemoryError" if _state.oom_thrower else "RuntimeError"
 
 
 def enabled_config() -> Optional[str]:
@@ -133,6 +149,7 @@ def enable(**config: Any) -> None:
         _state.config = effective
         _state.hooks = hooks
         _patch_torch()
+        _state.oom_thrower = _install_oom_thrower()
         _warn_if_cudnn_benchmark()
 
 
@@ -287,6 +304,20 @@ def _reset_max_memory_cached(device: Any = None) -> None:
     reset_peak_memory_stats(device)
 
 
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The memory fraction of ``device``, as ``torch.cuda.get_per_process_memory_fraction``
+    reports it: the last one ``set_per_process_memory_fraction`` set (0.0 included), else the
+    configuration's ``memory_fraction``, else 1.0."""
+    return _C.memory_fraction(device_index(device))
+
+
+def foreign_pointer_calls() -> Dict[str, int]:
+    """How many frees ("free") and ``record_stream`` calls ("record_stream") torch made on
+    pointers that no cudapool pool holds (memory of another allocator, a DLPack import).
+    Such calls do nothing and print nothing, as with the built-in allocator."""
+    return dict(_C.foreign_pointer_calls())
+
+
 _REPLACEMENTS = {
     "memory_stats": memory_stats,
     "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
@@ -295,6 +326,7 @@ _REPLACEMENTS = {
     "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
     "reset_max_memory_allocated": _reset_max_memory_allocated,
     "reset_max_memory_cached": _reset_max_memory_cached,
+    "get_per_process_memory_fraction": get_per_process_memory_fraction,
 }
 
 
@@ -313,7 +345,7 @@ def _require_cuda_build() -> None:
 def _symbol_address(lib: ctypes.CDLL, name: str) -> int:
     address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
     if not address:
-        raise RuntimeError(f"cudapool: {_C.__file__} exports no {name}")
+        raise RuntimeError(f"cudapool: {lib._name} exports no {name}")
     return address
 
 
@@ -342,6 +374,69 @@ def _make_allocator() -> Tuple[Any, Tuple[str, ...]]:
             stacklevel=3,
         )
     return allocator, tuple(hooks)
+
+
+# -- out of memory as torch.OutOfMemoryError (Note [Out-of-memory type] in csrc/torch/abi.h) ---
+
+_REINSTALL = (
+    "reinstall cudapool against the torch in use, without build isolation "
+    "(pip install --no-build-isolation --force-reinstall --no-deps cudapool, or from a checkout "
+    "pip install --no-build-isolation -e .)"
+)
+
+
+def torch_oom_library_path() -> Optional[str]:
+    """The path of cudapool._torch_oom (the library that throws c10::OutOfMemoryError), or
+    None when it was not built (torch was not importable when cudapool was built)."""
+    folder = os.path.dirname(_C.__file__)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, "_torch_oom" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _load_torch_oom() -> Tuple[Optional[ctypes.CDLL], str]:
+    """cudapool._torch_oom loaded, if it was built for the running torch, else None and why
+    ("" when it was not built at all: nothing to say then)."""
+    import torch
+
+    path = torch_oom_library_path()
+    if path is None:
+        return None, ""
+    try:
+        lib = ctypes.CDLL(path)
+        lib.cudapool_torch_oom_torch_version.restype = ctypes.c_char_p
+        built_for = lib.cudapool_torch_oom_torch_version().decode()
+    except (OSError, AttributeError) as exc:  # libc10 missing, or its symbols changed
+        return None, f"{path} cannot be loaded ({exc})"
+    running = str(torch.__version__)
+    if built_for != running:
+        return None, f"{path} was built for torch {built_for}, but torch {running} is running"
+    return lib, ""
+
+
+def _install_oom_thrower() -> bool:
+    """Make _C's allocation throw c10::OutOfMemoryError through cudapool._torch_oom; True when
+    done. A library built for another torch is not used: a RuntimeWarning says so and how to
+    fix it, and out of memory raises RuntimeError."""
+    lib, why = _load_torch_oom()
+    if lib is None:
+        if why:
+            warnings.warn(
+                f"cudapool: {why}: out of memory raises RuntimeError instead of torch.OutOfMemoryError, "
+                f"and torch's recovery from out of memory (cuDNN's workspace fallback) cannot see it. "
+                f"To fix, {_REINSTALL}.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False
+    ours = ctypes.CDLL(_C.__file__)
+    ours.cudapool_set_oom_thrower.argtypes = [ctypes.c_void_p]
+    ours.cudapool_set_oom_thrower.restype = None
+    ours.cudapool_set_oom_thrower(_symbol_address(lib, "cudapool_torch_oom_throw"))
+    _state.torch_oom_lib = lib  # keep it loaded while the thrower is installed
+    return True
 
 
 def _swap(allocator: Any) -> None:

@@ -99,17 +99,22 @@ TEST(frees_that_do_not_match_change_nothing) {
   void *p = NULL;
   REQUIRE(cpd_alloc(3 * MiB, 0, NULL, &p) == CP_OK);
   size_t size = 0;
-  /* Wrong size, wrong device, a device without a pool, an unknown pointer: each says so on
-   * stderr and leaves the block allocated. */
+  /* Wrong size, wrong device, a device without a pool: each says so on stderr and leaves the
+   * block allocated. Memory no pool holds is ignored, silently, and counted. */
   cudapool_free(p, 2 * MiB, 0, NULL);
   CHECK(cp_pool_lookup(cpd_pool_if_created(0), p, &size) && size == 3 * MiB);
   cudapool_free(p, 3 * MiB, 1, NULL);
   cudapool_free(p, 3 * MiB, CP_MAX_DEVICES + 1, NULL);
   CHECK(cp_pool_lookup(cpd_pool_if_created(0), p, NULL));
   CHECK(cpd_pool_if_created(1) == NULL); /* a failed free creates no pool */
+  unsigned long long frees0, records0, frees, records;
+  cpd_foreign_calls(&frees0, &records0);
   int local = 0;
   cudapool_free(&local, 4, 0, NULL);
   cudapool_record_stream(&local, (void *)(uintptr_t)7);
+  cpd_foreign_calls(&frees, &records);
+  CHECK_EQ_U(frees - frees0, 1);
+  CHECK_EQ_U(records - records0, 1);
   CHECK_EQ_U(allocated_on(0), 3 * MiB);
   cudapool_free(p, 3 * MiB, 0, NULL);
   CHECK_EQ_U(allocated_on(0), 0);
@@ -253,9 +258,9 @@ TEST(failures_at_exit_are_counted_not_printed) {
   REQUIRE(cpd_alloc(MiB, 0, NULL, &p) == CP_OK);
   unsigned long before = cpd_failures_at_exit();
   cpd_set_exiting();
-  int local = 0;
-  cudapool_free(&local, 4, 0, NULL);
-  cudapool_record_stream(&local, NULL);
+  char *inside = (char *)p + 512; /* inside the block: a failure (memory no pool holds is not one) */
+  cudapool_free(inside, 4, 0, NULL);
+  cudapool_record_stream(inside, NULL);
   CHECK_EQ_U(cpd_failures_at_exit() - before, 2);
   cudapool_free(p, MiB, 0, NULL);
   CHECK_EQ_U(cpd_failures_at_exit() - before, 2);
