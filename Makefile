@@ -188,7 +188,15 @@ deps-py:
 	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests and the workloads)"; \
 	  $(PIP) install -q '$(TORCH_SPEC)'; \
 	fi
-	$(PIP) install -q -e '.[test,bench,lint]'
+	@# With torch importable, build without isolation so that cudapool._torch_oom (out of memory
+	@# as torch.OutOfMemoryError) is built against it; an isolated build cannot see torch.
+	@if $(PYTHON) -c 'import torch, setuptools, wheel' >/dev/null 2>&1; then \
+	  echo "$(PIP) install -q --no-build-isolation -e '.[test,bench,lint]'"; \
+	  $(PIP) install -q --no-build-isolation -e '.[test,bench,lint]'; \
+	else \
+	  echo "$(PIP) install -q -e '.[test,bench,lint]'"; \
+	  $(PIP) install -q -e '.[test,bench,lint]'; \
+	fi
 
 # The lab report: capture every workload, replay it under builtin and cudapool, print the
 # table, write build/replay-all.json and build/replay-gpt.png. LAB_SCALE=medium for bigger runs.
