@@ -334,6 +334,22 @@ int cp_expand_release_locked(cp_pool_t *pool);
 /* At destroy: unmap everything and give back the address space (no lock needed). */
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg);
 
+/* Cut `b` at `offset` bytes: b keeps the lower part, the returned node (a spare the caller
+ * reserved) the upper one, in b's state. Index membership is the caller's. */
+static inline cp_block_t *cp_block_cut_locked(cp_pool_t *pool, cp_block_t *b, size_t offset) {
+  cp_block_t *r = cp_block_new_locked(pool);
+  r->addr = b->addr + offset;
+  r->size = b->size - offset;
+  r->segment = b->segment;
+  r->state = b->state;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next != NULL) b->next->prev = r;
+  b->next = r;
+  b->size = offset;
+  return r;
+}
+
 /* Bytes held from the backend (the reserved_bytes stat). */
 static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
   return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;

@@ -94,19 +94,7 @@ static int cp_expand_take_locked(cp_pool_t *pool, cp_block_t *b, size_t rounded,
     cp_block_merge_free_locked(pool, b);
     return rc;
   }
-  if (b->size - rounded >= pool->cfg.granule) {
-    cp_block_t *r = cp_block_new_locked(pool);
-    r->addr = b->addr + rounded;
-    r->size = b->size - rounded;
-    r->segment = b->segment;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL) b->next->prev = r;
-    b->next = r;
-    b->size = rounded;
-    r->state = CP_BLOCK_FREE;
-    cp_free_insert_locked(pool, r);
-  }
+  if (b->size - rounded >= pool->cfg.granule) cp_free_insert_locked(pool, cp_block_cut_locked(pool, b, rounded));
   cp_block_make_live_locked(pool, b, size);
   *out_ptr = (void *)b->addr;
   return CP_OK;
@@ -131,22 +119,6 @@ static cp_block_t *cp_expand_make_unmapped_locked(cp_pool_t *pool, cp_block_t *b
     cp_block_delete_locked(pool, n);
   }
   return b;
-}
-
-/* Cut `b` at `offset` bytes: b keeps the lower part, the returned node (spare, reserved by
- * the caller) the upper one, in b's state. Index membership is the caller's. */
-static cp_block_t *cp_expand_cut_locked(cp_pool_t *pool, cp_block_t *b, size_t offset) {
-  cp_block_t *r = cp_block_new_locked(pool);
-  r->addr = b->addr + offset;
-  r->size = b->size - offset;
-  r->segment = b->segment;
-  r->state = b->state;
-  r->prev = b;
-  r->next = b->next;
-  if (b->next != NULL) b->next->prev = r;
-  b->next = r;
-  b->size = offset;
-  return r;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -250,8 +222,8 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
   }
   int rc = cp_reserve_metadata_locked(pool, 2);
   if (rc != CP_OK) return rc;
-  if (u->size > bytes) cp_expand_cut_locked(pool, u, bytes); /* the rest stays UNMAPPED */
-  cp_block_t *spare = cp_block_new_locked(pool);             /* for a partial mapping */
+  if (u->size > bytes) cp_block_cut_locked(pool, u, bytes); /* the rest stays UNMAPPED */
+  cp_block_t *spare = cp_block_new_locked(pool);            /* for a partial mapping */
   u->state = CP_BLOCK_MAPPING;
   const uintptr_t base = u->addr;
   const size_t chunk = seg->chunk;
@@ -419,11 +391,11 @@ static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_rang
     cp_free_remove_locked(pool, b);
     cp_block_t *mid = b;
     if (lo > off) {
-      mid = cp_expand_cut_locked(pool, b, lo - off);
+      mid = cp_block_cut_locked(pool, b, lo - off);
       cp_free_insert_locked(pool, b);
     }
     if (mid->addr + mid->size > seg->addr + hi) {
-      cp_block_t *after = cp_expand_cut_locked(pool, mid, seg->addr + hi - mid->addr);
+      cp_block_t *after = cp_block_cut_locked(pool, mid, seg->addr + hi - mid->addr);
       cp_free_insert_locked(pool, after);
     }
     mid->state = CP_BLOCK_UNMAPPING;

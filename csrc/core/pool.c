@@ -155,17 +155,7 @@ static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t 
   int kind = b->segment->kind;
   size_t remaining = b->size - size;
   if (remaining > 0 && cp_size_should_split(cfg, kind, size, remaining)) {
-    cp_block_t *r = cp_block_new_locked(pool);
-    r->addr = b->addr + size;
-    r->size = remaining;
-    r->segment = b->segment;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL) b->next->prev = r;
-    b->next = r;
-    b->size = size;
-    r->state = CP_BLOCK_FREE;
-    cp_free_insert_locked(pool, r);
+    cp_free_insert_locked(pool, cp_block_cut_locked(pool, b, size)); /* b is FREE: so is the rest */
   }
   cp_block_make_live_inline(pool, b, requested);
   return (void *)b->addr;
