@@ -173,28 +173,43 @@ static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(i
 }
 
 /* What the CUDA driver says, without raising: {"available", "error", "driver_version",
- * "device_count", "devices": [names]}. */
+ * "device_count", "devices": [names], "page_mapped": [(supported, why not) per device]}. */
 static PyObject *mod_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   int rc, version = 0, count = 0;
-  Py_BEGIN_ALLOW_THREADS rc = cp_cuda_load();
+  Py_BEGIN_ALLOW_THREADS;
+  rc = cp_cuda_load();
   if (rc == CP_OK) rc = cp_cuda_driver_version(&version);
   if (rc == CP_OK) rc = cp_cuda_device_count(&count);
-  Py_END_ALLOW_THREADS PyObject *names = PyList_New(0);
-  if (names == NULL) return NULL;
+  Py_END_ALLOW_THREADS;
+  char error[512] = "";
+  if (rc != CP_OK) snprintf(error, sizeof error, "%s", cp_last_error());
+  PyObject *names = PyList_New(0);
+  PyObject *vmm = PyList_New(0);
+  if (names == NULL || vmm == NULL) {
+    Py_XDECREF(names);
+    Py_XDECREF(vmm);
+    return NULL;
+  }
   for (int d = 0; rc == CP_OK && d < count; d++) {
     char name[256] = "";
     if (cp_cuda_device_name(d, name, sizeof name) != CP_OK) snprintf(name, sizeof name, "?");
+    /* Whether the device's pool can use page-mapped memory, and why not. */
+    int supported = 0;
+    char why[256] = "";
+    if (cp_cuda_vmm_support(d, &supported, why, sizeof why) != CP_OK) snprintf(why, sizeof why, "%s", cp_last_error());
     PyObject *n = PyUnicode_FromString(name);
-    if (n == NULL || PyList_Append(names, n) < 0) {
-      Py_XDECREF(n);
+    PyObject *v = Py_BuildValue("(Os)", supported ? Py_True : Py_False, why);
+    int failed = n == NULL || v == NULL || PyList_Append(names, n) < 0 || PyList_Append(vmm, v) < 0;
+    Py_XDECREF(n);
+    Py_XDECREF(v);
+    if (failed) {
       Py_DECREF(names);
+      Py_DECREF(vmm);
       return NULL;
     }
-    Py_DECREF(n);
   }
-  return Py_BuildValue("{s:O,s:s,s:i,s:i,s:N}", "available", rc == CP_OK && count > 0 ? Py_True : Py_False, "error",
-                       rc == CP_OK ? "" : cp_last_error(), "driver_version", version, "device_count", count, "devices",
-                       names);
+  return Py_BuildValue("{s:O,s:s,s:i,s:i,s:N,s:N}", "available", rc == CP_OK && count > 0 ? Py_True : Py_False, "error",
+                       error, "driver_version", version, "device_count", count, "devices", names, "page_mapped", vmm);
 }
 
 static PyMethodDef module_methods[] = {

@@ -136,10 +136,22 @@ def cmd_info() -> int:
         names = ", ".join(f"{i}: {name}" for i, name in enumerate(info.get("devices", [])))
         print(f"CUDA driver: available, version {version // 1000}.{(version % 1000) // 10}")
         print(f"CUDA devices: {info.get('device_count', 0)} ({names})")
+        wanted = status == 0 and "expandable_segments:True" in effective
+        for device, (supported, why) in enumerate(info.get("page_mapped", [])):
+            print(f"device {device} pool: {_pool_kind(wanted, supported, why)}")
     else:
         error = info.get("error") or "no CUDA device"
         print(f"CUDA driver: not available ({error})")
     return status
+
+
+def _pool_kind(wanted: bool, supported: bool, why: str) -> str:
+    """Which kind of segments a device's pool uses, and why, for `info`."""
+    if not wanted:
+        return "plain segments (expandable_segments is off)" + ("" if supported else f"; page-mapped memory: {why}")
+    if supported:
+        return "page-mapped segments (expandable_segments:True; the device supports page-mapped memory)"
+    return f"plain segments: expandable_segments:True, but {why}"
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
