@@ -1241,3 +1241,41 @@ def test_replay_all_with_the_real_registry(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| rmm_random | " in proc.stdout
     assert (tmp_path / "traces" / "rmm_random-small.cptrace").is_file()
+
+
+# ------------------------------------------------------------------------------------------
+# benchmarks/device_call_costs.py
+# ------------------------------------------------------------------------------------------
+
+DEVICE_CALL_COSTS = os.path.join(REPO, "benchmarks", "device_call_costs.py")
+
+
+def test_device_call_costs_skips_without_a_gpu(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from _gpu_common import gpu_skip_reason
+    finally:
+        sys.path.pop(0)
+    if gpu_skip_reason() is None:
+        pytest.skip("a CUDA GPU is here: the benchmark would run")
+    out = tmp_path / "costs.json"
+    proc = subprocess.run(
+        [sys.executable, DEVICE_CALL_COSTS, "--json", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "no CUDA GPU: skipped"
+    assert "skipped" in json.loads(out.read_text())
+
+
+def test_device_call_costs_fit_gives_what_the_cost_table_reads():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import device_call_costs as dcc
+    finally:
+        sys.path.pop(0)
+    got = dcc.fit({2 * MiB: 10.0 + 2 / 1024 * 50, 1 << 30: 60.0})
+    assert got["us"] == pytest.approx(10.0) and got["us_per_gib"] == pytest.approx(50.0)
+    assert dcc.fit({2 * MiB: 5.0, 1 << 30: 1.0})["us_per_gib"] == 0.0  # never negative
+    result = {"costs": {"reserve": dict(got, source="measured", samples={str(2 * MiB): 10.1})}}
+    assert "| reserve | 10.00 | 50.0 | 2 MiB: 10.1 |" in dcc.format_table(result)
+    assert device_costs.load(result)["reserve"]["us_per_gib"] == pytest.approx(50.0)
