@@ -2,15 +2,17 @@
 
     python benchmarks/replay_all.py [--scale small|medium|large] [--workloads gpt,cnn]
                                     [--json PATH] [--plot PATH | --no-plot] [--recapture]
+                                    [--device-costs PATH]
 
 For each workload of ``benchmarks/workloads`` (``WORKLOADS``): load its trace from
 ``build/traces/<workload>-<scale>.cptrace``, capturing and saving it first when it is missing
 (or unreadable, or with --recapture); replay it through the pool on a simulated device under
 the ``builtin``, ``expandable`` (expandable_segments:True) and ``cudapool`` policies; then print one markdown table, write the
 results as JSON (default ``build/replay-all.json``:
-``{"scale": ..., "rows": [{"workload", "events", "policies": {"builtin": {...},
-"cudapool": {...}}, "targets": {...}}], "errors": [...]}``, the policies' dicts holding
-cudapool.replay's keys less the curve) and draw the gpt workload's allocated and reserved
+``{"scale": ..., "device_costs": {"source", "costs"}, "rows": [{"workload", "events",
+"policies": {"builtin": {...}, "cudapool": {...}}, "targets": {...}}], "errors": [...]}``,
+the policies' dicts holding cudapool.replay's keys less the curve, among them the device
+calls per kind, all and after warm-up, and their estimated milliseconds) and draw the gpt workload's allocated and reserved
 memory over the trace under both policies (default ``build/replay-gpt.png``; needs
 matplotlib: ``pip install -e '.[bench]'``).
 
@@ -21,6 +23,11 @@ snapshot is replayed as ``python -m cudapool replay`` would, from the reconstruc
 the window's start, under every policy, and from an empty pool (what replays did before they
 reconstructed the start). The second table puts those peaks beside the recorded built-in peak
 over the window (the truth); the JSON holds them under ``"windows"``.
+
+Beside the memory, the table shows what each policy costs in device calls: their estimated
+milliseconds (``dev call ms``: calls x per-call cost, from ``cudapool.device_costs`` or the
+JSON of ``benchmarks/device_call_costs.py`` given with --device-costs) and how many calls
+come after warm-up (the second half of the events: 0 for a loop that is warm).
 
 The targets are checked and reported, not enforced: cudapool reserves no more than the
 built-in rules, and strictly less where those use less than 95 % of what they reserve;
@@ -48,6 +55,7 @@ try:
 except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from cudapool import device_costs  # noqa: E402
 from cudapool.replay import format_bytes, replay  # noqa: E402
 from cudapool.torch_snapshot import from_snapshot  # noqa: E402
 from cudapool.trace import load, save  # noqa: E402
@@ -173,6 +181,8 @@ _COLUMNS = (
     ("util", lambda r: f"{r['utilization'] * 100:.1f} %"),
     ("ns/op", lambda r: f"{r['ns_per_op']:.0f}"),
     ("dev allocs", lambda r: f"{r['device_allocs']:,}"),
+    ("dev call ms", lambda r: f"{r['device_call_ms']:.2f}"),
+    ("calls after warm-up", lambda r: f"{r['device_calls_after_warmup_total']:,}"),
 )
 
 
@@ -301,6 +311,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--plot", metavar="PATH", default=os.path.join(ROOT, "build", f"replay-{PLOT_WORKLOAD}.png"))
     parser.add_argument("--no-plot", action="store_true", help="draw no plot (matplotlib not needed)")
     parser.add_argument("--recapture", action="store_true", help="capture every trace again")
+    parser.add_argument(
+        "--device-costs",
+        metavar="PATH",
+        help="per-call costs measured on a GPU (benchmarks/device_call_costs.py's JSON) in place of "
+        "cudapool.device_costs' default table",
+    )
     parser.add_argument("--trace-dir", metavar="DIR", default=os.path.join(ROOT, "build", "traces"))
     parser.add_argument(
         "--registry",
@@ -344,7 +360,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             results = {}
             for policy in POLICIES:
                 results[policy] = replay(
-                    trace, policy=policy, progress=True, curve_points=CURVE_POINTS if want_curve else 0
+                    trace,
+                    policy=policy,
+                    progress=True,
+                    curve_points=CURVE_POINTS if want_curve else 0,
+                    costs=args.device_costs,
                 )
             curves = {p: r.pop("curve") for p, r in results.items() if "curve" in r}
             row = {
@@ -368,7 +388,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print(
         f"replay of the {args.scale} workloads on a simulated device "
-        f"(peak reserved: lower is better; util = peak allocated / peak reserved)\n"
+        f"(peak reserved: lower is better; util = peak allocated / peak reserved; dev call ms = the device "
+        f"calls' estimated milliseconds, costs from {args.device_costs or 'cudapool.device_costs'}; calls after "
+        f"warm-up = device calls in the second half of the events)\n"
     )
     print(format_table(rows))
     met = sum(1 for r in rows if r["targets"]["ok"])
@@ -411,7 +433,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"scale": args.scale, "rows": rows, "windows": windows, "errors": errors}, f, indent=1)
+        costs = device_costs.load(args.device_costs)
+        json.dump(
+            {
+                "scale": args.scale,
+                "device_costs": {"source": args.device_costs or "cudapool.device_costs", "costs": costs},
+                "rows": rows,
+                "windows": windows,
+                "errors": errors,
+            },
+            f,
+            indent=1,
+        )
         f.write("\n")
     print(f"json: {args.json}")
     return status

@@ -52,6 +52,7 @@ PY_LAYERS: dict[str, int] = {
     "_units": 0,
     "_events": 0,
     "policies": 0,
+    "device_costs": 0,
     # 1: formats and configuration
     "torch_snapshot": 1,
     "summary": 1,

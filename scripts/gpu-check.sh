@@ -17,6 +17,10 @@
 #                                                                           bench-micro.json
 # 7. runs the C tests of the CUDA backend on the GPU (test_cuda_nodriver: the driver table,
 #    events, plain segments and page-mapped memory through the VMM calls)  -> $OUT/c-cuda.txt
+# 8. measures what each device call costs (benchmarks/device_call_costs.py: the driver calls
+#    of cudapool's CUDA backend, several sizes; the JSON replays price their calls with)
+#                                                                        -> $OUT/device-call-costs.txt,
+#                                                                           device-call-costs.json
 # then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
 # the build or the GPU tests fail; a benchmark failure shows in the summary only.
 #
@@ -215,6 +219,23 @@ if command -v make >/dev/null 2>&1; then
   fi
 fi
 
+# -- 8. What each device call costs on this GPU ------------------------------------------------
+section "device call costs: $PYTHON benchmarks/device_call_costs.py --json $OUT/device-call-costs.json"
+t=$(stage_time 60)
+if [ "$t" -eq 0 ]; then
+  costs_status="SKIPPED (out of time)"
+else
+  costs_rc=0
+  with_timeout "$t" "$PYTHON" benchmarks/device_call_costs.py --json "$OUT/device-call-costs.json" 2>&1 \
+    | tee "$OUT/device-call-costs.txt" || costs_rc=$?
+  costs_status=$(status_of "$costs_rc" "$t")
+  if [ "$costs_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/device-call-costs.txt"; then
+    costs_status="skipped (no CUDA GPU)"
+  elif [ "$costs_rc" -eq 0 ]; then
+    costs_status="$costs_status: $(grep -c '^| [a-z_]* |' "$OUT/device-call-costs.txt" || true) call kinds measured (us per call, us per GiB)"
+  fi
+fi
+
 # -- summary ----------------------------------------------------------------------------------
 section "summary"
 echo "build        : $build_status"
@@ -231,6 +252,11 @@ if [ -f "$OUT/fidelity.txt" ]; then
 fi
 echo "micro bench  : $micro_status"
 echo "c cuda tests : $ccuda_status"
+echo "call costs   : $costs_status"
+if [ -f "$OUT/device-call-costs.txt" ]; then
+  grep -E '^\| (reserve|release|event_record|page_create|page_map|page_set_access|page_unmap|page_release) \|' \
+    "$OUT/device-call-costs.txt" | sed 's/^/               /' || true
+fi
 echo "time         : ${SECONDS}s of a ${BUDGET_S}s budget"
 
 # The device tool brings back at most 8 files: the logs go into one archive, the figures stay.

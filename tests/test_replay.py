@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from cudapool import _C
+from cudapool import _C, device_costs
 from cudapool import replay as rp
 from cudapool.replay import ReplayError, config_text, format_bytes, parse_size, replay
 from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
@@ -343,6 +343,165 @@ def test_replay_reports_the_figures_of_a_known_trace():
     assert r["capacity"] == rp.DEFAULT_CAPACITY
     assert r["ns"] > 0 and r["ns_per_op"] == pytest.approx(r["ns"] / 5) and r["events_per_s"] > 0
     json.dumps(r)  # JSON-ready as it is
+
+
+# ------------------------------------------------------------------------------------------
+# Device calls, warm-up and their cost
+# ------------------------------------------------------------------------------------------
+
+CALL_EVENTS = [
+    (ALLOC, 1, 3 * MiB),
+    (ALLOC, 2, 700 * 1024),
+    (ALLOC, 3, 25 * MiB),
+    (FREE, 2, 0),
+    (ALLOC, 4, 30 * MiB),
+    (FREE, 1, 0),
+    (FREE, 3, 0),
+    (ALLOC, 5, 60 * MiB),
+    (FREE, 4, 0),
+    (ALLOC, 6, 1000),
+]
+
+
+@pytest.mark.parametrize("policy", ["builtin", "expandable", "cudapool"])
+def test_replay_device_calls_are_the_sims_counters(policy):
+    r = replay(Trace.from_events(CALL_EVENTS), policy=policy)
+    # The same events on a pool of our own, as the replay makes its pool.
+    pool = _C.Pool(rp.DEFAULT_CAPACITY, config_text(policy), True, False)
+    try:
+        live = {}
+        for action, ident, size in CALL_EVENTS:
+            if action == ALLOC:
+                live[ident] = pool.alloc(size, 0)
+            else:
+                pool.free(live.pop(ident))
+        calls, call_bytes = pool.backend_calls(), pool.backend_bytes()
+    finally:
+        pool.close()
+    assert r["device_calls"] == calls and r["device_call_bytes"] == call_bytes
+    assert set(calls) == set(device_costs.KINDS)
+    assert r["device_calls_total"] == sum(calls.values())
+    if policy == "expandable":
+        assert calls["page_create"] > 0 and calls["page_map"] > 0 and calls["reserve"] == 0
+        assert call_bytes["page_create"] == r["peak_reserved"]  # chunks only grow here
+    else:
+        assert calls["reserve"] == r["device_allocs"] > 0
+    assert r["warmup_events"] == len(CALL_EVENTS) // 2
+    for k in calls:
+        assert 0 <= r["device_calls_after_warmup"][k] <= calls[k]
+    # the cost: calls x us + bytes / GiB x us_per_gib, per kind
+    table = device_costs.default()
+    want = sum(calls[k] * table[k]["us"] + call_bytes[k] / (1 << 30) * table[k]["us_per_gib"] for k in calls)
+    assert r["device_call_ms"] == pytest.approx(want / 1000)
+    json.dumps(r)
+
+
+def periodic_loop(steps=12):
+    """A training loop: every step allocates the same tensors and frees them."""
+    events, ident = [], 0
+    for _ in range(steps):
+        ids = []
+        for size in (512, 3 * MiB, 700 * 1024, 25 * MiB, 64 * MiB, 5 * MiB):
+            ident += 1
+            events.append((ALLOC, ident, size))
+            ids.append(ident)
+        events += [(FREE, i, 0) for i in ids]
+    return Trace.from_events(events)
+
+
+def growing_loop(steps=12):
+    """A loop whose every step keeps one more, larger, tensor alive."""
+    events, ident = [], 0
+    for step in range(steps):
+        ident += 1
+        events.append((ALLOC, ident, (step + 1) * 24 * MiB))
+        ident += 1
+        events += [(ALLOC, ident, 2 * MiB), (FREE, ident, 0)]
+    return Trace.from_events(events)
+
+
+@pytest.mark.parametrize("policy", ["builtin", "expandable", "cudapool"])
+def test_no_device_calls_after_warm_up_in_a_periodic_loop(policy):
+    r = replay(periodic_loop(), policy=policy)
+    assert r["device_calls_total"] > 0 and r["device_call_ms"] > 0
+    assert r["device_calls_after_warmup_total"] == 0
+    assert set(r["device_calls_after_warmup"].values()) == {0}
+    assert r["device_call_ms_after_warmup"] == 0.0
+    g = replay(growing_loop(), policy=policy)
+    assert g["device_calls_after_warmup_total"] > 0 and g["device_call_ms_after_warmup"] > 0
+    assert g["device_calls_after_warmup_total"] < g["device_calls_total"]
+
+
+def test_device_calls_of_several_devices_add_up():
+    t = synthetic(3000, devices=(0, 1))
+    r = replay(t, policy="expandable")
+    for key in ("device_calls", "device_calls_after_warmup", "device_call_bytes"):
+        for k in device_costs.KINDS:
+            assert r[key][k] == sum(d[key][k] for d in r["devices"].values())
+    assert r["device_call_ms"] == pytest.approx(sum(d["device_call_ms"] for d in r["devices"].values()))
+
+
+def test_cost_arithmetic():
+    table = device_costs.merge({"reserve": {"us": 10.0, "us_per_gib": 4.0}, "page_map": 2.0})
+    assert table["reserve"]["estimate"] is False and table["release"] == device_costs.DEFAULT_COSTS["release"]
+    us = device_costs.estimate_us_by_kind({"reserve": 3, "page_map": 5}, {"reserve": 3 << 29}, table)
+    assert us == {"reserve": 3 * 10.0 + 1.5 * 4.0, "page_map": 10.0}
+    assert device_costs.estimate_ms({"reserve": 3, "page_map": 5}, {"reserve": 3 << 29}, table) == pytest.approx(0.046)
+    assert device_costs.estimate_ms({}) == 0.0
+    with pytest.raises(ValueError, match="no cost"):
+        device_costs.estimate_ms({"teleport": 1})
+    for kind, row in device_costs.DEFAULT_COSTS.items():
+        assert kind in device_costs.KINDS and row["us"] > 0 and row["us_per_gib"] >= 0 and row["source"]
+    assert tuple(device_costs.DEFAULT_COSTS) == device_costs.KINDS
+
+
+def test_cost_table_from_a_json_file(tmp_path):
+    path = tmp_path / "costs.json"
+    zero = {k: {"us": 0, "us_per_gib": 0} for k in device_costs.KINDS}
+    zero["reserve"] = {"us": 1000.0, "us_per_gib": 0.0, "source": "measured"}
+    path.write_text(json.dumps({"device": "test", "costs": zero}))
+    r = replay(Trace.from_events(CALL_EVENTS), policy="builtin", costs=str(path))
+    assert r["device_calls"]["reserve"] > 0
+    assert r["device_call_ms"] == pytest.approx(r["device_calls"]["reserve"] * 1.0)
+    assert device_costs.load(path)["reserve"]["source"] == "measured"
+    # a dict does as well as a file; kinds left out keep the default
+    partial = device_costs.load({"costs": {"mem_info": {"us": 7}}})
+    assert partial["mem_info"]["us"] == 7.0 and partial["reserve"] == device_costs.DEFAULT_COSTS["reserve"]
+    for bad, message in (
+        ({"costs": {"teleport": 1}}, "unknown call kind"),
+        ({"costs": {"reserve": -1}}, "expected a number"),
+        ({"costs": {"reserve": {"us": "fast"}}}, "expected a number"),
+        ({"costs": {"reserve": {"usec": 1}}}, "unknown field"),
+        ({"nothing": 1}, "'costs' object"),
+    ):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            device_costs.load(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        replay(Trace.from_events(CALL_EVENTS), costs=str(path))
+
+
+def test_report_shows_device_calls():
+    text = rp.format_report(replay(growing_loop(), policy="expandable"))
+    calls = next(line for line in text.splitlines() if line.startswith("device calls"))
+    assert "estimated" in calls and "page_create" in calls
+    after = next(line for line in text.splitlines() if line.startswith("after warm-up"))
+    assert "second half of the events" in after
+    assert "0 calls" in rp.format_report(replay(periodic_loop(), policy="builtin"))
+
+
+def test_sim_counts_the_bytes_of_each_call():
+    pool = _C.Pool(1 << 30, "expandable_segments:True", True, False)
+    try:
+        p = pool.alloc(30 * MiB, 0)
+        pool.free(p)
+        pool.empty_cache()
+        got = pool.backend_bytes()
+    finally:
+        pool.close()
+    assert got["page_create"] == got["page_map"] == got["page_set_access"] == 40 * MiB
+    assert got["page_unmap"] == 40 * MiB and got["reserve"] == 0 and got["event_record"] == 0
 
 
 def test_replay_of_an_empty_trace():
@@ -999,7 +1158,13 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
         "builtin util | expandable util | cudapool util |"
     )
     assert "builtin ns/op | expandable ns/op | cudapool ns/op" in table[0] and "targets" in table[0]
-    assert "builtin dev allocs | expandable dev allocs | cudapool dev allocs | cudapool / expandable" in table[0]
+    assert "builtin dev allocs | expandable dev allocs | cudapool dev allocs |" in table[0]
+    assert (
+        "| builtin dev call ms | expandable dev call ms | cudapool dev call ms | builtin calls after warm-up | "
+        "expandable calls after warm-up | cudapool calls after warm-up | cudapool / expandable |"
+    ) in table[0]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    gpt_cells = dict(zip(head, (c.strip() for c in table[2].strip("|").split("|"))))
     assert len(table) == 4 and table[2].startswith("| gpt | 200 |") and table[3].startswith("| tiny | 3 |")
     assert "util ≥ 90 %" in table[2] and "util ≥ 90 %" not in table[3]
     data = json.loads((tmp_path / "all.json").read_text())
@@ -1011,6 +1176,14 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
         for res in row["policies"].values():
             assert REPLAY_KEYS <= set(res) and "curve" not in res
         assert "ok" in row["targets"] and "reserved" in row["targets"]
+    assert data["device_costs"]["source"] == "cudapool.device_costs"
+    assert set(data["device_costs"]["costs"]) == set(device_costs.KINDS)
+    for policy, res in rows["gpt"]["policies"].items():
+        # the fake gpt workload is a loop of 20 identical steps: warm after the first
+        assert res["device_calls_after_warmup_total"] == 0
+        assert gpt_cells[f"{policy} calls after warm-up"] == "0"
+        assert gpt_cells[f"{policy} dev call ms"] == f"{res['device_call_ms']:.2f}"
+        assert res["device_call_ms"] > 0 and res["device_calls"]["reserve"] + res["device_calls"]["page_create"] > 0
     assert rows["tiny"]["policies"]["builtin"]["peak_reserved"] == 2 * MiB + 20 * MiB
     # 1000 B: a 2 MiB small chunk; 9 MiB: one 20 MiB large chunk.
     assert rows["tiny"]["policies"]["expandable"]["peak_reserved"] == 2 * MiB + 20 * MiB
@@ -1068,3 +1241,41 @@ def test_replay_all_with_the_real_registry(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| rmm_random | " in proc.stdout
     assert (tmp_path / "traces" / "rmm_random-small.cptrace").is_file()
+
+
+# ------------------------------------------------------------------------------------------
+# benchmarks/device_call_costs.py
+# ------------------------------------------------------------------------------------------
+
+DEVICE_CALL_COSTS = os.path.join(REPO, "benchmarks", "device_call_costs.py")
+
+
+def test_device_call_costs_skips_without_a_gpu(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from _gpu_common import gpu_skip_reason
+    finally:
+        sys.path.pop(0)
+    if gpu_skip_reason() is None:
+        pytest.skip("a CUDA GPU is here: the benchmark would run")
+    out = tmp_path / "costs.json"
+    proc = subprocess.run(
+        [sys.executable, DEVICE_CALL_COSTS, "--json", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "no CUDA GPU: skipped"
+    assert "skipped" in json.loads(out.read_text())
+
+
+def test_device_call_costs_fit_gives_what_the_cost_table_reads():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import device_call_costs as dcc
+    finally:
+        sys.path.pop(0)
+    got = dcc.fit({2 * MiB: 10.0 + 2 / 1024 * 50, 1 << 30: 60.0})
+    assert got["us"] == pytest.approx(10.0) and got["us_per_gib"] == pytest.approx(50.0)
+    assert dcc.fit({2 * MiB: 5.0, 1 << 30: 1.0})["us_per_gib"] == 0.0  # never negative
+    result = {"costs": {"reserve": dict(got, source="measured", samples={str(2 * MiB): 10.1})}}
+    assert "| reserve | 10.00 | 50.0 | 2 MiB: 10.1 |" in dcc.format_table(result)
+    assert device_costs.load(result)["reserve"]["us_per_gib"] == pytest.approx(50.0)

@@ -110,6 +110,7 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: reserve: no device");
   sim_lock(sim);
+  sim->bytes[CP_SIM_RESERVE] += size;
   int rc = cp_sim_enter_locked(sim, CP_SIM_RESERVE);
   if (rc != CP_OK) goto out;
   if (out_addr == NULL || size == 0) {
@@ -168,6 +169,7 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   cp_sim_t *sim = ctx;
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: release: no device");
   sim_lock(sim);
+  sim->bytes[CP_SIM_RELEASE] += size;
   int rc = cp_sim_enter_locked(sim, CP_SIM_RELEASE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->reservations, addr);
@@ -508,6 +510,14 @@ uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind) {
   return n;
 }
 
+uint64_t cp_sim_call_bytes(const cp_sim_t *sim, cp_sim_call_t kind) {
+  if (sim == NULL || !sim_kind_valid(kind)) return 0;
+  sim_lock(sim);
+  const uint64_t n = sim->bytes[kind];
+  sim_unlock(sim);
+  return n;
+}
+
 uint64_t cp_sim_faults_injected(const cp_sim_t *sim) {
   if (sim == NULL) return 0;
   sim_lock(sim);
@@ -520,6 +530,7 @@ void cp_sim_reset_counters(cp_sim_t *sim) {
   if (sim == NULL) return;
   sim_lock(sim);
   memset(sim->calls, 0, sizeof sim->calls);
+  memset(sim->bytes, 0, sizeof sim->bytes);
   sim->faults_injected = 0;
   sim_unlock(sim); /* armed faults keep counting down */
 }

@@ -119,6 +119,10 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
 
 /* Calls of `kind` made so far (failed ones included), and the failures injected. */
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind);
+/* Bytes named by the calls of `kind` made so far, failed ones included: the size asked for
+ * (reserve, release, va_reserve, va_free, page_create, page_map, page_unmap,
+ * page_set_access) or the page's size (page_release, of a known page); 0 for other kinds. */
+uint64_t cp_sim_call_bytes(const cp_sim_t *sim, cp_sim_call_t kind);
 uint64_t cp_sim_faults_injected(const cp_sim_t *sim);
 void cp_sim_reset_counters(cp_sim_t *sim);
 const char *cp_sim_call_name(cp_sim_call_t kind);

@@ -77,6 +77,7 @@ struct cp_sim_s {
   cp_ptrmap_t events;       /* event handle -> sim_event_t (owned) */
   sim_vmm_t vmm;
   uint64_t calls[CP_SIM_CALL_COUNT];
+  uint64_t bytes[CP_SIM_CALL_COUNT]; /* bytes named by the calls of each kind (cp_sim_call_bytes) */
   sim_fault_t faults[CP_SIM_CALL_COUNT];
   uint64_t faults_injected;
   sim_delay_t delays[CP_SIM_CALL_COUNT];

@@ -139,6 +139,7 @@ static int sim_va_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   char what[96];
   snprintf(what, sizeof what, "va_reserve(%zu bytes)", size);
   sim_lock(sim);
+  sim->bytes[CP_SIM_VA_RESERVE] += size;
   int rc = vmm_enter(sim, CP_SIM_VA_RESERVE);
   if (rc != CP_OK) goto out;
   const size_t gran = sim->vmm.granularity;
@@ -192,6 +193,7 @@ static int sim_va_free(void *ctx, uintptr_t addr, size_t size) {
   char what[96];
   snprintf(what, sizeof what, "va_free(0x%" PRIxPTR ", %zu bytes)", addr, size);
   sim_lock(sim);
+  sim->bytes[CP_SIM_VA_FREE] += size;
   int rc = vmm_enter(sim, CP_SIM_VA_FREE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->vmm.ranges, addr);
@@ -225,6 +227,7 @@ static int sim_page_create(void *ctx, size_t size, cp_page_t *out_page) {
   char what[96];
   snprintf(what, sizeof what, "page_create(%zu bytes)", size);
   sim_lock(sim);
+  sim->bytes[CP_SIM_PAGE_CREATE] += size;
   int rc = vmm_enter(sim, CP_SIM_PAGE_CREATE);
   if (rc != CP_OK) goto out;
   if (out_page == NULL) {
@@ -287,6 +290,7 @@ static int sim_page_release(void *ctx, cp_page_t page) {
                       pg == NULL ? "unknown page" : "the page was released already");
     goto out;
   }
+  sim->bytes[CP_SIM_PAGE_RELEASE] += pg->size;
   pg->released = 1;
   if (pg->maps == 0) vmm_page_free(sim, page); /* else the last unmap frees it */
 out:
@@ -300,6 +304,7 @@ static int sim_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page) 
   char what[128];
   snprintf(what, sizeof what, "page_map(0x%" PRIxPTR ", %zu bytes, page %" PRIuPTR ")", addr, size, page);
   sim_lock(sim);
+  sim->bytes[CP_SIM_PAGE_MAP] += size;
   int rc = vmm_enter(sim, CP_SIM_PAGE_MAP);
   if (rc != CP_OK) goto out;
   rc = vmm_check_span(sim, what, addr, size);
@@ -352,6 +357,7 @@ static int sim_page_unmap(void *ctx, uintptr_t addr, size_t size) {
   snprintf(what, sizeof what, "page_unmap(0x%" PRIxPTR ", %zu bytes)", addr, size);
   sim_lock(sim);
   uintptr_t *keys = NULL;
+  sim->bytes[CP_SIM_PAGE_UNMAP] += size;
   int rc = vmm_enter(sim, CP_SIM_PAGE_UNMAP);
   if (rc != CP_OK) goto out;
   rc = vmm_check_span(sim, what, addr, size);
@@ -405,6 +411,7 @@ static int sim_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   char what[96];
   snprintf(what, sizeof what, "page_set_access(0x%" PRIxPTR ", %zu bytes)", addr, size);
   sim_lock(sim);
+  sim->bytes[CP_SIM_PAGE_SET_ACCESS] += size;
   int rc = vmm_enter(sim, CP_SIM_PAGE_SET_ACCESS);
   if (rc != CP_OK) goto out;
   rc = vmm_check_span(sim, what, addr, size);

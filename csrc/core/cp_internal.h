@@ -355,6 +355,10 @@ static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
   return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
 }
 
+/* cp_pool_info without asking the device (no mem_info call): device_free and device_total
+ * stay 0. For the replay, whose own measuring must not add to the device calls it counts. */
+void cp_pool_info_no_device(cp_pool_t *pool, cp_pool_info_t *out_info);
+
 /* The checker (check.c). */
 size_t cp_check_locked(cp_pool_t *pool, FILE *out);
 

@@ -51,7 +51,7 @@ static void cp_replay_observe(cp_replay_t *r) {
   if (reserved > r->win_reserved) r->win_reserved = reserved;
   if (reserved > r->res.peak_reserved) {
     cp_pool_info_t info;
-    cp_pool_info(r->pool, &info);
+    cp_pool_info_no_device(r->pool, &info); /* no device call: the replay counts those */
     r->res.peak_reserved = reserved;
     r->res.cached_free_at_peak = info.cached_free;
     r->res.largest_free_at_peak = info.largest_free_block;

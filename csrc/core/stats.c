@@ -93,6 +93,13 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   }
 }
 
+/* cp_internal.h */
+void cp_pool_info_no_device(cp_pool_t *pool, cp_pool_info_t *out_info) {
+  pthread_mutex_lock(&pool->lock);
+  cp_pool_info_locked(pool, out_info);
+  pthread_mutex_unlock(&pool->lock);
+}
+
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info) {
   size_t dev_free = 0, dev_total = 0;
   int rc = pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total);

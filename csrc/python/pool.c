@@ -435,6 +435,23 @@ static PyObject *Pool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored)) 
   return d;
 }
 
+static PyObject *Pool_backend_bytes(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_ONLY(op, self, "backend_bytes()");
+  PyObject *d = PyDict_New();
+  if (d == NULL) return NULL;
+  for (int i = 0; i < (int)CP_SIM_CALL_COUNT; i++) {
+    cp_sim_call_t kind = (cp_sim_call_t)i;
+    PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)cp_sim_call_bytes(self->sim, kind));
+    if (v == NULL || PyDict_SetItemString(d, cp_sim_call_name(kind), v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(d);
+      return NULL;
+    }
+    Py_DECREF(v);
+  }
+  return d;
+}
+
 static PyObject *Pool_fail_nth(PyObject *op, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"kind", "n", "oom", NULL};
   const char *kind_name = NULL;
@@ -624,6 +641,8 @@ static PyMethodDef Pool_methods[] = {
     {"complete", Pool_complete, METH_O, "complete(stream)\n\nFinish all work submitted to stream so far."},
     {"complete_all", Pool_complete_all, METH_NOARGS, "Finish all work on every stream."},
     {"backend_calls", Pool_backend_calls, METH_NOARGS, "Calls made to the simulated device so far, by kind."},
+    {"backend_bytes", Pool_backend_bytes, METH_NOARGS,
+     "Bytes named by the calls made to the simulated device so far, by kind (0 for kinds without a size)."},
     {"fail_nth", CPY_METH_KW(Pool_fail_nth), METH_VARARGS | METH_KEYWORDS,
      "fail_nth(kind, n, oom=True)\n\nMake the n-th next backend call of kind (\"reserve\", ...) fail: out of "
      "memory, or a device error when oom is False. n = 0 disarms."},

@@ -23,6 +23,22 @@ What a replay reports (the keys of the returned dict)
   shape at the moment reserved memory peaked (0 when nothing was cached then); with
   ``cached_free_at_peak`` and ``largest_free_at_peak``;
 - ``device_allocs``, ``device_frees``: segments reserved from and given back to the device;
+- ``device_calls``: every call the replay's pool made to the simulated device, per kind
+  (the names of ``_C.Pool.backend_calls()``: reserve, release, event_create, event_destroy,
+  event_record, event_query, event_synchronize, mem_info, vmm_granularity, va_reserve,
+  va_free, page_create, page_release, page_map, page_unmap, page_set_access), from the pool's
+  creation (its start-up queries, the seeding of a window's start) to the trace's last event;
+  the simulated device's own counters, read then. ``device_call_bytes``: the bytes those
+  calls named, per kind (``backend_bytes()``); ``device_calls_total``, their sum;
+- ``device_calls_after_warmup`` (and ``device_call_bytes_after_warmup``,
+  ``device_calls_after_warmup_total``): the calls made after warm-up, which is the first half
+  of the trace's events, ``warmup_events`` = events // 2 (per device). One rule for every
+  trace, with nothing to tune: a training loop that repeats its steps has its steady state in
+  the second half, so a pool that makes no device calls once warm shows 0 there, whereas
+  one whose memory keeps growing, or that gives memory back and takes it again, does not;
+- ``device_call_ms``, ``device_call_ms_after_warmup``: the estimated milliseconds those calls
+  take, sum(calls x us + bytes / GiB x us_per_gib) over the kinds, from the cost table of
+  :mod:`cudapool.device_costs` (the ``costs`` argument overrides it);
 - ``ns_per_op``: host nanoseconds per event spent in the C replay (``ns`` in all), and
   ``events_per_s`` from the same clock; ``wall_s``: the whole call, Python included;
 - ``oom`` (bool), ``oom_event`` (index of the allocation that failed) and ``oom_size``
@@ -56,7 +72,7 @@ memory). With ``device=N`` only that device is replayed and reported. Without it
 holds ``devices``: ``{"0": {...}, "1": {...}}`` (a full report per device, its ``curve``
 indexed by that device's own events), and the top level sums them: events, allocs, frees,
 skipped, bad_events, the peaks (each device's peak, added: what the GPUs together must hold),
-device allocs and frees, ns; utilization and fragmentation are computed from those sums
+device allocs and frees, the device calls per kind (all and after warm-up), ns; utilization and fragmentation are computed from those sums
 (fragmentation is then the cached-bytes-weighted mean of the devices'); ``oom`` is true when
 any device ran out, with ``oom_device``; ``window_start`` adds up the devices' (problems tagged
 with their device), and the totals are comparable when every device's is; there is no
@@ -74,7 +90,7 @@ from collections import Counter
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, Dict, List, Optional, Union
 
-from . import _C, _config, policies
+from . import _C, _config, device_costs, policies
 from ._units import format_bytes
 from .trace import EVENT, Trace, load
 
@@ -278,6 +294,19 @@ def _derive(res: Dict[str, Any]) -> None:
     res["events_per_s"] = res["events"] * 1e9 / res["ns"] if res["ns"] else 0.0
 
 
+_CALL_KEYS = ("device_calls", "device_call_bytes", "device_calls_after_warmup", "device_call_bytes_after_warmup")
+
+
+def _price(res: Dict[str, Any], costs: device_costs.CostTable) -> None:
+    """Add the call totals and their estimated milliseconds (cudapool.device_costs)."""
+    res["device_calls_total"] = sum(res["device_calls"].values())
+    res["device_calls_after_warmup_total"] = sum(res["device_calls_after_warmup"].values())
+    res["device_call_ms"] = device_costs.estimate_ms(res["device_calls"], res["device_call_bytes"], costs)
+    res["device_call_ms_after_warmup"] = device_costs.estimate_ms(
+        res["device_calls_after_warmup"], res["device_call_bytes_after_warmup"], costs
+    )
+
+
 def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str, Any]:
     """Put the memory live at the window's start into a fresh replay: the recorded segments
     with their live blocks at their offsets (mode "segments"), or each live block allocated
@@ -346,10 +375,15 @@ def _replay_data(
         curve: Optional[List[List[int]]] = [] if curve_points > 0 else None
         step = max(1, math.ceil(n / curve_points)) if curve_points > 0 else 0
         next_sample = step if curve is not None else n + 1
+        warm = n // 2  # warm-up: the first half of the events (see the module notes)
+        warm_calls: Optional[Dict[str, int]] = None
+        warm_bytes: Optional[Dict[str, int]] = None
         pos = 0
         ok = True
         while pos < n and ok:
-            end = min(n, pos + CHUNK_EVENTS, next_sample)
+            if pos == warm and warm_calls is None:
+                warm_calls, warm_bytes = pool.backend_calls(), pool.backend_bytes()
+            end = min(n, pos + CHUNK_EVENTS, next_sample, warm if pos < warm else n)
             ok = pool.replay_feed(data, pos, end - pos)
             if ok:
                 pos = end
@@ -361,6 +395,13 @@ def _replay_data(
             if bar is not None:
                 bar.update(pos)
         res = pool.replay_result()
+        calls, call_bytes = pool.backend_calls(), pool.backend_bytes()
+        if warm_calls is None or warm_bytes is None:  # out of memory in the first half
+            warm_calls, warm_bytes = calls, call_bytes
+        res["device_calls"] = calls
+        res["device_call_bytes"] = call_bytes
+        res["device_calls_after_warmup"] = {k: v - warm_calls[k] for k, v in calls.items()}
+        res["device_call_bytes_after_warmup"] = {k: v - warm_bytes[k] for k, v in call_bytes.items()}
         violations = pool.check()
         if violations:
             raise ReplayError(
@@ -378,6 +419,7 @@ def _replay_data(
         if bar is not None:
             bar.close()
         pool.close()
+    res["warmup_events"] = warm
     if seed["events"]:  # the seeding allocations are not events of the trace
         before = seed["result"]
         for key in ("events", "allocs", "bad_events"):
@@ -408,6 +450,7 @@ def replay(
     *,
     progress_stream: Optional[IO[str]] = None,
     window_start: bool = True,
+    costs: Union[None, str, "os.PathLike[str]", Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Replay ``trace`` (a Trace, or the path of a .cptrace file or torch snapshot) under
     ``policy`` (see :mod:`cudapool.policies`) with ``config`` ("key:value,...") on top.
@@ -420,6 +463,8 @@ def replay(
     ``window_start``: seed each device's pool with the memory live at the trace's first
     event when the trace knows it (a torch snapshot's window; see the module notes); False
     starts from an empty pool.
+    ``costs``: the per-call cost table that prices the device calls (cudapool.device_costs):
+    None for the default one, a JSON file's path, or a dict with a ``costs`` object.
 
     Returns a dict (see the module notes). ValueError for an unknown policy, a bad
     configuration, or a device the trace has no events on; ReplayError when the pool's
@@ -436,6 +481,7 @@ def replay(
     if progress not in (True, False, "force"):
         raise ValueError(f"progress must be True, False or 'force', not {progress!r}")
     stream = progress_stream if progress_stream is not None else sys.stderr
+    table = device_costs.load(costs)
     t0 = time.perf_counter()
 
     counts = _device_counts(trace.data)
@@ -467,6 +513,7 @@ def replay(
         label = "replay" if len(devices) <= 1 else f"replay device {d}"
         res = _replay_data(data, cfg, cap, progress, label, curve_points, stream, start_of(d), mode)
         _derive(res)
+        _price(res, table)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
         _compare(res)
         res["wall_s"] = time.perf_counter() - t0
@@ -477,6 +524,7 @@ def replay(
         data = _device_data(trace.data, d)
         res = _replay_data(data, cfg, cap, progress, f"replay device {d}", curve_points, stream, start_of(d), mode)
         _derive(res)
+        _price(res, table)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
         _compare(res)
         per[str(d)] = res
@@ -488,6 +536,9 @@ def replay(
         "device_frees", "ns",
     ):  # fmt: skip
         total[key] = sum(r[key] for r in per.values())
+    for key in _CALL_KEYS:
+        total[key] = {k: sum(r[key][k] for r in per.values()) for k in next(iter(per.values()))[key]}
+    total["warmup_events"] = sum(r["warmup_events"] for r in per.values())
     total["effective_config"] = next(iter(per.values()))["effective_config"]
     oom_devices = [d for d, r in per.items() if r["oom"]]
     total["oom"] = bool(oom_devices)
@@ -501,6 +552,7 @@ def replay(
     else:
         total["builtin_peak_reserved"] = trace.builtin_peak_reserved
     _derive(total)
+    _price(total, table)
     total["window_start"] = _sum_starts(per)
     total["comparable"] = all(r["comparable"] for r in per.values()) and total["builtin_peak_reserved"] is not None
     total["not_comparable"] = [f"device {d}: {why}" for d, r in per.items() for why in r["not_comparable"]]
@@ -612,6 +664,23 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
         f"{format_bytes(res['largest_free_at_peak'])} / cached free {format_bytes(res['cached_free_at_peak'])})",
     )
     row("device allocs", f"{res['device_allocs']:,} (segments reserved; {res['device_frees']:,} given back)")
+    if "device_calls" in res:
+        row(
+            "device calls",
+            f"{res['device_calls_total']:,}, estimated {res['device_call_ms']:.3f} ms ("
+            + (", ".join(f"{k} {v:,}" for k, v in res["device_calls"].items() if v) or "none")
+            + ")",
+        )
+        row(
+            "after warm-up",
+            f"{res['device_calls_after_warmup_total']:,} calls, estimated {res['device_call_ms_after_warmup']:.3f} ms"
+            + (
+                " (" + ", ".join(f"{k} {v:,}" for k, v in res["device_calls_after_warmup"].items() if v) + ")"
+                if res["device_calls_after_warmup_total"]
+                else ""
+            )
+            + " (calls made in the second half of the events)",
+        )
     row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
     if res["oom"]:
         where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
