@@ -369,7 +369,8 @@ static int cp_expand_sync_stream(const cp_backend_t *be, cp_stream_t stream) {
   if (rc != CP_OK) return rc;
   rc = be->event_record(be->ctx, ev, stream);
   if (rc == CP_OK) rc = be->event_synchronize(be->ctx, ev);
-  be->event_destroy(be->ctx, ev);
+  /* Tried a second time when refused: the event would stay on the device for good. */
+  if (be->event_destroy(be->ctx, ev) != CP_OK) (void)be->event_destroy(be->ctx, ev);
   return rc;
 }
 
