@@ -140,5 +140,11 @@ size_t cp_sim_vmm_pages(const cp_sim_t *sim);
 size_t cp_sim_vmm_page_bytes(const cp_sim_t *sim);
 size_t cp_sim_vmm_mappings(const cp_sim_t *sim);
 size_t cp_sim_vmm_mapped_bytes(const cp_sim_t *sim);
+/* The physical byte behind device address `addr`: the page mapped there, the offset of the
+ * byte in it and the page's size (so the mapping goes on for page_size - offset bytes).
+ * CP_ERR_INVALID when nothing is mapped at `addr` (any out argument may be NULL). Two
+ * addresses share a byte of memory exactly when they resolve to the same (page, offset). */
+int cp_sim_vmm_resolve(const cp_sim_t *sim, uintptr_t addr, cp_page_t *out_page, size_t *out_offset,
+                       size_t *out_page_size);
 
 #endif /* CP_SIM_H */

@@ -533,3 +533,37 @@ SIM_VMM_GETTER(cp_sim_vmm_pages, sim->vmm.pages.count)
 SIM_VMM_GETTER(cp_sim_vmm_page_bytes, sim->vmm.page_bytes)
 SIM_VMM_GETTER(cp_sim_vmm_mappings, sim->vmm.mappings.count)
 SIM_VMM_GETTER(cp_sim_vmm_mapped_bytes, sim->vmm.mapped_bytes)
+
+/* cp_ptrmap_each callback of cp_sim_vmm_resolve: the mapping holding s->addr. */
+typedef struct vmm_find_s {
+  uintptr_t addr;
+  uintptr_t key;
+  const sim_mapping_t *m;
+} vmm_find_t;
+
+static void vmm_find_mapping(uintptr_t key, void *value, void *arg) {
+  vmm_find_t *f = arg;
+  const sim_mapping_t *m = value;
+  if (key <= f->addr && f->addr - key < m->size) {
+    f->key = key;
+    f->m = m;
+  }
+}
+
+int cp_sim_vmm_resolve(const cp_sim_t *sim, uintptr_t addr, cp_page_t *out_page, size_t *out_offset,
+                       size_t *out_page_size) {
+  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_vmm_resolve: no device");
+  sim_lock(sim);
+  vmm_find_t f = {addr, 0, NULL};
+  cp_ptrmap_each(&sim->vmm.mappings, vmm_find_mapping, &f);
+  int rc = CP_OK;
+  if (f.m == NULL) {
+    rc = cp_set_error(CP_ERR_INVALID, "cp_sim_vmm_resolve(0x%" PRIxPTR "): nothing is mapped there", addr);
+  } else {
+    if (out_page != NULL) *out_page = f.m->page;
+    if (out_offset != NULL) *out_offset = (size_t)(addr - f.key);
+    if (out_page_size != NULL) *out_page_size = f.m->size;
+  }
+  sim_unlock(sim);
+  return rc;
+}

@@ -35,7 +35,8 @@
  *    stream): the whole chunks inside each FREE block are unmapped, one num_device_free per
  *    range; a segment left wholly unmapped gives its address range back
  *    (release_expandable_segment).
- * Per chunk, mapping is page_create, page_map, page_release (the mapping keeps the memory)
+ * Per chunk, mapping is page_create, page_map, page_release (the mapping keeps the memory;
+ * a refused release is tried once more, as a page never released is lost to the device)
  * and page_set_access; the page-mapped calls run without the pool lock, with the range held
  * in a MAPPING or UNMAPPING block meanwhile (cp_internal.h). Where this differs from torch:
  * the cap counts the bytes really mapped, not the segment size a plain pool would reserve;
@@ -209,6 +210,14 @@ static cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st,
  * Mapping
  * ---------------------------------------------------------------------------------------- */
 
+/* page_release, tried a second time when refused: a page never released stays on the device
+ * (and counts against its capacity) for good, after its last unmap too. */
+static int cp_expand_page_release(const cp_backend_t *be, cp_page_t page) {
+  int rc = be->page_release(be->ctx, page);
+  if (rc != CP_OK) rc = be->page_release(be->ctx, page);
+  return rc;
+}
+
 /* Map the first `bytes` (whole chunks) of the UNMAPPED block `u`, without the lock. On return
  * *out_free is the FREE block (in the index) that holds what was mapped, merged with its FREE
  * neighbours, or NULL when nothing was. Chunks mapped before a failure stay mapped, and the
@@ -239,15 +248,17 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
     if (rc != CP_OK) break;
     rc = be->page_map(be->ctx, a, chunk, page);
     if (rc != CP_OK) {
-      be->page_release(be->ctx, page);
+      (void)cp_expand_page_release(be, page);
       break;
     }
     maps++;
-    be->page_release(be->ctx, page); /* the mapping keeps the memory; it goes with the unmap */
-    rc = be->page_set_access(be->ctx, a, chunk);
+    /* The mapping keeps the memory; it goes with the unmap. */
+    rc = cp_expand_page_release(be, page);
+    if (rc == CP_OK) rc = be->page_set_access(be->ctx, a, chunk);
     if (rc != CP_OK) {
-      /* Unusable without access: undo it. Should the device refuse that too, the chunk stays
-       * mapped (and counted) and the next release unmaps it. */
+      /* Unusable without access, or its page never to be freed (release refused twice): undo
+       * it. Should the device refuse that too, the chunk stays mapped (and counted) and the
+       * next release unmaps it. */
       if (be->page_unmap(be->ctx, a, chunk) != CP_OK) mapped += chunk;
       break;
     }
@@ -358,7 +369,8 @@ static int cp_expand_sync_stream(const cp_backend_t *be, cp_stream_t stream) {
   if (rc != CP_OK) return rc;
   rc = be->event_record(be->ctx, ev, stream);
   if (rc == CP_OK) rc = be->event_synchronize(be->ctx, ev);
-  be->event_destroy(be->ctx, ev);
+  /* Tried a second time when refused: the event would stay on the device for good. */
+  if (be->event_destroy(be->ctx, ev) != CP_OK) (void)be->event_destroy(be->ctx, ev);
   return rc;
 }
 

@@ -1,7 +1,7 @@
 /* fixture.h — a pool on a simulated device, for the C tests.
  * fx_open makes one (configuration text on the defaults); fx_close checks the pool is whole
- * and that destroying it gives every byte and event back to the device. Include after
- * check.h. */
+ * and that destroying it gives every byte, event and page-mapped range, page and mapping back
+ * to the device. Include after check.h. */
 #ifndef CP_TEST_FIXTURE_H
 #define CP_TEST_FIXTURE_H
 
@@ -53,6 +53,9 @@ static inline void fx_close(fixture_t *fx) {
   CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
   CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx->sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_mappings(fx->sim), 0);
   cp_sim_destroy(fx->sim);
 }
 

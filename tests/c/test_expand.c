@@ -281,6 +281,45 @@ TEST(failure_of_unmap_keeps_the_memory) {
   close_all(&fx);
 }
 
+TEST(failure_of_page_release_leaks_no_page) {
+  /* page_release refused once after a chunk was mapped: the pool tries again, so the page
+   * goes with the unmap and nothing is left on the device. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ES) == 0);
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_RELEASE, 1, CP_ERR_BACKEND);
+  void *p = must_alloc(&fx, 4 * MiB, 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 1);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  /* page_map refused, and the release of the page it could not map refused too. */
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_MAP, 1, CP_ERR_BACKEND);
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_RELEASE, 1, CP_ERR_BACKEND);
+  p = NULL;
+  CHECK(cp_alloc(fx.pool, 4 * MiB, 0, &p) == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  p = must_alloc(&fx, 4 * MiB, 0);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  close_all(&fx);
+}
+
+TEST(failure_of_event_destroy_leaks_no_event) {
+  /* Unmapping waits for the segment's stream with an event of its own; its destroy refused
+   * once, the pool tries again and the device keeps no event. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ES) == 0);
+  void *p = must_alloc(&fx, 4 * MiB, 0);
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  cp_sim_fail_nth(fx.sim, CP_SIM_EVENT_DESTROY, 1, CP_ERR_BACKEND);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_live_events(fx.sim), 0);
+  close_all(&fx);
+}
+
 TEST(va_reserve_failure_and_fallback_without_vmm) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ES) == 0);
@@ -329,6 +368,8 @@ int main(void) {
   RUN(oom_at_capacity_then_recovery);
   RUN(failures_of_each_mapping_call);
   RUN(failure_of_unmap_keeps_the_memory);
+  RUN(failure_of_page_release_leaks_no_page);
+  RUN(failure_of_event_destroy_leaks_no_event);
   RUN(va_reserve_failure_and_fallback_without_vmm);
   RUN(torch_best_fit_skips_the_growable_tail);
   return check_summary("test_expand");

@@ -1,7 +1,10 @@
 /* test_faults.c — one realistic sequence of pool operations on the simulated device, rerun
  * with a single backend failure injected at every call of every kind it makes. After each
  * step the pool must be whole, a failing call must say why, the statistics must match what
- * the caller really holds, and at the end nothing may be left on the device. */
+ * the caller really holds, and at the end nothing may be left on the device. The sweep runs
+ * twice: over plain segments, and over page-mapped ones (expandable_segments:True), where the
+ * same sequence grows, unmaps and gives back ranges, so that every page-mapped call kind
+ * fails once at each of its calls. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -82,6 +85,12 @@ static const step_t steps[] = {
 /* Steps that fail without any injected failure: both run out of memory. */
 static int step_fails_by_design(int i) { return i == 22 || i == 27; }
 
+/* Page-mapped: the chunk a request's pool maps at a time (the default granularity, 2 MiB,
+ * divides both). */
+static size_t chunk_for(const cp_config_t *cfg, size_t rounded) {
+  return rounded <= cfg->small_size ? cfg->small_segment : cfg->large_segment;
+}
+
 /* Which sweep point a run belongs to (all zero: the run without faults). */
 typedef struct sweep_point_s {
   cp_sim_call_t kind;
@@ -110,15 +119,16 @@ typedef struct slot_s {
 
 static const sweep_point_t *cur_point;
 static int cur_step;
+static int g_paged; /* this pass runs on page-mapped segments */
 
-#define FCHECK(cond)                                                                                                  \
-  do {                                                                                                                \
-    if (!(cond)) {                                                                                                    \
-      fprintf(stderr, "%s:%d: CHECK failed: %s [fault: %s #%" PRIu64 " -> %s, step %d]\n", __FILE__, __LINE__, #cond, \
-              cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", cur_point->nth,                            \
-              cp_status_name(cur_point->status), cur_step);                                                           \
-      check_failures_++;                                                                                              \
-    }                                                                                                                 \
+#define FCHECK(cond)                                                                                                 \
+  do {                                                                                                               \
+    if (!(cond)) {                                                                                                   \
+      fprintf(stderr, "%s:%d: CHECK failed: %s [%s, fault: %s #%" PRIu64 " -> %s, step %d]\n", __FILE__, __LINE__,   \
+              #cond, g_paged ? "page-mapped" : "plain", cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", \
+              cur_point->nth, cp_status_name(cur_point->status), cur_step);                                          \
+      check_failures_++;                                                                                             \
+    }                                                                                                                \
   } while (0)
 
 /* Segment size the default configuration reserves for a request. */
@@ -160,6 +170,10 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   cp_pool_t *pool = NULL;
   cp_config_t cfg;
   cp_config_default(&cfg);
+  if (g_paged && cp_config_parse(&cfg, "expandable_segments:True") != CP_OK) {
+    FCHECK(!"cp_config_parse");
+    return;
+  }
   if (cp_sim_create(CAPACITY, 0, &sim) != CP_OK) {
     FCHECK(!"cp_sim_create");
     return;
@@ -236,6 +250,17 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
       if (!cp_sim_stream_idle(sim, s)) continue;
       for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams &= ~STREAM_BIT(s);
     }
+    /* Page-mapped unmapping records an event of its own on a segment's stream, after the
+     * events of the frees; when waiting for it fails, the stream stays busy although the
+     * frees' events completed. With no pending block left, the pool waited for all of them
+     * (fuzz_pool checks this event by event). */
+    if (g_paged) {
+      cp_pool_info_t in;
+      cp_pool_info(pool, &in);
+      if (in.pending_blocks == 0) {
+        for (int j = 0; j < NSLOTS; j++) slots[j].guard_streams = 0;
+      }
+    }
     /* Stream ordering: no address is handed out while streams that used it before its free
      * may still run. */
     if (st->op == OP_ALLOC && rc == CP_OK) {
@@ -255,11 +280,16 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
         /* OOM only when memory really is exhausted: no room on the device or under the cap
          * for the segment this request needs (every cached segment was offered back first),
          * or the device itself said OOM (an injected OOM on reserve). */
-        size_t seg = segment_for(&cfg, cp_round_size(&cfg, st->size));
+        size_t rounded = cp_round_size(&cfg, st->size);
+        size_t seg = segment_for(&cfg, rounded);
+        if (g_paged) { /* at most the request in whole chunks is mapped for it */
+          size_t chunk = chunk_for(&cfg, rounded);
+          seg = (rounded + chunk - 1) / chunk * chunk;
+        }
         size_t pool_alloc = 0, pool_reserved = 0;
         cp_pool_usage(pool, &pool_alloc, &pool_reserved);
         int exhausted = seg > CAPACITY - cp_sim_reserved_bytes(sim) || (cap != 0 && pool_reserved + seg > cap);
-        int injected_oom = fired && pt->status == CP_ERR_OOM;
+        int injected_oom = fired && pt->status == CP_ERR_OOM; /* reserve, va_reserve, page_create */
         if (rc == CP_ERR_OOM)
           FCHECK(exhausted || injected_oom);
         else
@@ -324,6 +354,8 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
     cp_pool_info_t in;
     cp_pool_info(pool, &in);
     FCHECK(in.segments == 0 && in.live_blocks == 0 && in.pending_blocks == 0);
+    FCHECK(in.page_segments == 0);
+    FCHECK(in.page_mapped == (g_paged && !(pt->nth != 0 && pt->kind == CP_SIM_VMM_GRANULARITY)));
   }
 
   /* Destroy: nothing may stay on the device but what the device itself refused to free. */
@@ -333,6 +365,9 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   uint64_t refused = cp_sim_faults_injected(sim) - faults_before;
   FCHECK(cp_sim_reserved_bytes(sim) == 0);
   FCHECK(cp_sim_live_reservations(sim) == 0);
+  FCHECK(cp_sim_vmm_ranges(sim) == 0);
+  FCHECK(cp_sim_vmm_pages(sim) == 0);
+  FCHECK(cp_sim_vmm_mappings(sim) == 0);
   if (refused != 0) {
     /* Only event_destroy reaches the device in destroy here (the cache is already empty):
      * an event the device refuses to destroy is the device's to keep. */
@@ -356,8 +391,21 @@ TEST(sequence_without_faults) {
   CHECK(res.step_rc[22] == CP_ERR_OOM);
   CHECK(res.step_rc[27] == CP_ERR_OOM);
   /* The sequence reaches every path the sweep is meant to cover. */
-  CHECK(res.calls[CP_SIM_RESERVE] >= 8);
-  CHECK(res.calls[CP_SIM_RELEASE] >= 4);
+  if (g_paged) {
+    /* Page-mapped: no plain reservation, and every page-mapped call kind. */
+    CHECK_EQ_U(res.calls[CP_SIM_RESERVE], 0);
+    CHECK(res.calls[CP_SIM_VMM_GRANULARITY] >= 1);
+    CHECK(res.calls[CP_SIM_VA_RESERVE] >= 5);
+    CHECK(res.calls[CP_SIM_VA_FREE] >= 3);
+    CHECK(res.calls[CP_SIM_PAGE_CREATE] >= 5);
+    CHECK(res.calls[CP_SIM_PAGE_RELEASE] >= 5);
+    CHECK(res.calls[CP_SIM_PAGE_MAP] >= 5);
+    CHECK(res.calls[CP_SIM_PAGE_UNMAP] >= 3);
+    CHECK(res.calls[CP_SIM_PAGE_SET_ACCESS] >= 5);
+  } else {
+    CHECK(res.calls[CP_SIM_RESERVE] >= 8);
+    CHECK(res.calls[CP_SIM_RELEASE] >= 4);
+  }
   CHECK(res.calls[CP_SIM_EVENT_CREATE] >= 2);
   CHECK(res.calls[CP_SIM_EVENT_RECORD] >= 5);
   CHECK(res.calls[CP_SIM_EVENT_QUERY] >= 1);
@@ -365,7 +413,8 @@ TEST(sequence_without_faults) {
   CHECK(res.calls[CP_SIM_EVENT_DESTROY] >= 2);
   CHECK(res.calls[CP_SIM_MEM_INFO] >= 2);
   for (int k = 0; k < CP_SIM_CALL_COUNT; k++) {
-    printf("test_faults: %-18s %" PRIu64 " calls\n", cp_sim_call_name((cp_sim_call_t)k), res.calls[k]);
+    printf("test_faults: %s: %-18s %" PRIu64 " calls\n", g_paged ? "page-mapped" : "plain",
+           cp_sim_call_name((cp_sim_call_t)k), res.calls[k]);
   }
 }
 
@@ -377,7 +426,8 @@ TEST(one_fault_at_every_call) {
   uint64_t points = 0, injected = 0;
   for (int k = 0; k < CP_SIM_CALL_COUNT; k++) {
     const int statuses[2] = {CP_ERR_BACKEND, CP_ERR_OOM};
-    int nstatus = k == CP_SIM_RESERVE ? 2 : 1; /* only reserve can mean "no memory" */
+    /* Only the calls that take memory or address space can mean "no memory". */
+    int nstatus = k == CP_SIM_RESERVE || k == CP_SIM_VA_RESERVE || k == CP_SIM_PAGE_CREATE ? 2 : 1;
     for (int s = 0; s < nstatus; s++) {
       for (uint64_t n = 1; n <= base.calls[k]; n++) {
         sweep_point_t pt = {(cp_sim_call_t)k, n, statuses[s]};
@@ -392,12 +442,16 @@ TEST(one_fault_at_every_call) {
       }
     }
   }
-  printf("test_faults: %" PRIu64 " faults injected over %" PRIu64 " sweep points\n", injected, points);
+  printf("test_faults: %s: %" PRIu64 " faults injected over %" PRIu64 " sweep points\n",
+         g_paged ? "page-mapped" : "plain", injected, points);
   CHECK(points > 0);
   CHECK_EQ_U(injected, points);
 }
 
 int main(void) {
+  RUN(sequence_without_faults);
+  RUN(one_fault_at_every_call);
+  g_paged = 1;
   RUN(sequence_without_faults);
   RUN(one_fault_at_every_call);
   return check_summary("test_faults");

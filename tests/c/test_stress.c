@@ -3,6 +3,9 @@
  * events completed by another thread, empty_cache and cap changes racing with them. Every
  * block is stamped at allocation and verified at free: a wrong stamp means two live blocks
  * shared bytes. Ends with the invariant checker, zero allocated bytes and nothing reserved.
+ * Runs twice: over plain segments, and over page-mapped ones (expandable_segments:True,
+ * 256 KiB granularity), where growth maps chunks without the pool lock and empty_cache and
+ * the OOM retry unmap them while other threads allocate, free and record streams.
  *
  *   test_stress [--threads N] [--iters N] [--streams N] [--seed N]
  *
@@ -352,16 +355,23 @@ static int parse_options(int argc, char **argv, options_t *opt) {
 
 static options_t g_opt;
 
-TEST(threads_on_streams) {
+static void run_threads(int paged) {
   shared_t sh;
   memset(&sh, 0, sizeof sh);
   sh.opt = g_opt;
   REQUIRE(cp_sim_create(SIM_CAPACITY, 0, &sh.sim) == CP_OK); /* events wait for the driver */
+  if (paged) REQUIRE(cp_sim_set_vmm_granularity(sh.sim, 256 * KiB) == CP_OK);
   cp_backend_t be;
   cp_sim_backend(sh.sim, &be);
   cp_config_t cfg;
   cp_config_default(&cfg);
+  if (paged) REQUIRE(cp_config_parse(&cfg, "expandable_segments:True") == CP_OK);
   REQUIRE(cp_pool_create(&cfg, &be, &sh.pool) == CP_OK);
+  {
+    cp_pool_info_t in;
+    cp_pool_info(sh.pool, &in);
+    REQUIRE(in.page_mapped == paged);
+  }
 
   worker_t *workers = calloc((size_t)sh.opt.threads, sizeof *workers);
   REQUIRE(workers != NULL);
@@ -402,15 +412,20 @@ TEST(threads_on_streams) {
   CHECK_EQ_U(st.family[CP_STAT_ALLOCATION][CP_KIND_ALL].allocated, atomic_load(&sh.allocs));
   CHECK_EQ_U(st.num_ooms, atomic_load(&sh.ooms));
   CHECK(st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak <= (int64_t)SIM_CAPACITY);
-  CHECK_EQ_U(st.num_device_alloc, st.num_device_free);
+  /* Page-mapped: device_alloc counts mappings, device_free unmapped ranges (as torch's). */
+  if (!paged) CHECK_EQ_U(st.num_device_alloc, st.num_device_free);
   cp_pool_info_t info;
   cp_pool_info(sh.pool, &info);
   CHECK_EQ_U(info.live_blocks, 0);
   CHECK_EQ_U(info.pending_blocks, 0);
   CHECK_EQ_U(info.pending_free, 0);
   CHECK_EQ_U(info.segments, 0);
+  CHECK_EQ_U(info.page_segments, 0);
   CHECK_EQ_U(cp_sim_reserved_bytes(sh.sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(sh.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(sh.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(sh.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_mappings(sh.sim), 0);
 
   cp_pool_destroy(sh.pool);
   CHECK_EQ_U(cp_sim_live_events(sh.sim), 0); /* the pool gave back every event it made */
@@ -420,17 +435,22 @@ TEST(threads_on_streams) {
   long ops = atomic_load(&sh.allocs) + atomic_load(&sh.frees) + atomic_load(&sh.ooms) + atomic_load(&sh.records) +
              atomic_load(&sh.zero_allocs);
   printf(
-      "test_stress: threads=%d streams=%d iters=%ld: %ld ops (%ld allocs, %ld frees, %ld record_stream, "
+      "test_stress: %s: threads=%d streams=%d iters=%ld: %ld ops (%ld allocs, %ld frees, %ld record_stream, "
       "%ld OOMs), %ld driver ticks, %ld empty_cache, %ld checks, %lld segments reserved, peak %.1f MiB, "
       "%s stamps, %.2f s\n",
-      sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs), atomic_load(&sh.frees),
-      atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks, (long long)st.num_device_alloc,
-      (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB, SPARSE_STAMPS ? "sparse" : "dense",
-      elapsed);
+      paged ? "page-mapped" : "plain", sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs),
+      atomic_load(&sh.frees), atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks,
+      (long long)st.num_device_alloc, (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB,
+      SPARSE_STAMPS ? "sparse" : "dense", elapsed);
 }
+
+TEST(threads_on_streams) { run_threads(0); }
+
+TEST(threads_on_streams_page_mapped) { run_threads(1); }
 
 int main(int argc, char **argv) {
   if (parse_options(argc, argv, &g_opt) != 0) return 2;
   RUN(threads_on_streams);
+  RUN(threads_on_streams_page_mapped);
   return check_summary("test_stress");
 }

@@ -157,6 +157,17 @@ TEST(one_page_mapped_twice_shares_its_bytes) {
   CHECK(via_a[17] == 0x42);
   memset((void *)a, 0x11, G); /* q is its own memory */
   CHECK(via_b[0] == 1);
+  /* cp_sim_vmm_resolve names the shared byte: both addresses give (p, 17). */
+  cp_page_t rp = 0;
+  size_t roff = 0, rsize = 0;
+  CHECK(cp_sim_vmm_resolve(sim, a + G + 17, &rp, &roff, &rsize) == CP_OK);
+  CHECK(rp == p && roff == 17 && rsize == G);
+  CHECK(cp_sim_vmm_resolve(sim, b + G + 17, &rp, &roff, NULL) == CP_OK);
+  CHECK(rp == p && roff == 17);
+  CHECK(cp_sim_vmm_resolve(sim, a + G - 1, &rp, &roff, NULL) == CP_OK);
+  CHECK(rp == q && roff == G - 1);
+  CHECK(cp_sim_vmm_resolve(sim, b, &rp, &roff, NULL) == CP_ERR_INVALID); /* reserved, not mapped */
+  CHECK(cp_sim_vmm_resolve(sim, a + 2 * G, NULL, NULL, NULL) == CP_ERR_INVALID);
 
   /* Unmap p at a + G: its bytes live on through b + G. */
   CHECK(be.page_unmap(be.ctx, a + G, G) == CP_OK);

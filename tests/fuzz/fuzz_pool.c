@@ -21,9 +21,18 @@
  *   - cp_pool_lookup knows every live allocation and its size, and nothing else;
  *   - a free, sized free or record_stream of a pointer that is not live, and a sized free
  *     with the wrong size, fail with CP_ERR_INVALID and change nothing.
+ * With page-mapped segments (expandable_segments:True, the configurations of paged_configs):
+ *   - every byte of every live block is mapped, and no two live blocks share a byte of
+ *     physical memory, whatever addresses they are mapped at (cp_sim_vmm_resolve);
+ *   - a live block's first byte stays on the page and offset it had when handed out, so its
+ *     data survives the mapping and unmapping of other chunks (the bytes are checked too);
+ *   - the pool's reserved bytes are the bytes the device has mapped, every page is mapped
+ *     exactly once, and the device's address ranges are the pool's page-mapped segments;
+ *   - injected failures name every call kind, the page-mapped ones included.
  * At the end of the input everything is freed and given back (or, in some inputs, the pool is
  * destroyed with allocations still live and frees still pending): the device must hold
- * nothing, no reservation and no event, once the pool is destroyed. */
+ * nothing, no reservation, no event, no page-mapped range, page or mapping, once the pool is
+ * destroyed. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -192,6 +201,48 @@ static int dev_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
   return d->real.mem_info(d->real.ctx, out_free, out_total);
 }
 
+/* Page-mapped entries: forwarded as they are (the shadow model reads the device's page-mapped
+ * state through the sim's queries). NULL entries stay NULL (a device without them). */
+static int dev_vmm_granularity(void *ctx, size_t *out_bytes) {
+  dev_t *d = ctx;
+  return d->real.vmm_granularity(d->real.ctx, out_bytes);
+}
+
+static int dev_va_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
+  dev_t *d = ctx;
+  return d->real.va_reserve(d->real.ctx, size, out_addr);
+}
+
+static int dev_va_free(void *ctx, uintptr_t addr, size_t size) {
+  dev_t *d = ctx;
+  return d->real.va_free(d->real.ctx, addr, size);
+}
+
+static int dev_page_create(void *ctx, size_t size, cp_page_t *out_page) {
+  dev_t *d = ctx;
+  return d->real.page_create(d->real.ctx, size, out_page);
+}
+
+static int dev_page_release(void *ctx, cp_page_t page) {
+  dev_t *d = ctx;
+  return d->real.page_release(d->real.ctx, page);
+}
+
+static int dev_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page) {
+  dev_t *d = ctx;
+  return d->real.page_map(d->real.ctx, addr, size, page);
+}
+
+static int dev_page_unmap(void *ctx, uintptr_t addr, size_t size) {
+  dev_t *d = ctx;
+  return d->real.page_unmap(d->real.ctx, addr, size);
+}
+
+static int dev_page_set_access(void *ctx, uintptr_t addr, size_t size) {
+  dev_t *d = ctx;
+  return d->real.page_set_access(d->real.ctx, addr, size);
+}
+
 static void dev_backend(dev_t *d, cp_backend_t *out) {
   *out = d->real;
   out->ctx = d;
@@ -203,6 +254,16 @@ static void dev_backend(dev_t *d, cp_backend_t *out) {
   out->event_query = dev_event_query;
   out->event_synchronize = dev_event_synchronize;
   out->mem_info = dev_mem_info;
+  if (d->real.vmm_granularity != NULL) {
+    out->vmm_granularity = dev_vmm_granularity;
+    out->va_reserve = dev_va_reserve;
+    out->va_free = dev_va_free;
+    out->page_create = dev_page_create;
+    out->page_release = dev_page_release;
+    out->page_map = dev_page_map;
+    out->page_unmap = dev_page_unmap;
+    out->page_set_access = dev_page_set_access;
+  }
 }
 
 static void dev_complete(dev_t *d, unsigned stream) {
@@ -220,7 +281,9 @@ static void dev_complete_all(dev_t *d) {
  * ---------------------------------------------------------------------------------------- */
 
 typedef struct slot_s {
-  uint8_t *ptr; /* NULL: the slot holds nothing */
+  uint8_t *ptr;   /* NULL: the slot holds nothing */
+  cp_page_t page; /* page-mapped pools: the page behind its first byte, and where in it */
+  size_t page_off;
   size_t requested;
   size_t rounded;    /* cp_round_size */
   size_t block;      /* the block's real size (allocated_bytes grew by this much) */
@@ -229,6 +292,13 @@ typedef struct slot_s {
   unsigned recorded; /* other streams recorded on it (bit per stream) */
   uint32_t seed;     /* of its byte pattern */
 } slot_t;
+
+/* A run of physical memory: bytes [off, off + len) of a page of the simulated device. */
+typedef struct piece_s {
+  cp_page_t page;
+  size_t off, len;
+  int slot;
+} piece_t;
 
 /* A range freed with recorded streams: not to be handed out while any of its events runs. */
 typedef struct guard_s {
@@ -251,6 +321,11 @@ typedef struct model_s {
   size_t nguards;
   uintptr_t stale[8]; /* recently freed addresses, for double frees */
   size_t nstale;
+  int paged_cfg;   /* a page-mapped configuration (expandable_segments:True) */
+  int paged;       /* the pool serves from page-mapped segments (cp_pool_info) */
+  size_t chunk[2]; /* page-mapped: the chunk of the small [0] and large [1] pool */
+  piece_t *pieces; /* scratch of check_all: the physical pieces of every live block */
+  size_t pieces_cap;
 } model_t;
 
 static uint8_t pattern_byte(uint32_t seed, size_t off) {
@@ -327,8 +402,77 @@ static size_t expected_cap(const model_t *m) {
 
 static int64_t cur(const cp_stats_t *s, cp_stat_family_t fam, int kind) { return s->family[fam][kind].current; }
 
+static int piece_cmp(const void *a, const void *b) {
+  const piece_t *x = a, *y = b;
+  if (x->page != y->page) return x->page < y->page ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Page-mapped pools: every byte of every live block is mapped, its first byte still lies on
+ * the page it lay on when it was handed out (its data was not moved, nor the memory behind it
+ * replaced), and no two live blocks share a byte of physical memory, whatever addresses they
+ * are mapped at. */
+static void check_physical(model_t *m, const dev_t *d) {
+  size_t n = 0;
+  for (int i = 0; i < NSLOTS; i++) {
+    const slot_t *s = &m->slot[i];
+    if (s->ptr == NULL) continue;
+    uintptr_t a = (uintptr_t)s->ptr, end = a + s->block;
+    while (a < end) {
+      cp_page_t page = 0;
+      size_t off = 0, psize = 0;
+      FZ_ASSERT(cp_sim_vmm_resolve(d->sim, a, &page, &off, &psize) == CP_OK,
+                "slot %d [%p, +%zu): byte %#" PRIxPTR " is not mapped", i, (void *)s->ptr, s->block, a);
+      if (a == (uintptr_t)s->ptr) {
+        FZ_ASSERT(page == s->page && off == s->page_off,
+                  "slot %d (%p): now on page %" PRIuPTR " at %zu, handed out on page %" PRIuPTR " at %zu", i,
+                  (void *)s->ptr, page, off, s->page, s->page_off);
+      }
+      size_t len = psize - off < end - a ? psize - off : end - a;
+      if (n == m->pieces_cap) {
+        size_t cap = m->pieces_cap ? 2 * m->pieces_cap : 256;
+        piece_t *grown = realloc(m->pieces, cap * sizeof *grown);
+        FZ_ASSERT(grown != NULL, "no host memory for the pieces");
+        m->pieces = grown;
+        m->pieces_cap = cap;
+      }
+      m->pieces[n++] = (piece_t){page, off, len, i};
+      a += len;
+    }
+  }
+  if (n > 1) qsort(m->pieces, n, sizeof m->pieces[0], piece_cmp);
+  for (size_t k = 1; k < n; k++) {
+    const piece_t *p = &m->pieces[k - 1], *q = &m->pieces[k];
+    FZ_ASSERT(p->page != q->page || p->off + p->len <= q->off,
+              "slots %d and %d share physical memory: page %" PRIuPTR " [%zu, +%zu) and [%zu, +%zu)", p->slot, q->slot,
+              p->page, p->off, p->len, q->off, q->len);
+  }
+}
+
+/* What the device holds of page-mapped memory agrees with the pool. */
+static void check_vmm(model_t *m, const dev_t *d, const cp_pool_info_t *in) {
+  size_t pages = cp_sim_vmm_pages(d->sim), maps = cp_sim_vmm_mappings(d->sim);
+  size_t page_bytes = cp_sim_vmm_page_bytes(d->sim), mapped = cp_sim_vmm_mapped_bytes(d->sim);
+  /* Each page is mapped exactly once while the pool holds it: none created and forgotten,
+   * none unmapped and not released. */
+  FZ_ASSERT(pages == maps && page_bytes == mapped, "the device holds %zu pages (%zu bytes) in %zu mappings (%zu bytes)",
+            pages, page_bytes, maps, mapped);
+  FZ_ASSERT(cp_sim_vmm_ranges(d->sim) == in->page_segments, "the device holds %zu ranges, the pool %zu segments",
+            cp_sim_vmm_ranges(d->sim), in->page_segments);
+  if (!m->paged) {
+    FZ_ASSERT(pages == 0 && cp_sim_vmm_ranges(d->sim) == 0, "a pool of plain segments holds page-mapped memory");
+    return;
+  }
+  FZ_ASSERT(in->page_mapped == 1, "the pool stopped serving page-mapped segments");
+  FZ_ASSERT(in->reserved == mapped, "the pool says %zu bytes reserved, the device has %zu bytes mapped", in->reserved,
+            mapped);
+  FZ_ASSERT(cp_sim_live_reservations(d->sim) == 0, "a page-mapped pool holds %zu plain reservations",
+            cp_sim_live_reservations(d->sim));
+  check_physical(m, d);
+}
+
 /* Everything the model can say about the pool now. */
-static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
+static void check_all(cp_pool_t *pool, model_t *m, const dev_t *d) {
   FZ_ASSERT(cp_pool_check(pool, stderr) == 0, "the pool's invariant check failed (see above)");
   size_t bytes[CP_KIND_COUNT] = {0}, count[CP_KIND_COUNT] = {0};
   for (int i = 0; i < NSLOTS; i++) {
@@ -378,6 +522,7 @@ static void check_all(cp_pool_t *pool, const model_t *m, const dev_t *d) {
   FZ_ASSERT(in.live_blocks == count[CP_KIND_ALL], "info: %zu live blocks, the caller holds %zu", in.live_blocks,
             count[CP_KIND_ALL]);
   FZ_ASSERT(in.memory_cap == expected_cap(m), "effective cap %zu, expected %zu", in.memory_cap, expected_cap(m));
+  check_vmm(m, d, &in);
 
   /* The mirror agrees with the device. */
   for (unsigned s = 0; s < NSTREAMS; s++) {
@@ -510,6 +655,16 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
       cp_pool_usage(x->pool, &pool_alloc, &pool_reserved);
       size_t cap = expected_cap(m);
       int exhausted = seg > m->capacity - dev_reserved || (cap != 0 && (seg > cap || pool_reserved > cap - seg));
+      if (m->paged) {
+        /* Page-mapped: memory is mapped a chunk at a time, at most the request rounded up to
+         * chunks (chunks mapped before the failure stay); a request larger than a segment's
+         * address range less its last chunk (the range is 1 1/8 of the device, at least) fits
+         * nowhere. */
+        size_t chunk = m->chunk[rounded <= m->cfg.small_size ? 0 : 1];
+        size_t need = rounded > SIZE_MAX - chunk ? SIZE_MAX : (rounded + chunk - 1) / chunk * chunk;
+        exhausted = need > m->capacity - dev_reserved || (cap != 0 && (need > cap || pool_reserved > cap - need)) ||
+                    rounded > m->capacity + m->capacity / 8 - chunk;
+      }
       FZ_ASSERT(exhausted, "alloc(%zu): out of memory for a %zu-byte segment with %zu of %zu bytes reserved (cap %zu)",
                 size, seg, dev_reserved, m->capacity, cap);
     }
@@ -533,7 +688,10 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
             grew);
   size_t block = (size_t)grew;
   size_t slack = block - rounded;
-  if (small) {
+  if (m->paged) {
+    /* Page-mapped segments split off any remainder of a granule or more, in both pools. */
+    FZ_ASSERT(slack < m->cfg.granule, "page-mapped alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
+  } else if (small) {
     FZ_ASSERT(slack == 0, "small alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
   } else if (rounded < m->cfg.max_split_size) {
     FZ_ASSERT(slack <= m->cfg.small_size, "alloc(%zu): block of %zu for %zu rounded: should have been split", size,
@@ -563,7 +721,13 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   if (after.num_device_alloc != before.num_device_alloc && cap != 0) {
     FZ_ASSERT((size_t)cur(&after, CP_STAT_RESERVED_BYTES, CP_KIND_ALL) <= cap, "grew past the cap of %zu bytes", cap);
   }
-  *s = (slot_t){(uint8_t *)p, size, rounded, block, small, m->stream, 0, m->next_seed++};
+  cp_page_t page = 0;
+  size_t page_off = 0;
+  if (m->paged) {
+    FZ_ASSERT(cp_sim_vmm_resolve(x->dev->sim, (uintptr_t)p, &page, &page_off, NULL) == CP_OK,
+              "alloc(%zu) gave %p, which is not mapped", size, p);
+  }
+  *s = (slot_t){(uint8_t *)p, page, page_off, size, rounded, block, small, m->stream, 0, m->next_seed++};
   fill_slot(s);
 }
 
@@ -709,6 +873,11 @@ static void do_empty_cache(ctx_t *x) {
     FZ_ASSERT(in.pending_free == 0 && in.pending_blocks == 0, "empty_cache left %zu bytes pending", in.pending_free);
     prune_guards(x->m, x->dev);
     FZ_ASSERT(x->m->nguards == 0, "empty_cache returned with %zu freed ranges still waited for", x->m->nguards);
+    if (in.live_blocks == 0) {
+      FZ_ASSERT(in.reserved == 0 && cp_sim_reserved_bytes(x->dev->sim) == 0 && cp_sim_vmm_ranges(x->dev->sim) == 0,
+                "empty_cache with nothing allocated kept %zu bytes reserved, %zu page-mapped ranges", in.reserved,
+                cp_sim_vmm_ranges(x->dev->sim));
+    }
   }
 }
 
@@ -756,8 +925,10 @@ static void do_fraction(ctx_t *x, reader_t *r) {
 static void do_fault(ctx_t *x, reader_t *r) {
   uint8_t k = rd_u8(r);
   uint8_t n = rd_u8(r);
-  cp_sim_call_t kind = (cp_sim_call_t)(k % FZ_POOL_CALL_KINDS);
-  int status = (k / FZ_POOL_CALL_KINDS) % 2 ? CP_ERR_OOM : CP_ERR_BACKEND;
+  /* Page-mapped configurations name every call kind, the page-mapped ones included. */
+  unsigned kinds = x->m->paged_cfg ? CP_SIM_CALL_COUNT : FZ_POOL_CALL_KINDS;
+  cp_sim_call_t kind = (cp_sim_call_t)(k % kinds);
+  int status = (k / kinds) % 2 ? CP_ERR_OOM : CP_ERR_BACKEND;
   cp_sim_fail_nth(x->dev->sim, kind, 1 + n % 4, status);
 }
 
@@ -817,6 +988,28 @@ static const char *const configs[] = {
     "granule_bytes:256,garbage_collection_threshold:0.3,max_split_size_mb:40",
 };
 
+/* Page-mapped configurations, picked instead when the top three bits of the second byte are
+ * all set (a pattern the committed inputs of the configurations above do not use). Small
+ * chunks, so that the 64-96 MiB device holds many of them and growth, unmapping and giving
+ * ranges back happen often. The first byte picks one (b0 % 8), the device's granularity
+ * (b0 / 8 % 4) and, rarely, a device that cannot serve them (b0 / 32 % 8: 6, the granularity
+ * query fails at creation; 7, a device without page-mapped memory): plain segments then. */
+static const char *const paged_configs[] = {
+    "expandable_segments:True",
+    "expandable_segments:True,small_size_mb:0.25,small_segment_mb:0.5,min_large_alloc_mb:2,large_segment_mb:4",
+    "expandable_segments:True,min_large_alloc_mb:2,large_segment_mb:3,max_split_size_mb:8",
+    "expandable_segments:True,min_large_alloc_mb:4,large_segment_mb:6,roundup_power2_divisions:4,"
+    "garbage_collection_threshold:0.5",
+    "expandable_segments:True,min_large_alloc_mb:4,large_segment_mb:4,memory_cap_mb:40",
+    "expandable_segments:True,min_large_alloc_mb:3,large_segment_mb:3,memory_fraction:0.6,release_before_grow:True",
+    "expandable_segments:True,granule_bytes:1024,small_size_mb:0.5,small_segment_mb:1,large_segment_mb:2,"
+    "min_large_alloc_mb:2,round_large_mb:1",
+    "expandable_segments:True,small_size_mb:0.125,small_segment_mb:0.25,min_large_alloc_mb:1,large_segment_mb:1.5,"
+    "max_split_size_mb:24,max_non_split_rounding_mb:1",
+};
+#define NPAGED (sizeof paged_configs / sizeof paged_configs[0])
+static const size_t paged_granularity[] = {4096, 64 * 1024, 512 * 1024, 2 * MiB};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   reader_t r = {data, size};
   op_index = -1;
@@ -827,7 +1020,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   model_t *m = calloc(1, sizeof *m);
   FZ_ASSERT(m != NULL, "no host memory for the model");
   cp_config_default(&m->cfg);
-  const char *conf = configs[b0 % (sizeof configs / sizeof configs[0])];
+  m->paged_cfg = (b1 >> 5) == 7;
+  const char *conf = m->paged_cfg ? paged_configs[b0 % NPAGED] : configs[b0 % (sizeof configs / sizeof configs[0])];
+  size_t granularity = paged_granularity[b0 / NPAGED % 4];
+  int no_vmm = m->paged_cfg && b0 / (4 * NPAGED) % 8 == 7;
+  int gran_fails = m->paged_cfg && b0 / (4 * NPAGED) % 8 == 6;
   FZ_ASSERT(cp_config_parse(&m->cfg, conf) == CP_OK, "config '%s' refused", conf);
   /* The second byte: capacity, how the input ends, whether mem_info fails at creation. */
   m->capacity = (64 + 16 * (size_t)(b1 % 3)) * MiB;
@@ -839,15 +1036,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   dev_t dev;
   memset(&dev, 0, sizeof dev);
-  FZ_ASSERT(cp_sim_create(m->capacity, 0, &dev.sim) == CP_OK, "cp_sim_create");
+  FZ_ASSERT(cp_sim_create(m->capacity, no_vmm ? CP_SIM_NO_VMM : 0, &dev.sim) == CP_OK, "cp_sim_create");
+  if (m->paged_cfg && !no_vmm) {
+    FZ_ASSERT(cp_sim_set_vmm_granularity(dev.sim, granularity) == CP_OK, "granularity %zu", granularity);
+    if (gran_fails) cp_sim_fail_nth(dev.sim, CP_SIM_VMM_GRANULARITY, 1, CP_ERR_BACKEND);
+  }
   cp_sim_backend(dev.sim, &dev.real);
   cp_backend_t backend;
   dev_backend(&dev, &backend);
   cp_pool_t *pool = NULL;
   if (no_total) cp_sim_fail_nth(dev.sim, CP_SIM_MEM_INFO, 1, CP_ERR_BACKEND);
   FZ_ASSERT(cp_pool_create(&m->cfg, &backend, &pool) == CP_OK, "cp_pool_create");
-  m->total_known = cp_sim_faults_injected(dev.sim) == 0;
-  FZ_ASSERT(m->total_known == !no_total, "mem_info at creation");
+  m->total_known = !no_total;
+  FZ_ASSERT(cp_sim_faults_injected(dev.sim) == (uint64_t)no_total + (uint64_t)gran_fails, "failures at creation");
+  {
+    cp_pool_info_t in;
+    cp_pool_info(pool, &in);
+    m->paged = in.page_mapped;
+    FZ_ASSERT(m->paged == (m->paged_cfg && !no_vmm && !gran_fails), "page_mapped is %d", m->paged);
+    for (int k = 0; k < 2; k++) {
+      size_t base = k == 0 ? m->cfg.small_segment : m->cfg.large_segment;
+      m->chunk[k] = (base + granularity - 1) / granularity * granularity;
+    }
+  }
   ctx_t x = {pool, &dev, m};
 
   for (op_index = 0; op_index < MAX_OPS && r.n > 0; op_index++) {
@@ -918,7 +1129,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_all(pool, m, &dev);
     cp_pool_info_t in;
     cp_pool_info(pool, &in);
-    FZ_ASSERT(in.reserved == 0 && in.allocated == 0 && in.cached_free == 0 && in.pending_free == 0 && in.segments == 0,
+    FZ_ASSERT(in.reserved == 0 && in.allocated == 0 && in.cached_free == 0 && in.pending_free == 0 &&
+                  in.segments == 0 && in.page_segments == 0,
               "after freeing everything: %zu reserved in %zu segments (%zu cached, %zu pending)", in.reserved,
               in.segments, in.cached_free, in.pending_free);
     cp_pool_destroy(pool);
@@ -927,8 +1139,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             "the device still holds %zu bytes in %zu reservations", cp_sim_reserved_bytes(dev.sim),
             cp_sim_live_reservations(dev.sim));
   FZ_ASSERT(cp_sim_live_events(dev.sim) == 0, "the device still holds %zu events", cp_sim_live_events(dev.sim));
+  FZ_ASSERT(cp_sim_vmm_ranges(dev.sim) == 0 && cp_sim_vmm_pages(dev.sim) == 0 && cp_sim_vmm_mappings(dev.sim) == 0,
+            "the device still holds %zu page-mapped ranges, %zu pages, %zu mappings", cp_sim_vmm_ranges(dev.sim),
+            cp_sim_vmm_pages(dev.sim), cp_sim_vmm_mappings(dev.sim));
   cp_sim_destroy(dev.sim);
   free(dev.events);
+  free(m->pieces);
   free(m);
   return 0;
 }
