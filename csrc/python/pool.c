@@ -418,13 +418,13 @@ static PyObject *Pool_complete_all(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   Py_RETURN_NONE;
 }
 
-static PyObject *Pool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-  SIM_ONLY(op, self, "backend_calls()");
+/* {call kind name: figure} of a simulated device, one figure per call kind. */
+static PyObject *sim_call_dict(const cp_sim_t *sim, uint64_t (*figure)(const cp_sim_t *, cp_sim_call_t)) {
   PyObject *d = PyDict_New();
   if (d == NULL) return NULL;
   for (int i = 0; i < (int)CP_SIM_CALL_COUNT; i++) {
     cp_sim_call_t kind = (cp_sim_call_t)i;
-    PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)cp_sim_calls(self->sim, kind));
+    PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)figure(sim, kind));
     if (v == NULL || PyDict_SetItemString(d, cp_sim_call_name(kind), v) < 0) {
       Py_XDECREF(v);
       Py_DECREF(d);
@@ -435,21 +435,14 @@ static PyObject *Pool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored)) 
   return d;
 }
 
+static PyObject *Pool_backend_calls(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_ONLY(op, self, "backend_calls()");
+  return sim_call_dict(self->sim, cp_sim_calls);
+}
+
 static PyObject *Pool_backend_bytes(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   SIM_ONLY(op, self, "backend_bytes()");
-  PyObject *d = PyDict_New();
-  if (d == NULL) return NULL;
-  for (int i = 0; i < (int)CP_SIM_CALL_COUNT; i++) {
-    cp_sim_call_t kind = (cp_sim_call_t)i;
-    PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)cp_sim_call_bytes(self->sim, kind));
-    if (v == NULL || PyDict_SetItemString(d, cp_sim_call_name(kind), v) < 0) {
-      Py_XDECREF(v);
-      Py_DECREF(d);
-      return NULL;
-    }
-    Py_DECREF(v);
-  }
-  return d;
+  return sim_call_dict(self->sim, cp_sim_call_bytes);
 }
 
 static PyObject *Pool_fail_nth(PyObject *op, PyObject *args, PyObject *kwds) {

@@ -19,19 +19,6 @@ static size_t reserved_of(fixture_t *fx) {
   return (size_t)stats_of(fx).family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
 }
 
-/* Destroy the pool and check the device has nothing left of it, page-mapped state included. */
-static void close_all(fixture_t *fx) {
-  CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
-  cp_pool_destroy(fx->pool);
-  CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_vmm_ranges(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_vmm_pages(fx->sim), 0);
-  CHECK_EQ_U(cp_sim_vmm_mappings(fx->sim), 0);
-  cp_sim_destroy(fx->sim);
-}
-
 static void fill(void *p, size_t n, unsigned char seed) {
   unsigned char *c = p;
   for (size_t i = 0; i < n; i += 4096) c[i] = (unsigned char)(seed + i / 4096);
@@ -79,7 +66,7 @@ TEST(grows_in_place) {
   fill(a, 4 * MiB, 1);
   fill(d, 50 * MiB, 2);
   CHECK(holds(a, 4 * MiB, 1) && holds(d, 50 * MiB, 2));
-  close_all(&fx); /* destroy with live blocks */
+  fx_close(&fx); /* destroy with live blocks */
 }
 
 TEST(reuse_free_and_merge) {
@@ -100,7 +87,7 @@ TEST(reuse_free_and_merge) {
   CHECK(d == a);
   CHECK_EQ_U(reserved_of(&fx), 20 * MiB);
   CHECK(cp_free(fx.pool, d) == CP_OK);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(one_segment_per_stream_and_kind) {
@@ -119,7 +106,7 @@ TEST(one_segment_per_stream_and_kind) {
   char *c2 = must_alloc(&fx, 4 * MiB, 2);
   CHECK(c2 == a2 + 4 * MiB);
   (void)s1;
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(pending_frees_wait_for_their_events) {
@@ -143,7 +130,7 @@ TEST(pending_frees_wait_for_their_events) {
   CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), 0);
   CHECK_EQ_U(info_of(&fx).page_segments, 0); /* wholly unmapped: address space given back */
   CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(empty_cache_unmaps_whole_free_chunks_and_keeps_live_data) {
@@ -172,7 +159,7 @@ TEST(empty_cache_unmaps_whole_free_chunks_and_keeps_live_data) {
   CHECK_EQ_U(reserved_of(&fx), 80 * MiB);
   fill(d, 50 * MiB, 5);
   CHECK(holds(d, 50 * MiB, 5) && holds(a, 4 * MiB, 3) && holds(c, 4 * MiB, 4));
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(oom_at_capacity_then_recovery) {
@@ -200,7 +187,7 @@ TEST(oom_at_capacity_then_recovery) {
   CHECK_EQ_U(reserved_of(&fx), 60 * MiB);
   CHECK_EQ_U(stats_of(&fx).num_alloc_retries, 4);
   CHECK(cp_free(fx.pool, q) == CP_OK);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 /* Fail the next call of `kind` while growing by three chunks: the pool stays consistent, what
@@ -231,7 +218,7 @@ static void fail_while_mapping(cp_sim_call_t kind, uint64_t nth, int status) {
   CHECK(cp_free(fx.pool, keep) == CP_OK);
   CHECK(cp_empty_cache(fx.pool) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(failures_of_each_mapping_call) {
@@ -251,7 +238,7 @@ TEST(failures_of_each_mapping_call) {
   CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), 20 * MiB);
   CHECK(cp_empty_cache(fx.pool) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(failure_of_unmap_keeps_the_memory) {
@@ -278,7 +265,7 @@ TEST(failure_of_unmap_keeps_the_memory) {
   CHECK_EQ_U(reserved_of(&fx), 20 * MiB);
   CHECK(cp_empty_cache(fx.pool) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(failure_of_page_release_leaks_no_page) {
@@ -303,7 +290,7 @@ TEST(failure_of_page_release_leaks_no_page) {
   CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
   p = must_alloc(&fx, 4 * MiB, 0);
   CHECK(cp_free(fx.pool, p) == CP_OK);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(failure_of_event_destroy_leaks_no_event) {
@@ -317,7 +304,7 @@ TEST(failure_of_event_destroy_leaks_no_event) {
   CHECK(cp_empty_cache(fx.pool) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
   CHECK_EQ_U(cp_sim_live_events(fx.sim), 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(va_reserve_failure_and_fallback_without_vmm) {
@@ -328,7 +315,7 @@ TEST(va_reserve_failure_and_fallback_without_vmm) {
   CHECK(cp_alloc(fx.pool, 4 * MiB, 0, &p) == CP_ERR_BACKEND);
   CHECK_EQ_U(info_of(&fx).page_segments, 0);
   p = must_alloc(&fx, 4 * MiB, 0);
-  close_all(&fx);
+  fx_close(&fx);
   /* A device without page-mapped memory: plain segments, and info says so. */
   REQUIRE(fx_open_sim(&fx, 256 * MiB, CP_SIM_NO_VMM, ES) == 0);
   CHECK(info_of(&fx).page_mapped == 0);
@@ -336,7 +323,7 @@ TEST(va_reserve_failure_and_fallback_without_vmm) {
   CHECK_EQ_U(reserved_of(&fx), 20 * MiB);
   CHECK_EQ_U(stats_of(&fx).family[CP_STAT_SEGMENT][CP_KIND_ALL].current, 1);
   CHECK_EQ_U(info_of(&fx).page_segments, 0);
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 TEST(torch_best_fit_skips_the_growable_tail) {
@@ -356,7 +343,7 @@ TEST(torch_best_fit_skips_the_growable_tail) {
   CHECK(e == c + 4 * MiB + 512 * KiB);
   CHECK_EQ_U(reserved_of(&fx), 20 * MiB);
   (void)a;
-  close_all(&fx);
+  fx_close(&fx);
 }
 
 int main(void) {
