@@ -53,6 +53,7 @@ PY_LAYERS: dict[str, int] = {
     "_events": 0,
     "policies": 0,
     "device_costs": 0,
+    "ab": 0,
     # 1: formats and configuration
     "torch_snapshot": 1,
     "summary": 1,
@@ -64,9 +65,11 @@ PY_LAYERS: dict[str, int] = {
     # 3: what reads traces or makes them
     "tracer": 3,
     "replay": 3,
-    # 4: the package, 5: its command line
+    # 4: the package; 5: the A/B command and its child runner; 6: the command line
     "__init__": 4,
-    "__main__": 5,
+    "_ab": 5,
+    "_ab_child": 5,
+    "__main__": 6,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

@@ -14,7 +14,7 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 import atexit
 from typing import Any, Dict
 
-from . import _C, _torch
+from . import _C, _torch, ab
 from ._version import __version__
 
 # Frees that arrive while the interpreter exits (tensors dropped during teardown, possibly
@@ -35,6 +35,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "empty_cache",
     "foreign_pointer_calls",
+    "ab",
 ]
 
 

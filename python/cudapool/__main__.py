@@ -1,5 +1,5 @@
-"""The command line: ``python -m cudapool run SCRIPT [ARGS...]``, ``python -m cudapool info``
-and ``python -m cudapool replay TRACE``.
+"""The command line: ``python -m cudapool run SCRIPT [ARGS...]``, ``python -m cudapool info``,
+``python -m cudapool replay TRACE`` and ``python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]``.
 
 run   enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as __main__ with ARGS,
       then print the memory summary of every device that has a pool to stderr. The exit
@@ -10,6 +10,10 @@ replay
       replay an allocation trace (.cptrace, or a torch memory snapshot pickle) through the
       pool on a simulated device and report peak memory, utilization, fragmentation and
       speed (see cudapool.replay). Errors in the input exit with status 2.
+ab    run SCRIPT unchanged once per allocator (built-in, expandable segments, cudaMallocAsync,
+      cudapool and its variants) and repeat, each in a fresh process, and print their wall
+      time, peak memory, utilization, device allocations and out of memory side by side (see
+      cudapool._ab). A bad command line exits with status 2, before anything runs.
 """
 
 import argparse
@@ -224,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", metavar="SCRIPT", help="the Python script to run")
     run.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
     commands.add_parser(
+        "ab",
+        add_help=False,
+        help="A/B: run a script under several allocators, each in a fresh process, and compare "
+        "memory and time side by side (python -m cudapool ab --help)",
+    )
+    commands.add_parser(
         "info",
         help="print cudapool's version and configuration, torch, the CUDA driver",
         description="Print cudapool's version and configuration (CUDAPOOL_CONF), torch's "
@@ -269,8 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["ab"]:  # its own parser: everything after -- belongs to the script
+        from cudapool import _ab
+
+        return _ab.main(args[1:])
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     if ns.command == "run":
         return cmd_run(ns.script, ns.args)
     if ns.command == "info":
