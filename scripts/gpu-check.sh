@@ -21,12 +21,16 @@
 #    of cudapool's CUDA backend, several sizes; the JSON replays price their calls with)
 #                                                                        -> $OUT/device-call-costs.txt,
 #                                                                           device-call-costs.json
+# 9. runs `python -m cudapool ab` on the lab's workloads (benchmarks/ab_suite.py: a GPT and a
+#    CNN of benchmarks/ab_train.py under builtin, expandable and cudapool, with the step marker
+#    and the max-batch search; capped at 120 s, the time left)       -> $OUT/ab-suite.txt,
+#                                                                           ab-suite.tgz (JSON)
 # then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
 # the build or the GPU tests fail; a benchmark failure shows in the summary only.
 #
-# Budget: about 8 minutes on one H200. Every stage runs under a time cap, and the run as a
-# whole under GPU_CHECK_BUDGET_S (default 480 s): a stage that would start with too little
-# time left is skipped, and the summary says so. The expected run is 5-6 minutes.
+# Budget: about 9 minutes on one H200. Every stage runs under a time cap, and the run as a
+# whole under GPU_CHECK_BUDGET_S (default 540 s): a stage that would start with too little
+# time left is skipped, and the summary says so. The expected run is 6-7 minutes.
 #
 # Settings (environment): OUT, PYTHON (default python3), GPU_CHECK_BUDGET_S,
 # CUDAPOOL_WERROR (unset here by default: another compiler's new warnings must not cost the run).
@@ -38,7 +42,7 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON=${PYTHON:-python3}
-BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-540}
 export PYTHONUNBUFFERED=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_NO_INDEX=1 PIP_ROOT_USER_ACTION=ignore
 # A distribution Python that refuses pip installs outside a virtual environment.
@@ -84,6 +88,7 @@ info_line=""
 tests_status="not run"
 tests_line=""
 ab_status="not run"
+suite_status="not run"
 fidelity_status="not run"
 micro_status="not run"
 tests_rc=1
@@ -236,6 +241,24 @@ else
   fi
 fi
 
+# -- 9. python -m cudapool ab on the lab's workloads -------------------------------------------
+if [ "$build_rc" -eq 0 ]; then
+  section "ab suite: $PYTHON benchmarks/ab_suite.py"
+  t=$(stage_time 120)
+  if [ "$t" -eq 0 ]; then
+    suite_status="SKIPPED (out of time)"
+  else
+    suite_rc=0
+    with_timeout "$t" "$PYTHON" benchmarks/ab_suite.py --budget-s $((t - 10)) --json-dir "$OUT/ab-suite" 2>&1 \
+      | tee "$OUT/ab-suite.txt" || suite_rc=$?
+    suite_status=$(status_of "$suite_rc" "$t")
+    if [ "$suite_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/ab-suite.txt"; then suite_status="skipped (no CUDA GPU)"; fi
+    if [ -d "$OUT/ab-suite" ]; then
+      (cd "$OUT" && tar czf ab-suite.tgz ab-suite && rm -rf ab-suite) || true
+    fi
+  fi
+fi
+
 # -- summary ----------------------------------------------------------------------------------
 section "summary"
 echo "build        : $build_status"
@@ -246,6 +269,10 @@ if [ -f "$OUT/pytest-gpu.log" ]; then
 fi
 echo "a/b benchmark: $ab_status"
 if [ -f "$OUT/ab.txt" ]; then grep '^|' "$OUT/ab.txt" | sed 's/^/               /' || true; fi
+echo "ab suite     : $suite_status"
+if [ -f "$OUT/ab-suite.txt" ]; then
+  grep -E '^(== |builtin|expandable|cudapool|SKIPPED|TIMED OUT|FAILED)' "$OUT/ab-suite.txt" | sed 's/^/               /' || true
+fi
 echo "fidelity     : $fidelity_status"
 if [ -f "$OUT/fidelity.txt" ]; then
   grep -E '^(\||largest |note: |FAILED: )' "$OUT/fidelity.txt" | sed 's/^/               /' || true

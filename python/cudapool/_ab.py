@@ -753,6 +753,10 @@ def _progress_printer() -> Callable[[str], None]:
     return progress
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str]) -> int:
     """``python -m cudapool ab ...``: 0 once the table is printed (failed runs are rows that say
     so), 2 on a bad command line (nothing runs then)."""
@@ -767,7 +771,12 @@ def main(argv: Sequence[str]) -> int:
             f"cudapool ab: not passed to the runs: {', '.join(inherited)} (each row is the allocator its name says)",
             file=sys.stderr,
         )
-    result = run(opts, _progress_printer())
+    # SIGTERM (a harness's time cap) ends the run in progress too: its process group is killed
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = run(opts, _progress_printer())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if sys.stdout.isatty() and _rich_available():
         sys.stdout.write(report_head(result))
         sys.stdout.flush()
