@@ -18,7 +18,8 @@ what it saw to the JSON file CUDAPOOL_AB_STATS names ("{rank}" replaced by RANK 
   out-of-memory counts, from ``torch.cuda.memory_stats`` for torch's allocator and from
   ``cudapool.memory_stats`` for cudapool's. Without torch in use or without CUDA, ``devices``
   is empty and ``memory`` says why;
-- ``step_times``: the readings of ``cudapool.ab.step()`` under ``--step-marker``.
+- ``step_times``: under ``--step-marker``, the time of each step the script marked with
+  ``cudapool.ab.step()``; the first counts from the same start as ``wall_s``.
 
 The script is not changed in any way. The exit status is the script's.
 """
@@ -191,10 +192,11 @@ class _Run:
         except Exception as exc:  # never lose the run's status to a statistics failure
             memory = _unavailable(f"cannot read the statistics: {exc.__class__.__name__}: {exc}")
         steps = ab._times
-        start = self.script_start
         step_times = None
-        if steps is not None and start is not None:
-            marks = [start, *steps]
+        if steps is not None:
+            # the first step counts from the runner's start, as the wall time does: torch's
+            # import is in it whether enable() or the script imports torch
+            marks = [self.t0, *steps]
             step_times = [b - a for a, b in zip(marks, marks[1:])]
         torch = sys.modules.get("torch")
         config = None
