@@ -131,7 +131,6 @@ class _Run:
         self.exception: Optional[str] = None
         self.oom = False
         self.setup_error: Optional[str] = None
-        self.script_start: Optional[float] = None
         self.t_end: Optional[float] = None
         self.written = False
 
@@ -163,7 +162,6 @@ class _Run:
             sys.path.append(script_dir)
         if os.environ.get(ab.ENV_STEPS) == "1":
             ab._start_recording()
-        self.script_start = time.perf_counter()
         try:
             runpy.run_path(self.script, run_name="__main__")
         except SystemExit as exc:
