@@ -83,6 +83,23 @@ status_of() {
   esac
 }
 
+# run_stage SECONDS OUTFILE CMD...: one stage under its time cap (0: not started), its output
+# shown and kept in OUTFILE. Sets STAGE_RC and STAGE_STATUS: "SKIPPED (out of time)", "ok",
+# "TIMED OUT ...", "FAILED ...", or "skipped (no CUDA GPU)" when the command said so.
+run_stage() {
+  local seconds=$1 file=$2
+  shift 2
+  STAGE_RC=0
+  if [ "$seconds" -eq 0 ]; then
+    STAGE_STATUS="SKIPPED (out of time)"
+    STAGE_RC=-1
+    return 0
+  fi
+  with_timeout "$seconds" "$@" 2>&1 | tee "$file" || STAGE_RC=$?
+  STAGE_STATUS=$(status_of "$STAGE_RC" "$seconds")
+  if [ "$STAGE_RC" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$file"; then STAGE_STATUS="skipped (no CUDA GPU)"; fi
+}
+
 build_status="not run"
 info_line=""
 tests_status="not run"
@@ -164,31 +181,16 @@ for i in range(torch.cuda.device_count()):
   # -- 4. A/B benchmark -------------------------------------------------------------------------
   section "A/B benchmark: $PYTHON benchmarks/ab_torch.py --json $OUT/ab.json"
   t=$(stage_time 150)
-  if [ "$t" -eq 0 ]; then
-    ab_status="SKIPPED (out of time)"
-  else
-    ab_rc=0
-    with_timeout "$t" "$PYTHON" benchmarks/ab_torch.py --json "$OUT/ab.json" --timeout $((t / 2)) 2>&1 \
-      | tee "$OUT/ab.txt" || ab_rc=$?
-    ab_status=$(status_of "$ab_rc" "$t")
-    if [ "$ab_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/ab.txt"; then ab_status="skipped (no CUDA GPU)"; fi
-  fi
+  run_stage "$t" "$OUT/ab.txt" "$PYTHON" benchmarks/ab_torch.py --json "$OUT/ab.json" --timeout $((t / 2))
+  ab_status=$STAGE_STATUS
 
   # -- 5. fidelity of the builtin replay policy -------------------------------------------------
   # About a minute: three recorded runs (a third of the cap each at most), then CPU replays.
   section "builtin replay fidelity: $PYTHON benchmarks/builtin_fidelity.py --json $OUT/fidelity.json"
   t=$(stage_time 150)
-  if [ "$t" -eq 0 ]; then
-    fidelity_status="SKIPPED (out of time)"
-  else
-    fidelity_rc=0
-    with_timeout "$t" "$PYTHON" benchmarks/builtin_fidelity.py --json "$OUT/fidelity.json" --timeout $((t / 3)) 2>&1 \
-      | tee "$OUT/fidelity.txt" || fidelity_rc=$?
-    fidelity_status=$(status_of "$fidelity_rc" "$t")
-    if [ "$fidelity_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/fidelity.txt"; then
-      fidelity_status="skipped (no CUDA GPU)"
-    fi
-  fi
+  run_stage "$t" "$OUT/fidelity.txt" "$PYTHON" benchmarks/builtin_fidelity.py --json "$OUT/fidelity.json" \
+    --timeout $((t / 3))
+  fidelity_status=$STAGE_STATUS
 fi
 
 # -- 6. C micro-benchmark ---------------------------------------------------------------------
@@ -226,36 +228,22 @@ fi
 
 # -- 8. What each device call costs on this GPU ------------------------------------------------
 section "device call costs: $PYTHON benchmarks/device_call_costs.py --json $OUT/device-call-costs.json"
-t=$(stage_time 60)
-if [ "$t" -eq 0 ]; then
-  costs_status="SKIPPED (out of time)"
-else
-  costs_rc=0
-  with_timeout "$t" "$PYTHON" benchmarks/device_call_costs.py --json "$OUT/device-call-costs.json" 2>&1 \
-    | tee "$OUT/device-call-costs.txt" || costs_rc=$?
-  costs_status=$(status_of "$costs_rc" "$t")
-  if [ "$costs_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/device-call-costs.txt"; then
-    costs_status="skipped (no CUDA GPU)"
-  elif [ "$costs_rc" -eq 0 ]; then
-    costs_status="$costs_status: $(grep -c '^| [a-z_]* |' "$OUT/device-call-costs.txt" || true) call kinds measured (us per call, us per GiB)"
-  fi
+run_stage "$(stage_time 60)" "$OUT/device-call-costs.txt" \
+  "$PYTHON" benchmarks/device_call_costs.py --json "$OUT/device-call-costs.json"
+costs_status=$STAGE_STATUS
+if [ "$costs_status" = "ok" ]; then
+  costs_status="ok: $(grep -c '^| [a-z_]* |' "$OUT/device-call-costs.txt" || true) call kinds measured (us per call, us per GiB)"
 fi
 
 # -- 9. python -m cudapool ab on the lab's workloads -------------------------------------------
 if [ "$build_rc" -eq 0 ]; then
   section "ab suite: $PYTHON benchmarks/ab_suite.py"
   t=$(stage_time 120)
-  if [ "$t" -eq 0 ]; then
-    suite_status="SKIPPED (out of time)"
-  else
-    suite_rc=0
-    with_timeout "$t" "$PYTHON" benchmarks/ab_suite.py --budget-s $((t - 10)) --json-dir "$OUT/ab-suite" 2>&1 \
-      | tee "$OUT/ab-suite.txt" || suite_rc=$?
-    suite_status=$(status_of "$suite_rc" "$t")
-    if [ "$suite_rc" -eq 0 ] && grep -q '^no CUDA GPU: skipped' "$OUT/ab-suite.txt"; then suite_status="skipped (no CUDA GPU)"; fi
-    if [ -d "$OUT/ab-suite" ]; then
-      (cd "$OUT" && tar czf ab-suite.tgz ab-suite && rm -rf ab-suite) || true
-    fi
+  run_stage "$t" "$OUT/ab-suite.txt" "$PYTHON" benchmarks/ab_suite.py --budget-s $((t > 10 ? t - 10 : 0)) \
+    --json-dir "$OUT/ab-suite"
+  suite_status=$STAGE_STATUS
+  if [ -d "$OUT/ab-suite" ]; then
+    (cd "$OUT" && tar czf ab-suite.tgz ab-suite && rm -rf ab-suite) || true
   fi
 fi
 
