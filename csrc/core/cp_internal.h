@@ -350,6 +350,17 @@ static inline cp_block_t *cp_block_cut_locked(cp_pool_t *pool, cp_block_t *b, si
   return r;
 }
 
+/* The inverse of a cut: `b` takes over its upper neighbour's bytes, and the neighbour, now out
+ * of the segment's list, is returned for the caller to delete. Index membership is the
+ * caller's. */
+static inline cp_block_t *cp_block_absorb_next(cp_block_t *b) {
+  cp_block_t *n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != NULL) n->next->prev = b;
+  return n;
+}
+
 /* Bytes held from the backend (the reserved_bytes stat). */
 static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
   return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;

@@ -106,19 +106,11 @@ static cp_block_t *cp_expand_make_unmapped_locked(cp_pool_t *pool, cp_block_t *b
   b->state = CP_BLOCK_UNMAPPED;
   cp_block_t *p = b->prev;
   if (p != NULL && p->state == CP_BLOCK_UNMAPPED) {
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != NULL) b->next->prev = p;
-    cp_block_delete_locked(pool, b);
+    cp_block_delete_locked(pool, cp_block_absorb_next(p));
     b = p;
   }
   cp_block_t *n = b->next;
-  if (n != NULL && n->state == CP_BLOCK_UNMAPPED) {
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != NULL) n->next->prev = b;
-    cp_block_delete_locked(pool, n);
-  }
+  if (n != NULL && n->state == CP_BLOCK_UNMAPPED) cp_block_delete_locked(pool, cp_block_absorb_next(b));
   return b;
 }
 

@@ -186,19 +186,13 @@ static inline void cp_block_merge_free_impl(cp_pool_t *pool, cp_block_t *b) {
   cp_block_t *p = b->prev;
   if (p != NULL && p->state == CP_BLOCK_FREE) { /* absorb b into its lower neighbour */
     cp_free_remove_impl(pool, p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != NULL) b->next->prev = p;
-    cp_block_delete_impl(pool, b);
+    cp_block_delete_impl(pool, cp_block_absorb_next(p));
     b = p;
   }
   cp_block_t *n = b->next;
   if (n != NULL && n->state == CP_BLOCK_FREE) { /* absorb the upper neighbour */
     cp_free_remove_impl(pool, n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != NULL) n->next->prev = b;
-    cp_block_delete_impl(pool, n);
+    cp_block_delete_impl(pool, cp_block_absorb_next(b));
   }
   cp_free_insert_locked(pool, b);
 }

@@ -31,17 +31,6 @@ def _err(message: str) -> None:
     print(f"cudapool: {message}", file=sys.stderr)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    """The process exit status Python gives a SystemExit (printing a non-int code)."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
 def _print_summaries() -> None:
     import cudapool
     from cudapool import _C
@@ -57,6 +46,7 @@ def _print_summaries() -> None:
 
 def cmd_run(script: str, args: List[str]) -> int:
     import cudapool
+    from cudapool._ab_child import exit_code
 
     if not os.path.isfile(script):
         _err(f"cannot run {script!r}: no such file")
@@ -81,7 +71,7 @@ def cmd_run(script: str, args: List[str]) -> int:
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        status = _exit_code(exc)
+        status = exit_code(exc)
     except KeyboardInterrupt:
         traceback.print_exc()
         status = 130

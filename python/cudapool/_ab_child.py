@@ -53,7 +53,8 @@ def _is_oom(exc: Optional[BaseException]) -> bool:
     return False
 
 
-def _exit_code(exc: SystemExit) -> int:
+def exit_code(exc: SystemExit) -> int:
+    """The process exit status Python gives a SystemExit (printing a non-int code)."""
     code = exc.code
     if code is None:
         return 0
@@ -165,7 +166,7 @@ class _Run:
         try:
             runpy.run_path(self.script, run_name="__main__")
         except SystemExit as exc:
-            self.exit_status = _exit_code(exc)
+            self.exit_status = exit_code(exc)
             if self.exit_status != 0 and _is_oom(exc.__context__):
                 self.oom = True
                 self.exception = _describe(exc.__context__)
