@@ -90,12 +90,30 @@ static void vmm_scan_mapping(uintptr_t key, void *value, void *arg) {
   s->bytes += m->size;
 }
 
+/* vmm_scan_mapping on every mapping overlapping [s->addr, s->end). Mappings start at
+ * multiples of the granularity and none is longer than max_mapping, so when that takes fewer
+ * steps than there are mappings, the addresses where one could start are looked up one by one
+ * instead of walking the whole table. */
+static void vmm_scan_overlapping(const cp_sim_t *sim, vmm_scan_t *s) {
+  const size_t g = sim->vmm.granularity;
+  const size_t back = sim->vmm.max_mapping > g ? sim->vmm.max_mapping - g : 0;
+  const size_t steps = (s->end - s->addr + back) / g;
+  if (steps >= sim->vmm.mappings.count) {
+    cp_ptrmap_each(&sim->vmm.mappings, vmm_scan_mapping, s);
+    return;
+  }
+  for (uintptr_t a = s->addr >= back ? s->addr - back : 0; a < s->end; a += g) {
+    sim_mapping_t *m = cp_ptrmap_get(&sim->vmm.mappings, a);
+    if (m != NULL) vmm_scan_mapping(a, m, s);
+  }
+}
+
 static vmm_scan_t vmm_scan(const cp_sim_t *sim, uintptr_t addr, size_t size) {
   vmm_scan_t s;
   memset(&s, 0, sizeof s);
   s.addr = addr;
   s.end = addr + size;
-  cp_ptrmap_each(&sim->vmm.mappings, vmm_scan_mapping, &s);
+  vmm_scan_overlapping(sim, &s);
   return s;
 }
 
@@ -345,6 +363,7 @@ static int sim_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page) 
   (void)cp_ptrmap_insert(&sim->vmm.mappings, addr, m); /* room made above */
   pg->maps++;
   sim->vmm.mapped_bytes += size;
+  if (size > sim->vmm.max_mapping) sim->vmm.max_mapping = size;
 out:
   sim_unlock(sim);
   return rc;
@@ -391,7 +410,7 @@ static int sim_page_unmap(void *ctx, uintptr_t addr, size_t size) {
   s.addr = addr;
   s.end = addr + size;
   s.keys = keys;
-  cp_ptrmap_each(&sim->vmm.mappings, vmm_scan_mapping, &s);
+  vmm_scan_overlapping(sim, &s);
   for (size_t i = 0; i < s.count; i++) {
     sim_mapping_t *m = cp_ptrmap_remove(&sim->vmm.mappings, keys[i]);
     sim_page_t *pg = cp_ptrmap_get(&sim->vmm.pages, m->page);
@@ -431,7 +450,7 @@ static int sim_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   mark.addr = addr;
   mark.end = addr + size;
   mark.mark_access = 1;
-  cp_ptrmap_each(&sim->vmm.mappings, vmm_scan_mapping, &mark);
+  vmm_scan_overlapping(sim, &mark);
 out:
   sim_unlock(sim);
   return rc;

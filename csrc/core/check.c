@@ -40,7 +40,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   const cp_config_t *cfg = &pool->cfg;
   cp_tally_t t[CP_KIND_COUNT] = {{0}};
   size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
-  size_t nseg = 0, npaged = 0, space = 0;
+  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0;
 
   /* Segments are tiled exactly by their blocks. */
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
@@ -147,6 +147,13 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           if (cp_ptrmap_get(&pool->live, b->addr) == b)
             CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
           break;
+        case CP_BLOCK_LENT:
+          lent_bytes += b->size;
+          if (!seg->paged || !pool->stitch)
+            CP_VIOLATION("block %#lx: lent outside a stitching page-mapped segment", (unsigned long)b->addr);
+          if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)
+            CP_VIOLATION("block %#lx: lent but in the index or the live map", (unsigned long)b->addr);
+          break;
         default: CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
       }
     }
@@ -196,6 +203,28 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
       CP_VIOLATION("index: %zu %s nodes for %lld free blocks", index_nodes[k], cp_pool_kind_names[k],
                    (long long)t[k].free_blocks);
   }
+
+  /* Stitched ranges: their blocks in use hold exactly the LENT bytes, and count as large. */
+  size_t s_live = 0, s_live_bytes = 0, s_active = 0, s_active_bytes = 0, s_requested = 0, s_lent = 0;
+  v += cp_stitch_check_locked(pool, out, &s_live, &s_live_bytes, &s_active, &s_active_bytes, &s_requested, &s_lent);
+  if (s_lent != lent_bytes)
+    CP_VIOLATION("stitched: blocks in use hold %zu bytes, segments lend %zu", s_lent, lent_bytes);
+  if (pool->stitched != NULL && !pool->stitch) CP_VIOLATION("stitched ranges in a pool that does not stitch");
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    const cp_block_t *b = s->head;
+    if (b == NULL) continue;
+    if (b->state == CP_BLOCK_PENDING) {
+      pending_blocks++;
+      pending_bytes += b->size;
+      pending_events += b->pending_events;
+    }
+    if (b->state == CP_BLOCK_LIVE && b->size >= cfg->max_split_size) oversize_live++;
+  }
+  t[CP_KIND_LARGE].live += (int64_t)s_live;
+  t[CP_KIND_LARGE].live_bytes += (int64_t)s_live_bytes;
+  t[CP_KIND_LARGE].active += (int64_t)s_active;
+  t[CP_KIND_LARGE].active_bytes += (int64_t)s_active_bytes;
+  t[CP_KIND_LARGE].requested += (int64_t)s_requested;
 
   /* Live map <=> live blocks. */
   size_t live_total = (size_t)(t[CP_KIND_SMALL].live + t[CP_KIND_LARGE].live);

@@ -552,6 +552,9 @@ int cp_config_validate(const cp_config_t *cfg) {
     return cp_set_error(CP_ERR_INVALID,
                         "invalid config: max_split_size (%s MiB) must be larger than large_segment (%s MiB)", a, b);
   }
+  if (cfg->page_stitching && !cfg->expandable_segments) {
+    return cp_set_error(CP_ERR_INVALID, "invalid config: page_stitching needs expandable_segments:True");
+  }
   for (int k = 0; k < KEY_COUNT; k++) {
     if (keys[k].kind == KIND_DIVISIONS) {
       const unsigned *div = KEY_FIELD_C(cfg, k, unsigned);
@@ -634,6 +637,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     const key_kind_t kind = keys[k].kind;
     /* 0 means off/unset for the fractions and is not a valid value: omit them then. */
     if (k == KEY_EXPANDABLE_SEGMENTS && !cfg->expandable_segments) continue; /* written when True only */
+    if (k == KEY_PAGE_STITCHING && !cfg->page_stitching) continue;
     if ((kind == KIND_FRACTION_OPEN || kind == KIND_FRACTION) && *KEY_FIELD_C(cfg, k, double) == 0.0) continue;
     out_printf(&o, "%s%s:", sep, keys[k].name);
     sep = ",";

@@ -40,6 +40,7 @@ typedef struct cp_config_s {
   double memory_fraction;              /* 0 = unset, else (0, 1]: cap = fraction * device total */
   /* Page-mapped segments (Note [Expandable segments], core/expand.c). */
   int expandable_segments; /* 1: one growable segment per (stream, kind), where the device can */
+  int page_stitching;      /* 1: with expandable_segments, stitch free pages (core/stitch.c) */
 } cp_config_t;
 
 /* The configuration keys, one row each, in the order cp_config_format writes them:
@@ -54,8 +55,8 @@ typedef struct cp_config_s {
  *   DIVISIONS         N or [SIZE_MB:N,...,>:N] (roundup_power2_divisions);
  *   FRACTION_OPEN     a number in (0, 1); 0 means off and is not written;
  *   FRACTION          a number in (0, 1]; 0 means unset and is not written;
- *   BOOL              True/False (also true/false, 1/0); expandable_segments is written only
- *                     when True, so that default configurations read as they always have. */
+ *   BOOL              True/False (also true/false, 1/0); expandable_segments and page_stitching
+ *                     are written only when True, so that default configurations read as they always have. */
 #define CP_CONFIG_KEYS(X)                                                                                             \
   X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")   \
   X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")      \
@@ -80,7 +81,10 @@ typedef struct cp_config_s {
     "in (0, 1]: cap at this fraction of the device's total")                                                          \
   X(EXPANDABLE_SEGMENTS, "expandable_segments", BOOL, expandable_segments, "False",                                   \
     "True: serve each (stream, pool) from one page-mapped segment that grows in place (falls back to plain "          \
-    "segments on a device without page-mapped memory)")
+    "segments on a device without page-mapped memory)")                                                               \
+  X(PAGE_STITCHING, "page_stitching", BOOL, page_stitching, "False",                                                  \
+    "True (with `expandable_segments`): map in single pages, and serve a request no free block fits from the free "   \
+    "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
 typedef struct cp_config_key_s {
@@ -264,6 +268,12 @@ typedef struct cp_pool_info_s {
   size_t address_space;
   size_t device_map;
   size_t device_unmap;
+  /* Stitched ranges (page_stitching): kept now (in use or not) and their address space (also
+   * in address_space); ranges stitched so far; requests served by a kept range. */
+  size_t stitched_ranges;
+  size_t stitched_space;
+  size_t stitches;
+  size_t stitch_reuses;
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
 

@@ -32,8 +32,10 @@ typedef struct cp_stream_state_s cp_stream_state_t;
  *   UNMAPPED   no memory behind it (whole chunks); never next to another UNMAPPED block;
  *   MAPPING    unmapped chunks being mapped right now, without the lock;
  *   UNMAPPING  mapped chunks being unmapped right now, without the lock.
+ * With page_stitching (stitch.c) a fourth state lends mapped bytes to a stitched range:
+ *   LENT       whole pages whose memory a stitched block in use holds (at another address).
  * FREE merges only with FREE, so mapped and unmapped blocks never merge. For each such
- *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING and UNMAPPING blocks,
+ *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING, UNMAPPING and LENT blocks,
  * and at least one block is UNMAPPED or MAPPING (the last chunk is never mapped), so a FREE
  * block of a page-mapped segment is always split and such a segment is never on the list of
  * wholly free segments. reserved_bytes == sum(seg->size of plain) + sum(seg->mapped of paged).
@@ -45,7 +47,8 @@ typedef enum cp_block_state_e {
   CP_BLOCK_PENDING = 2,
   CP_BLOCK_UNMAPPED = 3,
   CP_BLOCK_MAPPING = 4,
-  CP_BLOCK_UNMAPPING = 5
+  CP_BLOCK_UNMAPPING = 5,
+  CP_BLOCK_LENT = 6
 } cp_block_state_t;
 
 struct cp_block_s {
@@ -80,7 +83,27 @@ struct cp_segment_s {
   cp_segment_t *free_prev; /* the pool's list of wholly free segments, while this one is */
   cp_segment_t *free_next;
   bool in_free_list;
+  /* paged with page_stitching: the page mapped at each granule of the range (0: none), for
+   * the first `page_slots` granules; the pool keeps these handles until it unmaps them. */
+  cp_page_t *pages;
+  size_t page_slots;
+  /* A stitched range (stitch.c): on the pool's list of those, never on `segments`. */
+  bool stitched;
+  struct cp_stitch_run_s *runs; /* where its pages come from, in the range's order */
+  size_t run_count;
+  uint64_t last_use; /* the pool's stitch clock when its block was last freed */
+  uint64_t born;     /* the pool's stitch count when it was stitched (its age) */
 };
+
+/* One run of a stitched range: `size` bytes of the page-mapped segment `seg` at `addr`,
+ * mapped next in the stitched range; `lent` is the LENT block holding them while the stitched
+ * block is in use (LIVE or PENDING), else NULL. */
+typedef struct cp_stitch_run_s {
+  cp_segment_t *seg;
+  uintptr_t addr;
+  size_t size;
+  cp_block_t *lent;
+} cp_stitch_run_t;
 
 static inline bool cp_block_is_split(const cp_block_t *b) { return b->prev != NULL || b->next != NULL; }
 static inline bool cp_segment_is_free(const cp_segment_t *s) {
@@ -278,6 +301,15 @@ struct cp_pool_s {
   size_t device_maps;     /* page_map calls made */
   size_t device_unmaps;   /* page_unmap calls made */
   unsigned release_seq;   /* cp_expand_release_locked calls so far */
+
+  /* Stitched ranges (stitch.c), Note [Stitched ranges]. */
+  bool stitch;            /* paged and page_stitching */
+  cp_segment_t *stitched; /* every stitched range, linked through prev/next */
+  size_t stitched_count;  /* ranges on that list */
+  size_t stitched_space;  /* their bytes of address space */
+  size_t stitches;        /* ranges stitched so far */
+  size_t stitch_reuses;   /* requests served by a kept range */
+  uint64_t stitch_clock;  /* ticks at every free of a stitched block */
 };
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
@@ -333,6 +365,31 @@ int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, siz
 int cp_expand_release_locked(cp_pool_t *pool);
 /* At destroy: unmap everything and give back the address space (no lock needed). */
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg);
+/* The bytes of one mapping step of a paged segment of `kind`. */
+size_t cp_expand_chunk(const cp_pool_t *pool, int kind);
+/* find_expandable_block: the block to grow from for `size` bytes, or NULL. */
+cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size);
+/* Map the first `bytes` (whole chunks) of the UNMAPPED block `u` (see expand.c). */
+int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free);
+
+/* ------------------------------------------------------------------------------------------
+ * Stitched ranges (stitch.c), Note [Stitched ranges]
+ * ---------------------------------------------------------------------------------------- */
+
+/* A large request best fit could not serve: a kept stitched range whose pages are all free,
+ * or a new one. CP_OK when served; CP_ERR_OOM when stitching cannot serve it (grow instead);
+ * another failure as it came. */
+int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, void **out_ptr);
+/* The stitched block `b` leaves use (its stats already updated): it is kept, FREE, for reuse,
+ * and its pages go back to their segments' free blocks. */
+void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b);
+/* Unmap and give back every stitched range not in use. */
+int cp_stitch_drop_idle_locked(cp_pool_t *pool);
+/* At destroy: unmap and give back every stitched range (no lock needed). */
+void cp_stitch_destroy(cp_pool_t *pool);
+/* The checker's part: count violations, tallying the live and pending stitched blocks. */
+size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *live_bytes, size_t *active,
+                              size_t *active_bytes, size_t *requested, size_t *lent_bytes);
 
 /* Cut `b` at `offset` bytes: b keeps the lower part, the returned node (a spare the caller
  * reserved) the upper one, in b's state. Index membership is the caller's. */

@@ -2,6 +2,7 @@
  * grows in place by mapping chunks of memory at its end, and gives back whole free chunks.
  * Owns: the UNMAPPED, MAPPING and UNMAPPING blocks and every page-mapped backend call. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/cp_internal.h"
 #include "core/sizes.h"
@@ -59,9 +60,11 @@ void cp_expand_init(cp_pool_t *pool) {
   if (be->vmm_granularity(be->ctx, &g) != CP_OK || g == 0 || !cp_is_pow2(g)) return; /* plain segments */
   pool->vmm_granularity = g;
   pool->paged = true;
+  pool->stitch = pool->cfg.page_stitching != 0;
 }
 
-static size_t cp_expand_chunk(const cp_pool_t *pool, int kind) {
+size_t cp_expand_chunk(const cp_pool_t *pool, int kind) {
+  if (pool->stitch) return pool->vmm_granularity; /* one page per mapping: pages stitch alone */
   size_t base = kind == CP_KIND_SMALL ? pool->cfg.small_segment : pool->cfg.large_segment;
   size_t g = pool->vmm_granularity;
   return (base + g - 1) / g * g;
@@ -178,7 +181,7 @@ static bool cp_expand_has_room(const cp_block_t *c, size_t size) {
 }
 
 /* find_expandable_block: the block to grow from, or NULL when no segment has room. */
-static cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
+cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
   uintptr_t after = 0;
   bool first = true;
   for (;;) {
@@ -210,11 +213,24 @@ static int cp_expand_page_release(const cp_backend_t *be, cp_page_t page) {
   return rc;
 }
 
+/* Room in seg->pages for the granules below `slots` (with page_stitching). */
+static int cp_expand_page_slots_locked(cp_segment_t *seg, size_t slots) {
+  if (slots <= seg->page_slots) return CP_OK;
+  size_t cap = seg->page_slots != 0 ? seg->page_slots : 64;
+  while (cap < slots) cap *= 2;
+  cp_page_t *grown = realloc(seg->pages, cap * sizeof *grown);
+  if (grown == NULL) return CP_ERR_HOST_OOM;
+  memset(grown + seg->page_slots, 0, (cap - seg->page_slots) * sizeof *grown);
+  seg->pages = grown;
+  seg->page_slots = cap;
+  return CP_OK;
+}
+
 /* Map the first `bytes` (whole chunks) of the UNMAPPED block `u`, without the lock. On return
  * *out_free is the FREE block (in the index) that holds what was mapped, merged with its FREE
  * neighbours, or NULL when nothing was. Chunks mapped before a failure stay mapped, and the
  * failure is returned. */
-static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free) {
+int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free) {
   *out_free = NULL;
   cp_segment_t *seg = u->segment;
   const size_t held = cp_held_locked(pool);
@@ -223,6 +239,13 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
   }
   int rc = cp_reserve_metadata_locked(pool, 2);
   if (rc != CP_OK) return rc;
+  /* With page_stitching the pool keeps each page's handle (Note [Stitched ranges]); they are
+   * gathered here and filed under the lock afterwards. Without room for them, pages are
+   * released as usual and are then never stitched. */
+  cp_page_t *kept = NULL;
+  if (pool->stitch && cp_expand_page_slots_locked(seg, (u->addr - seg->addr + bytes) / seg->chunk) == CP_OK) {
+    kept = calloc(bytes / seg->chunk, sizeof *kept);
+  }
   if (u->size > bytes) cp_block_cut_locked(pool, u, bytes); /* the rest stays UNMAPPED */
   cp_block_t *spare = cp_block_new_locked(pool);            /* for a partial mapping */
   u->state = CP_BLOCK_MAPPING;
@@ -244,16 +267,22 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
       break;
     }
     maps++;
-    /* The mapping keeps the memory; it goes with the unmap. */
-    rc = cp_expand_page_release(be, page);
+    /* The mapping keeps the memory; it goes with the unmap (or the pool keeps the handle). */
+    rc = kept != NULL ? CP_OK : cp_expand_page_release(be, page);
     if (rc == CP_OK) rc = be->page_set_access(be->ctx, a, chunk);
     if (rc != CP_OK) {
       /* Unusable without access, or its page never to be freed (release refused twice): undo
        * it. Should the device refuse that too, the chunk stays mapped (and counted) and the
        * next release unmaps it. */
-      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) mapped += chunk;
+      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) {
+        if (kept != NULL) kept[mapped / chunk] = page;
+        mapped += chunk;
+      } else if (kept != NULL) {
+        (void)cp_expand_page_release(be, page);
+      }
       break;
     }
+    if (kept != NULL) kept[mapped / chunk] = page;
     mapped += chunk;
   }
 
@@ -278,6 +307,10 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
     cp_expand_make_unmapped_locked(pool, rest);
   }
   if (spare != NULL) cp_block_delete_locked(pool, spare);
+  if (kept != NULL) {
+    memcpy(seg->pages + (base - seg->addr) / chunk, kept, mapped / chunk * sizeof *kept);
+    free(kept);
+  }
   if (mapped > 0) {
     seg->mapped += mapped;
     cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, mapped);
@@ -336,17 +369,18 @@ static int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kin
 int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                            void **out_ptr) {
   if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
-  cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
-  if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
-  int rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
-  if (rc != CP_ERR_OOM) return rc;
-  pool->stats.num_alloc_retries++;
-  cp_synchronize_pending_locked(pool);
-  cp_release_free_segments_locked(pool);
-  cp_expand_release_locked(pool);
-  b = cp_expand_best_fit_locked(pool, st, kind, rounded);
-  if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
-  return cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
+  const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
+  for (int attempt = 0;; attempt++) {
+    cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
+    if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
+    int rc = stitch ? cp_stitch_alloc_locked(pool, st, rounded, size, out_ptr) : CP_ERR_OOM;
+    if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
+    if (rc != CP_ERR_OOM || attempt == 1) return rc;
+    pool->stats.num_alloc_retries++;
+    cp_synchronize_pending_locked(pool);
+    cp_release_free_segments_locked(pool);
+    cp_expand_release_locked(pool);
+  }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -424,13 +458,15 @@ static int cp_expand_drop_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
     return rc;
   }
   cp_block_delete_locked(pool, seg->head);
+  free(seg->pages);
   free(seg);
   return CP_OK;
 }
 
 int cp_expand_release_locked(cp_pool_t *pool) {
   const unsigned stamp = ++pool->release_seq; /* marks the segments this call has looked at */
-  int first_rc = CP_OK;
+  /* Kept stitched ranges go first: a page mapped there too would outlive its unmapping here. */
+  int first_rc = pool->stitch ? cp_stitch_drop_idle_locked(pool) : CP_OK;
   cp_range_t *ranges = NULL;
   size_t cap = 0;
   for (;;) {
@@ -439,24 +475,47 @@ int cp_expand_release_locked(cp_pool_t *pool) {
     if (seg == NULL) break;
     seg->release_stamp = stamp;
     size_t n = cp_expand_carve_locked(pool, seg, &ranges, &cap);
+    /* With page_stitching the pool holds the pages' handles: released after their unmap. */
+    cp_page_t *handles = NULL;
+    int rc = CP_OK;
+    if (n > 0 && seg->page_slots != 0) {
+      size_t total = 0;
+      for (size_t i = 0; i < n; i++) total += ranges[i].size / seg->chunk;
+      handles = malloc(total * sizeof *handles);
+      if (handles == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to release pages");
+      for (size_t i = 0, h = 0; handles != NULL && i < n; i++) {
+        for (uintptr_t a = ranges[i].addr; a < ranges[i].addr + ranges[i].size; a += seg->chunk) {
+          const size_t slot = (a - seg->addr) / seg->chunk;
+          handles[h++] = slot < seg->page_slots ? seg->pages[slot] : 0;
+        }
+      }
+    }
     if (n > 0) {
       const cp_stream_t stream = seg->stream->handle;
       pthread_mutex_unlock(&pool->lock);
-      int rc = cp_expand_sync_stream(&pool->backend, stream);
+      if (rc == CP_OK) rc = cp_expand_sync_stream(&pool->backend, stream);
       size_t calls = 0;
-      for (size_t i = 0; i < n; i++) {
+      for (size_t i = 0, h = 0; i < n; i++) {
         if (rc != CP_OK) break; /* the stream's work could not be waited for: unmap nothing */
         int r = pool->backend.page_unmap(pool->backend.ctx, ranges[i].addr, ranges[i].size);
         calls++;
         ranges[i].unmapped = r == CP_OK;
         if (r != CP_OK && rc == CP_OK) rc = r;
+        for (size_t k = 0; handles != NULL && k < ranges[i].size / seg->chunk; k++, h++) {
+          if (r == CP_OK && handles[h] != 0) (void)cp_expand_page_release(&pool->backend, handles[h]);
+        }
       }
       pthread_mutex_lock(&pool->lock);
+      free(handles);
       pool->device_unmaps += calls;
       if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
       for (size_t i = 0; i < n; i++) {
         cp_block_t *b = ranges[i].block;
         if (ranges[i].unmapped) {
+          for (uintptr_t a = b->addr; a < b->addr + b->size && seg->page_slots != 0; a += seg->chunk) {
+            const size_t slot = (a - seg->addr) / seg->chunk;
+            if (slot < seg->page_slots) seg->pages[slot] = 0;
+          }
           seg->mapped -= b->size;
           cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
           pool->stats.num_device_free++;
@@ -467,7 +526,7 @@ int cp_expand_release_locked(cp_pool_t *pool) {
       }
     }
     if (seg->head->state == CP_BLOCK_UNMAPPED && seg->head->next == NULL) {
-      int rc = cp_expand_drop_segment_locked(pool, seg);
+      rc = cp_expand_drop_segment_locked(pool, seg);
       if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
     }
   }
@@ -488,5 +547,9 @@ void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {
     for (; b != NULL && b->state != CP_BLOCK_UNMAPPED && b->state != CP_BLOCK_MAPPING; b = b->next) len += b->size;
     be->page_unmap(be->ctx, start, len);
   }
+  for (size_t i = 0; i < seg->page_slots; i++) {
+    if (seg->pages[i] != 0) (void)cp_expand_page_release(be, seg->pages[i]);
+  }
+  free(seg->pages);
   be->va_free(be->ctx, seg->addr, seg->size);
 }

@@ -176,6 +176,10 @@ static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_stats_dec(&pool->stats, CP_STAT_REQUESTED_BYTES, kind, b->requested);
   b->requested = 0;
   b->use_count = 0;
+  if (b->segment->stitched) {
+    cp_stitch_release_locked(pool, b); /* kept for reuse, its pages back to their segments */
+    return;
+  }
   cp_block_merge_free_impl(pool, b);
 }
 
@@ -471,6 +475,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
     free(seg);
   }
   pool->segments = NULL;
+  cp_stitch_destroy(pool);
   cp_streams_destroy(&pool->streams);
   for (cp_block_slab_t *s = pool->slabs, *next; s != NULL; s = next) {
     next = s->next;
@@ -497,7 +502,8 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   }
   const cp_config_t *cfg = &pool->cfg; /* only the cap fields change after creation */
   size_t rounded = cp_size_round(cfg, size);
-  int kind = cp_size_kind(cfg, rounded);
+  /* Stitching pools serve both sizes from one range per stream (Note [Stitched ranges]). */
+  int kind = pool->stitch ? CP_KIND_LARGE : cp_size_kind(cfg, rounded);
 
   pthread_mutex_lock(&pool->lock);
   int rc = CP_OK;

@@ -82,6 +82,11 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   info->address_space = pool->address_space;
   info->device_map = pool->device_maps;
   info->device_unmap = pool->device_unmaps;
+  info->address_space += pool->stitched_space;
+  info->stitched_ranges = pool->stitched_count;
+  info->stitched_space = pool->stitched_space;
+  info->stitches = pool->stitches;
+  info->stitch_reuses = pool->stitch_reuses;
   for (size_t i = 0; i < pool->streams.count; i++) {
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
       const cp_index_t *ix = &pool->streams.list[i]->index[k];
@@ -139,6 +144,9 @@ int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *o
   } else {
     /* Unsigned: an address below the segment wraps to a large offset. */
     for (seg = pool->segments; seg != NULL && p - seg->addr >= seg->size; seg = seg->next) {}
+    if (seg == NULL) { /* or inside a stitched range */
+      for (seg = pool->stitched; seg != NULL && p - seg->addr >= seg->size; seg = seg->next) {}
+    }
     if (seg != NULL) {
       kind = CP_PTR_HELD;
       for (b = seg->head; b != NULL && p - b->addr >= b->size; b = b->next) {}

@@ -235,7 +235,11 @@ fail:
   X(page_segments)             \
   X(address_space)             \
   X(device_map)                \
-  X(device_unmap)
+  X(device_unmap)              \
+  X(stitched_ranges)           \
+  X(stitched_space)            \
+  X(stitches)                  \
+  X(stitch_reuses)
 
 PyObject *cpy_info_to_dict(const cp_pool_info_t *info) {
   PyObject *d = PyDict_New();

@@ -19,7 +19,7 @@ __all__ = ["POLICIES", "DEFAULT_POLICY", "config_for"]
 POLICIES: Dict[str, str] = {
     "builtin": "",
     "expandable": "expandable_segments:True",
-    "cudapool": "release_before_grow:True,max_split_size_mb:128",
+    "cudapool": "expandable_segments:True,page_stitching:True,release_before_grow:True",
 }
 
 DEFAULT_POLICY = "cudapool"

@@ -401,6 +401,9 @@ def _replay_data(
         res["device_calls"] = calls
         res["device_call_bytes"] = call_bytes
         res["device_calls_after_warmup"] = {k: v - warm_calls[k] for k, v in calls.items()}
+        info = pool.info()  # after the counts: what it asks the device is not the trace's
+        res["stitches"] = info["stitches"]
+        res["stitch_reuses"] = info["stitch_reuses"]
         res["device_call_bytes_after_warmup"] = {k: v - warm_bytes[k] for k, v in call_bytes.items()}
         violations = pool.check()
         if violations:

@@ -1,0 +1,437 @@
+/* stitch.c — stitched ranges: free pages of a stream's page-mapped segments, mapped side by
+ * side at a fresh address for a large request no free block fits, and kept for reuse.
+ * Owns: the LENT blocks, the list of stitched ranges and their page-mapped calls. */
+#include <stdlib.h>
+
+#include "core/cp_internal.h"
+
+/* Note [Stitched ranges]
+ * With page_stitching (on top of expandable_segments; expand.c), every mapping is one page of
+ * the device's granularity and the pool keeps each page's handle (seg->pages), so a page can
+ * be mapped at a second address while it stays mapped in its segment. Scattered free memory
+ * is then as good as contiguous memory for a large request:
+ *  - One range per stream serves requests of every size: they all count in the large pool
+ *    (its stats rows), and the small pool stays empty. Separate pools keep small blocks from
+ *    breaking up the memory large requests need; stitching makes that unnecessary, as a large
+ *    request can take free pages from anywhere, and one range lets memory freed by one size
+ *    serve the other (two pools each peak on their own).
+ *  - Ladder: best fit in the stream's index; else a kept stitched range (below); else a new
+ *    stitched range from the free whole pages of the stream's segments, when they hold
+ *    enough, or when mapping the missing pages and stitching costs fewer new pages than
+ *    growing one segment would; else growth as in expand.c. A request of one page or less
+ *    never stitches: a free page would have fitted it.
+ *  - A stitched range is an address range of exactly the pages the request needs, with one
+ *    block (never split). While that block is in use (LIVE, or PENDING on other streams), the
+ *    pages' bytes in their own segments are LENT blocks: out of every index, so nothing else
+ *    can be placed on them. When it is freed, the LENT blocks become FREE again (and merge)
+ *    and the range is kept, mapped, with its FREE block in no index.
+ *  - A kept range serves a later request of the same stream whose page count it covers with
+ *    at most 1/8 more, when all its pages are wholly free in their segments at that moment;
+ *    the smallest such range wins, and the oldest among equals. Reuse makes no device call,
+ *    and the order of preference is what lets a training loop settle: a step that starts
+ *    from the state the previous one started from makes the same choices again, because a
+ *    range stitched during that step is younger than every range it could have used (it was
+ *    stitched because none of those was free). Up to CP_STITCH_TRIES candidates are looked
+ *    at per request.
+ *  - Streams: a range is stitched only from pages of its own stream's segments, and its
+ *    block serves only that stream, so a page is reused only after the work that used it
+ *    (ordered on that stream, or waited for through its PENDING events) is done.
+ *  - Memory: a stitched range maps pages that are already counted; reserved bytes do not
+ *    change, and address space (stitched_space) grows by the range.
+ *  - Bounds: at most CP_STITCH_KEEP ranges are kept; past that, the least recently used idle
+ *    one is unmapped and its address range given back (its pages stay in their segments).
+ *    empty_cache and the OOM ladder's retry drop every idle range first, then unmap free
+ *    pages as expand.c does (a page is freed only when unmapped everywhere). */
+
+#define CP_STITCH_KEEP  64
+#define CP_STITCH_TRIES 16
+
+static size_t cp_pages_of(const cp_pool_t *pool, size_t bytes) {
+  const size_t g = pool->vmm_granularity;
+  return (bytes + g - 1) / g;
+}
+
+/* The block of `seg` that holds `addr`, walking from `from` when that is a block of `seg`
+ * at or below `addr` (the runs of a range are in address order within each segment, so one
+ * walk per segment serves them all). */
+static cp_block_t *cp_stitch_block_at(const cp_segment_t *seg, uintptr_t addr, cp_block_t *from) {
+  cp_block_t *b = from != NULL && from->segment == seg && from->addr <= addr ? from : seg->head;
+  while (b != NULL && addr - b->addr >= b->size) b = b->next;
+  return b;
+}
+
+/* Whole pages of FREE blocks of (st, large) segments, in address order, as runs (one per
+ * block), until `want` pages; the blocks found go to blocks[] (capacity `cap`, may be NULL).
+ * Returns the pages found, *out_runs the runs written. Only pages whose handle the pool
+ * holds count. */
+static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t want, cp_stitch_run_t *runs,
+                                      cp_block_t **blocks, size_t cap, size_t *out_runs) {
+  const size_t g = pool->vmm_granularity;
+  size_t found = 0, n = 0;
+  for (cp_segment_t *seg = pool->segments; seg != NULL && found < want; seg = seg->next) {
+    if (!seg->paged || seg->stream != st || seg->kind != CP_KIND_LARGE) continue;
+    for (cp_block_t *b = seg->head; b != NULL && found < want; b = b->next) {
+      if (b->state != CP_BLOCK_FREE) continue;
+      const uintptr_t lo = (b->addr + g - 1) / g * g, hi = (b->addr + b->size) / g * g;
+      uintptr_t a = lo;
+      /* The longest stretch of held pages from lo on (a page without its handle ends it). */
+      while (a < hi && found + (a - lo) / g < want) {
+        const size_t slot = (a - seg->addr) / g;
+        if (slot >= seg->page_slots || seg->pages[slot] == 0) break;
+        a += g;
+      }
+      if (a == lo) continue;
+      if (runs != NULL) {
+        if (n == cap) break;
+        runs[n] = (cp_stitch_run_t){seg, lo, a - lo, NULL};
+        blocks[n] = b;
+      }
+      n++;
+      found += (a - lo) / g;
+    }
+  }
+  *out_runs = n;
+  return found;
+}
+
+/* Lend the run `r` out of the FREE block `b` that holds it: b is cut around it and the middle
+ * becomes LENT. Needs two spare nodes. */
+static void cp_stitch_lend_locked(cp_pool_t *pool, cp_stitch_run_t *r, cp_block_t *b) {
+  cp_free_remove_locked(pool, b);
+  cp_block_t *mid = b;
+  if (b->addr < r->addr) {
+    mid = cp_block_cut_locked(pool, b, r->addr - b->addr);
+    cp_free_insert_locked(pool, b);
+  }
+  if (mid->size > r->size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, mid, r->size));
+  mid->state = CP_BLOCK_LENT;
+  r->lent = mid;
+}
+
+/* Give the runs of `s` back to their segments' free blocks. */
+static void cp_stitch_return_locked(cp_pool_t *pool, cp_segment_t *s) {
+  for (size_t i = 0; i < s->run_count; i++) {
+    cp_block_t *b = s->runs[i].lent;
+    if (b == NULL) continue;
+    s->runs[i].lent = NULL;
+    cp_block_merge_free_locked(pool, b);
+  }
+}
+
+/* Whether every run of `s` lies in a FREE block now (two runs may share one). */
+static bool cp_stitch_available_locked(const cp_segment_t *s) {
+  cp_block_t *b = NULL;
+  for (size_t i = 0; i < s->run_count; i++) {
+    const cp_stitch_run_t *r = &s->runs[i];
+    b = cp_stitch_block_at(r->seg, r->addr, b);
+    if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < r->addr + r->size) return false;
+  }
+  return true;
+}
+
+static void cp_stitch_unlink_locked(cp_pool_t *pool, cp_segment_t *s) {
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    pool->stitched = s->next;
+  if (s->next != NULL) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+  pool->stitched_count--;
+  pool->stitched_space -= s->size;
+}
+
+static void cp_stitch_link_locked(cp_pool_t *pool, cp_segment_t *s) {
+  s->prev = NULL;
+  s->next = pool->stitched;
+  if (pool->stitched != NULL) pool->stitched->prev = s;
+  pool->stitched = s;
+  pool->stitched_count++;
+  pool->stitched_space += s->size;
+}
+
+/* Unmap the first `mapped` bytes of a stitched range and give back its address range; with
+ * the lock dropped. A range the device refuses to give back is lost to the address space
+ * only (its pages are still held by their segments). */
+static int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t mapped) {
+  const cp_backend_t *be = &pool->backend;
+  pthread_mutex_unlock(&pool->lock);
+  int rc = mapped != 0 ? be->page_unmap(be->ctx, addr, mapped) : CP_OK;
+  if (rc == CP_OK) rc = be->va_free(be->ctx, addr, size);
+  pthread_mutex_lock(&pool->lock);
+  if (mapped != 0) pool->device_unmaps++;
+  return rc;
+}
+
+static void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s) {
+  if (s->head != NULL) cp_block_delete_locked(pool, s->head);
+  free(s->runs);
+  free(s);
+}
+
+/* Drop the idle range `s` (on the list, its block FREE): unmap it, give back its addresses. */
+static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
+  cp_stitch_unlink_locked(pool, s);
+  int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, s->size);
+  if (rc != CP_OK) {
+    /* Still mapped: keep it, as it was. */
+    cp_stitch_link_locked(pool, s);
+    return rc;
+  }
+  cp_stitch_free_range(pool, s);
+  return CP_OK;
+}
+
+int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
+  int first_rc = CP_OK;
+  for (;;) {
+    cp_segment_t *s = pool->stitched;
+    /* Ranges that fail to drop stay, in use or not: look past them by their stamp. */
+    while (s != NULL && (s->head->state != CP_BLOCK_FREE || s->release_stamp == pool->release_seq)) s = s->next;
+    if (s == NULL) break;
+    s->release_stamp = pool->release_seq;
+    int rc = cp_stitch_drop_locked(pool, s);
+    if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
+  }
+  return first_rc;
+}
+
+/* Hand out the block of the kept range `s`, available: each run is lent out of the FREE
+ * block that holds it at that moment (lending one run cuts blocks another may share). */
+static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t size, void **out_ptr) {
+  cp_block_t *at = NULL;
+  for (size_t i = 0; i < s->run_count; i++) {
+    cp_stitch_run_t *r = &s->runs[i];
+    cp_stitch_lend_locked(pool, r, cp_stitch_block_at(r->seg, r->addr, at));
+    at = r->lent;
+  }
+  cp_block_make_live_locked(pool, s->head, size);
+  *out_ptr = (void *)s->head->addr;
+}
+
+/* A kept range of `st` for `rounded` bytes whose pages are all free now, or NULL. */
+static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded) {
+  const size_t g = pool->vmm_granularity;
+  const size_t need = cp_pages_of(pool, rounded) * g;
+  const size_t most = need + need / 8;
+  /* Candidates in (size, age) order: after (above_size, above_born). */
+  size_t above_size = 0;
+  uint64_t above_born = 0;
+  for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
+    cp_segment_t *best = NULL;
+    for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->size < need || s->size > most) continue;
+      if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
+      if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
+    }
+    if (best == NULL) return NULL;
+    if (cp_stitch_available_locked(best)) return best;
+    above_size = best->size;
+    above_born = best->born;
+  }
+  return NULL;
+}
+
+/* Map the pages of the runs `runs` side by side into a new range, and hand out its block.
+ * The runs are lent before the lock is dropped, so no one else can take their pages. */
+static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitch_run_t *runs, cp_block_t **blocks,
+                                size_t nruns, size_t size, void **out_ptr) {
+  const size_t g = pool->vmm_granularity;
+  size_t bytes = 0;
+  for (size_t i = 0; i < nruns; i++) bytes += runs[i].size;
+  cp_segment_t *s = calloc(1, sizeof *s);
+  cp_page_t *pages = malloc(bytes / g * sizeof *pages);
+  int rc = s != NULL && pages != NULL ? cp_reserve_metadata_locked(pool, (int)(2 * nruns + 1)) : CP_ERR_HOST_OOM;
+  if (rc != CP_OK) {
+    free(s);
+    free(pages);
+    free(runs);
+    return rc == CP_ERR_HOST_OOM ? cp_set_error(rc, "cudapool: no host memory to stitch pages") : rc;
+  }
+  s->stitched = true;
+  s->stream = st;
+  s->kind = CP_KIND_LARGE;
+  s->size = bytes;
+  s->runs = runs;
+  s->run_count = nruns;
+  for (size_t i = 0, p = 0; i < nruns; i++) {
+    for (uintptr_t a = runs[i].addr; a < runs[i].addr + runs[i].size; a += g) {
+      pages[p++] = runs[i].seg->pages[(a - runs[i].seg->addr) / g];
+    }
+    cp_stitch_lend_locked(pool, &runs[i], blocks[i]);
+  }
+
+  const cp_backend_t *be = &pool->backend;
+  pthread_mutex_unlock(&pool->lock);
+  uintptr_t addr = 0;
+  size_t mapped = 0, maps = 0;
+  rc = be->va_reserve(be->ctx, bytes, &addr);
+  while (rc == CP_OK && mapped < bytes) {
+    rc = be->page_map(be->ctx, addr + mapped, g, pages[mapped / g]);
+    if (rc == CP_OK) {
+      mapped += g;
+      maps++;
+    }
+  }
+  if (rc == CP_OK) rc = be->page_set_access(be->ctx, addr, bytes);
+  pthread_mutex_lock(&pool->lock);
+  free(pages);
+  pool->device_maps += maps;
+  if (rc != CP_OK) {
+    const int why = rc;
+    char msg[448];
+    snprintf(msg, sizeof msg, "%s", cp_last_error());
+    if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, mapped);
+    cp_stitch_return_locked(pool, s);
+    cp_stitch_free_range(pool, s);
+    (void)why;
+    /* Growth may still serve the request: stitching only failed to reuse pages. */
+    return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
+  }
+  s->addr = addr;
+  cp_block_t *head = cp_block_new_locked(pool);
+  head->addr = addr;
+  head->size = bytes;
+  head->segment = s;
+  head->state = CP_BLOCK_FREE;
+  s->head = head;
+  cp_stitch_link_locked(pool, s);
+  s->born = ++pool->stitches;
+  cp_block_make_live_locked(pool, head, size);
+  *out_ptr = (void *)addr;
+  return CP_OK;
+}
+
+/* Keep at most CP_STITCH_KEEP ranges: drop the least recently used idle one. */
+static void cp_stitch_trim_locked(cp_pool_t *pool) {
+  if (pool->stitched_count < CP_STITCH_KEEP) return;
+  cp_segment_t *lru = NULL;
+  for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->head->state == CP_BLOCK_FREE && (lru == NULL || s->last_use < lru->last_use)) lru = s;
+  }
+  if (lru != NULL) (void)cp_stitch_drop_locked(pool, lru);
+}
+
+int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, void **out_ptr) {
+  const size_t g = pool->vmm_granularity;
+  const size_t want = cp_pages_of(pool, rounded);
+  if (want < 2) return CP_ERR_OOM; /* one page: a free one would have fitted */
+
+  cp_segment_t *kept = cp_stitch_find_kept_locked(pool, st, rounded);
+  if (kept != NULL) {
+    int rc = cp_reserve_metadata_locked(pool, (int)(2 * kept->run_count));
+    if (rc == CP_OK) {
+      cp_stitch_take_locked(pool, kept, size, out_ptr);
+      pool->stitch_reuses++;
+    }
+    return rc;
+  }
+
+  size_t nruns = 0;
+  size_t found = cp_stitch_gather_locked(pool, st, want, NULL, NULL, 0, &nruns);
+  if (found < want) {
+    /* Top up: map the missing pages when that costs fewer new pages than growing would. */
+    if (found == 0) return CP_ERR_OOM;
+    cp_block_t *c = cp_expand_find_locked(pool, st, CP_KIND_LARGE, rounded);
+    const size_t have = c != NULL && c->state == CP_BLOCK_FREE ? c->size : 0;
+    const size_t grow_pages = cp_pages_of(pool, rounded - have);
+    const size_t missing = want - found;
+    if (c == NULL || missing >= grow_pages) return CP_ERR_OOM;
+    cp_block_t *u = c->state == CP_BLOCK_UNMAPPED ? c : c->next;
+    if (u == NULL || u->state != CP_BLOCK_UNMAPPED || u->size < (missing + (u->next == NULL)) * g) return CP_ERR_OOM;
+    cp_block_t *m = NULL;
+    int rc = cp_expand_map_locked(pool, u, missing * g, &m);
+    if (rc != CP_OK) return rc;
+    found = cp_stitch_gather_locked(pool, st, want, NULL, NULL, 0, &nruns);
+    if (found < want) return CP_ERR_OOM; /* others took pages meanwhile: grow instead */
+  }
+  cp_stitch_trim_locked(pool);
+  cp_stitch_run_t *runs = malloc(nruns * sizeof *runs);
+  cp_block_t **blocks = malloc(nruns * sizeof *blocks);
+  if (runs == NULL || blocks == NULL) {
+    free(runs);
+    free(blocks);
+    return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to stitch pages");
+  }
+  size_t n = 0;
+  found = cp_stitch_gather_locked(pool, st, want, runs, blocks, nruns, &n);
+  int rc = found == want ? cp_stitch_new_locked(pool, st, runs, blocks, n, size, out_ptr) : CP_ERR_OOM;
+  if (found != want) free(runs);
+  free(blocks);
+  return rc;
+}
+
+void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b) {
+  cp_segment_t *s = b->segment;
+  b->state = CP_BLOCK_FREE;
+  cp_stitch_return_locked(pool, s);
+  s->last_use = ++pool->stitch_clock;
+}
+
+void cp_stitch_destroy(cp_pool_t *pool) {
+  const cp_backend_t *be = &pool->backend;
+  for (cp_segment_t *s = pool->stitched, *next; s != NULL; s = next) {
+    next = s->next;
+    be->page_unmap(be->ctx, s->addr, s->size);
+    be->va_free(be->ctx, s->addr, s->size);
+    free(s->head->uses);
+    free(s->runs);
+    free(s);
+  }
+  pool->stitched = NULL;
+}
+
+#define CP_VIOLATION(...)                       \
+  do {                                          \
+    v++;                                        \
+    if (out != NULL) {                          \
+      fprintf(out, "  stitched: " __VA_ARGS__); \
+      fputc('\n', out);                         \
+    }                                           \
+  } while (0)
+
+size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *live_bytes, size_t *active,
+                              size_t *active_bytes, size_t *requested, size_t *lent_bytes) {
+  size_t v = 0, count = 0, space = 0;
+  for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    count++;
+    space += s->size;
+    const cp_block_t *b = s->head;
+    if (!s->stitched || s->paged || b == NULL || b->segment != s || b->prev != NULL || b->next != NULL ||
+        b->addr != s->addr || b->size != s->size) {
+      CP_VIOLATION("range %#lx: not one block covering it", (unsigned long)s->addr);
+      continue;
+    }
+    size_t runs = 0;
+    bool lent = b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING;
+    for (size_t i = 0; i < s->run_count; i++) {
+      const cp_stitch_run_t *r = &s->runs[i];
+      runs += r->size;
+      if ((r->lent != NULL) != lent) {
+        CP_VIOLATION("range %#lx: run %zu is %slent while its block is in state %d", (unsigned long)s->addr, i,
+                     r->lent != NULL ? "" : "not ", b->state);
+      } else if (r->lent != NULL && (r->lent->state != CP_BLOCK_LENT || r->lent->addr != r->addr ||
+                                     r->lent->size != r->size || r->lent->segment != r->seg)) {
+        CP_VIOLATION("range %#lx: run %zu does not match its LENT block", (unsigned long)s->addr, i);
+      }
+    }
+    if (runs != s->size) CP_VIOLATION("range %#lx: runs hold %zu of %zu bytes", (unsigned long)s->addr, runs, s->size);
+    if (b->state == CP_BLOCK_LIVE) {
+      (*live)++;
+      *live_bytes += b->size;
+      if (cp_ptrmap_get(&pool->live, b->addr) != b)
+        CP_VIOLATION("range %#lx: live but not in the live map", (unsigned long)s->addr);
+    } else if (b->state != CP_BLOCK_PENDING && b->state != CP_BLOCK_FREE) {
+      CP_VIOLATION("range %#lx: bad state %d", (unsigned long)s->addr, b->state);
+    }
+    if (lent) {
+      (*active)++;
+      *active_bytes += b->size;
+      *requested += b->requested;
+      *lent_bytes += s->size;
+    }
+  }
+  if (count != pool->stitched_count || space != pool->stitched_space)
+    CP_VIOLATION("%zu ranges (%zu bytes), counts say %zu (%zu)", count, space, pool->stitched_count,
+                 pool->stitched_space);
+  return v;
+}

@@ -1,0 +1,327 @@
+/* test_stitch.c — stitched ranges (page_stitching:True, core/stitch.c) on the simulated device
+ * with real memory: free pages from scattered holes serve one large request at a fresh
+ * address, the bytes are the same memory through both addresses, kept ranges are reused
+ * without device calls, streams and pending frees are respected, empty_cache and the OOM
+ * retry give everything back, and every page-mapped call may fail. The ASan build runs the
+ * invariant checker after every operation. */
+#include <string.h>
+
+#include "check.h"
+#include "fixture.h"
+
+#define ST "expandable_segments:True,page_stitching:True"
+
+static cp_pool_info_t info_of(fixture_t *fx) {
+  cp_pool_info_t i;
+  cp_pool_info(fx->pool, &i);
+  return i;
+}
+
+static size_t reserved_of(fixture_t *fx) {
+  return (size_t)stats_of(fx).family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
+}
+
+static uint64_t calls_of(fixture_t *fx) {
+  uint64_t n = 0;
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) n += cp_sim_calls(fx->sim, (cp_sim_call_t)k);
+  return n;
+}
+
+static void fill(void *p, size_t n, unsigned char seed) {
+  unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 4096) c[i] = (unsigned char)(seed + i / 4096);
+  c[n - 1] = seed;
+}
+
+static int holds(const void *p, size_t n, unsigned char seed) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 4096)
+    if (c[i] != (unsigned char)(seed + i / 4096)) return 0;
+  return c[n - 1] == seed;
+}
+
+/* Four 4 MiB blocks kept live between four 4 MiB holes: 16 MiB free, no free block larger
+ * than 4 MiB. Returns the base; live[] gets the kept blocks. */
+static char *checkerboard(fixture_t *fx, char *live[4]) {
+  char *base = NULL;
+  char *holes[4];
+  for (int i = 0; i < 4; i++) {
+    holes[i] = must_alloc(fx, 4 * MiB, 0);
+    live[i] = must_alloc(fx, 4 * MiB, 0);
+    if (i == 0) base = holes[0];
+  }
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx->pool, holes[i]) == CP_OK);
+  return base;
+}
+
+TEST(config_needs_expandable_segments) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  CHECK(cp_config_parse(&cfg, "page_stitching:True") == CP_ERR_INVALID);
+  CHECK(contains(cp_last_error(), "page_stitching needs expandable_segments"));
+  cp_config_default(&cfg);
+  CHECK(cp_config_parse(&cfg, ST) == CP_OK);
+  char text[1024];
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(contains(text, "expandable_segments:True,page_stitching:True"));
+  cp_config_default(&cfg);
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(!contains(text, "page_stitching")); /* written only when True */
+}
+
+TEST(one_range_serves_both_sizes_in_single_pages) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *small = must_alloc(&fx, 1000, 0);
+  CHECK_EQ_U(reserved_of(&fx), 2 * MiB); /* one page, not a 20 MiB chunk */
+  char *large = must_alloc(&fx, 3 * MiB, 0);
+  CHECK(large == small + 1024); /* the same range */
+  CHECK_EQ_U(reserved_of(&fx), 4 * MiB);
+  CHECK_EQ_U(info_of(&fx).page_segments, 1);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_LARGE].current, 2);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_SMALL].current, 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 2); /* one handle per page, kept by the pool */
+  fx_close(&fx);
+}
+
+TEST(scattered_free_pages_serve_a_large_request) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  char *base = checkerboard(&fx, live);
+  for (int i = 0; i < 4; i++) fill(live[i], 4 * MiB, (unsigned char)(10 + i));
+  const size_t before = reserved_of(&fx);
+  CHECK_EQ_U(before, 32 * MiB);
+  char *big = must_alloc(&fx, 16 * MiB, 0); /* no hole fits it; all four together do */
+  CHECK_EQ_U(reserved_of(&fx), before);     /* no new memory */
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  CHECK_EQ_U(info_of(&fx).stitched_space, 16 * MiB);
+  CHECK(big < base || big >= base + 32 * MiB); /* a fresh address */
+  /* The stitched bytes are the holes' memory, page for page. */
+  fill(big, 16 * MiB, 7);
+  for (int i = 0; i < 4; i++) {
+    cp_page_t p1 = 0, p2 = 0;
+    size_t o1 = 0, o2 = 0;
+    CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(base + (size_t)i * 8 * MiB), &p1, &o1, NULL) == CP_OK);
+    CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(big + (size_t)i * 4 * MiB), &p2, &o2, NULL) == CP_OK);
+    CHECK(p1 == p2);
+    CHECK(base[(size_t)i * 8 * MiB] == big[(size_t)i * 4 * MiB]);
+  }
+  for (int i = 0; i < 4; i++) CHECK(holds(live[i], 4 * MiB, (unsigned char)(10 + i)));
+  /* While the stitched block is live, the holes are not free: a 4 MiB request grows. */
+  CHECK_EQ_U(info_of(&fx).cached_free, 0);
+  char *other = must_alloc(&fx, 4 * MiB, 0);
+  CHECK(other >= base + 32 * MiB);
+  CHECK_EQ_U(reserved_of(&fx), before + 4 * MiB);
+  CHECK(holds(big, 16 * MiB, 7));
+  CHECK(cp_free(fx.pool, other) == CP_OK);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  /* Freed: the holes are free blocks again, and the range is kept. */
+  CHECK_EQ_U(info_of(&fx).cached_free, 20 * MiB);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  char *hole = must_alloc(&fx, 4 * MiB, 0);
+  CHECK(hole == base);
+  CHECK(cp_free(fx.pool, hole) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(kept_range_is_reused_without_device_calls) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  const uint64_t calls = calls_of(&fx);
+  for (int round = 0; round < 5; round++) {
+    char *again = must_alloc(&fx, 15 * MiB + 4096, 0); /* the same page count */
+    CHECK(again == big);
+    CHECK(cp_free(fx.pool, again) == CP_OK);
+  }
+  CHECK_EQ_U(calls_of(&fx), calls);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(info_of(&fx).stitch_reuses, 5);
+  /* A kept range is not reused while one of its pages is taken by its segment. */
+  char *hole = must_alloc(&fx, 2 * MiB, 0);
+  char *big2 = must_alloc(&fx, 12 * MiB, 0); /* 14 MiB free in three holes: a new range */
+  CHECK(big2 != big);
+  CHECK_EQ_U(info_of(&fx).stitches, 2);
+  CHECK(cp_free(fx.pool, big2) == CP_OK);
+  CHECK(cp_free(fx.pool, hole) == CP_OK);
+  /* Nor for a request it would serve with more than 1/8 to spare. */
+  char *half = must_alloc(&fx, 6 * MiB, 0);
+  CHECK(half != big && half != big2);
+  CHECK(cp_free(fx.pool, half) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(top_up_maps_only_the_missing_pages) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  const size_t before = reserved_of(&fx);
+  /* 16 MiB free in holes, 20 MiB asked: growing one block would map 20 MiB; stitching the
+   * holes with 4 MiB of new pages maps only those. */
+  char *big = must_alloc(&fx, 20 * MiB, 0);
+  CHECK_EQ_U(reserved_of(&fx), before + 4 * MiB);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  fill(big, 20 * MiB, 3);
+  CHECK(holds(big, 20 * MiB, 3));
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(streams_keep_their_pages) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live); /* stream 0's holes */
+  const size_t before = reserved_of(&fx);
+  char *other = must_alloc(&fx, 16 * MiB, 5); /* stream 5 has no free pages: it grows */
+  CHECK_EQ_U(reserved_of(&fx), before + 16 * MiB);
+  CHECK_EQ_U(info_of(&fx).stitches, 0);
+  CHECK(cp_free(fx.pool, other) == CP_OK);
+  /* A stitched block used on another stream keeps its pages until that stream is done. */
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK(cp_record_stream(fx.pool, big, 7) == CP_OK);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).pending_blocks, 1);
+  char *hole = must_alloc(&fx, 4 * MiB, 0); /* not a lent hole: the pages wait */
+  CHECK(hole >= live[3] + 4 * MiB);
+  CHECK(cp_free(fx.pool, hole) == CP_OK);
+  cp_sim_complete(fx.sim, 7);
+  char *again = must_alloc(&fx, 16 * MiB, 0); /* events done: the kept range serves it */
+  CHECK(again == big);
+  CHECK_EQ_U(info_of(&fx).stitch_reuses, 1);
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(empty_cache_drops_idle_ranges_and_unmaps_free_pages) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *busy = must_alloc(&fx, 16 * MiB, 0);
+  fill(busy, 16 * MiB, 4);
+  for (int i = 0; i < 4; i++) fill(live[i], 4 * MiB, (unsigned char)(20 + i));
+  /* A range in use stays, and its pages stay mapped. */
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  CHECK(holds(busy, 16 * MiB, 4));
+  CHECK(cp_free(fx.pool, busy) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(info_of(&fx).stitched_space, 0);
+  CHECK_EQ_U(reserved_of(&fx), 16 * MiB); /* the four live blocks' pages only */
+  CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), 16 * MiB);
+  CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), 16 * MiB); /* every free page released */
+  for (int i = 0; i < 4; i++) CHECK(holds(live[i], 4 * MiB, (unsigned char)(20 + i)));
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(oom_retry_drops_idle_ranges) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 32 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live); /* the whole device */
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  void *p = NULL;
+  CHECK(cp_alloc(fx.pool, 18 * MiB, 0, &p) == CP_ERR_OOM); /* 16 MiB free at most */
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);             /* the retry dropped the idle one */
+  CHECK_EQ_U(stats_of(&fx).num_ooms, 1);
+  CHECK(cp_free(fx.pool, live[1]) == CP_OK);
+  p = must_alloc(&fx, 20 * MiB, 0); /* 20 MiB free pages now */
+  fill(p, 20 * MiB, 6);
+  CHECK(holds(p, 20 * MiB, 6));
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  CHECK(cp_free(fx.pool, live[0]) == CP_OK);
+  CHECK(cp_free(fx.pool, live[2]) == CP_OK);
+  CHECK(cp_free(fx.pool, live[3]) == CP_OK);
+  fx_close(&fx);
+}
+
+/* Fail the nth call of `kind` while stitching: the request is served by growing, or fails;
+ * either way the pool is whole, and the next stitch works. */
+static void fail_while_stitching(cp_sim_call_t kind, uint64_t nth) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_fail_nth(fx.sim, kind, nth, CP_ERR_BACKEND);
+  void *p = NULL;
+  int rc = cp_alloc(fx.pool, 16 * MiB, 0, &p);
+  cp_sim_fail_nth(fx.sim, kind, 0, CP_OK); /* disarmed, if the stitch did not reach it */
+  CHECK(rc == CP_OK || rc == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  if (rc == CP_OK) {
+    fill(p, 16 * MiB, 1);
+    CHECK(holds(p, 16 * MiB, 1));
+    CHECK(cp_free(fx.pool, p) == CP_OK);
+  }
+  p = must_alloc(&fx, 16 * MiB, 0);
+  fill(p, 16 * MiB, 2);
+  CHECK(holds(p, 16 * MiB, 2));
+  CHECK(cp_free(fx.pool, p) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(failures_of_each_stitching_call) {
+  const cp_sim_call_t kinds[] = {CP_SIM_VA_RESERVE, CP_SIM_PAGE_MAP, CP_SIM_PAGE_SET_ACCESS, CP_SIM_PAGE_UNMAP,
+                                 CP_SIM_VA_FREE};
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (uint64_t nth = 1; nth <= 3; nth++) fail_while_stitching(kinds[k], nth);
+  }
+}
+
+TEST(destroy_with_ranges_in_use) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  (void)must_alloc(&fx, 16 * MiB, 0);
+  fx_close(&fx); /* everything goes back to the device */
+}
+
+TEST(fallback_without_vmm) {
+  fixture_t fx;
+  REQUIRE(fx_open_sim(&fx, 256 * MiB, CP_SIM_NO_VMM, ST) == 0);
+  CHECK(info_of(&fx).page_mapped == 0);
+  void *small = must_alloc(&fx, 1000, 0);
+  cp_stats_t s = stats_of(&fx);
+  CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_SMALL].current, 1); /* plain pools as ever */
+  CHECK(cp_free(fx.pool, small) == CP_OK);
+  fx_close(&fx);
+}
+
+int main(void) {
+  RUN(config_needs_expandable_segments);
+  RUN(one_range_serves_both_sizes_in_single_pages);
+  RUN(scattered_free_pages_serve_a_large_request);
+  RUN(kept_range_is_reused_without_device_calls);
+  RUN(top_up_maps_only_the_missing_pages);
+  RUN(streams_keep_their_pages);
+  RUN(empty_cache_drops_idle_ranges_and_unmaps_free_pages);
+  RUN(oom_retry_drops_idle_ranges);
+  RUN(failures_of_each_stitching_call);
+  RUN(destroy_with_ranges_in_use);
+  RUN(fallback_without_vmm);
+  return check_summary("test_stitch");
+}
