@@ -279,6 +279,7 @@ static int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp
   }
   if (spare != NULL) cp_block_delete_locked(pool, spare);
   if (mapped > 0) {
+    CP_HISTORY(pool, CP_HIST_SEGMENT_MAP, u->addr, mapped, seg->stream->handle);
     seg->mapped += mapped;
     cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, mapped);
     pool->stats.num_device_alloc++;
@@ -457,6 +458,7 @@ int cp_expand_release_locked(cp_pool_t *pool) {
       for (size_t i = 0; i < n; i++) {
         cp_block_t *b = ranges[i].block;
         if (ranges[i].unmapped) {
+          CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
           seg->mapped -= b->size;
           cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
           pool->stats.num_device_free++;
