@@ -388,8 +388,10 @@ typedef struct cp_history_s {
 
 #if defined(__GNUC__)
 #define CP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define CP_COLD        __attribute__((cold, noinline))
 #else
 #define CP_UNLIKELY(x) (x)
+#define CP_COLD
 #endif
 
 /* Record one event when history is on: one predictable branch when it is off. Lock held. */
@@ -398,12 +400,12 @@ typedef struct cp_history_s {
     if (CP_UNLIKELY((pool)->history != NULL)) cp_history_record_locked((pool), (action), (addr), (size), (stream)); \
   } while (0)
 
-void cp_history_record_locked(cp_pool_t *pool, int action, uintptr_t addr, size_t size, cp_stream_t stream);
+CP_COLD void cp_history_record_locked(cp_pool_t *pool, int action, uintptr_t addr, size_t size, cp_stream_t stream);
 /* The end of cp_alloc: ALLOC of the block at `ptr` when rc is CP_OK, OOM of `size` bytes when
  * it is CP_ERR_OOM, nothing otherwise. */
-void cp_history_alloc_locked(cp_pool_t *pool, int rc, const void *ptr, size_t size, cp_stream_t stream);
+CP_COLD void cp_history_alloc_locked(cp_pool_t *pool, int rc, const void *ptr, size_t size, cp_stream_t stream);
 /* A free: FREE_REQUESTED, and FREE_COMPLETED too when the block is reusable at once. */
-void cp_history_free_locked(cp_pool_t *pool, const cp_block_t *b);
+CP_COLD void cp_history_free_locked(cp_pool_t *pool, const cp_block_t *b);
 /* At destroy. */
 void cp_history_destroy(cp_pool_t *pool);
 
