@@ -56,7 +56,7 @@ PY_LAYERS: dict[str, int] = {
     "ab": 0,
     # 1: formats and configuration
     "torch_snapshot": 1,
-    "snapshot": 1,
+    "snapshots": 1,
     "summary": 1,
     "_config": 1,
     # 2: traces, the simulated pool, torch's functions

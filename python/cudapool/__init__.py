@@ -123,7 +123,7 @@ def snapshot(device: Any = None) -> Dict[str, Any]:
     """The memory snapshot of the device pools, in ``torch.cuda.memory._snapshot()``'s format:
     ``segments`` (each with its blocks and their states) and ``device_traces`` (the history,
     while :func:`record_history` records). ``device``: None for every device with a pool, or
-    one device. See :mod:`cudapool.snapshot` for the fields."""
+    one device. See :mod:`cudapool.snapshots` for the fields."""
     return _torch.snapshot(device)
 
 

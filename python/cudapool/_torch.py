@@ -21,7 +21,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C, _config
-from . import snapshot as _snapshot_mod
+from . import snapshots as _snapshot_mod
 from .summary import DEFAULT_TITLE, format_summary
 
 # The hooks cudapool sets, when the installed torch offers them:
@@ -328,7 +328,7 @@ def foreign_pointer_calls() -> Dict[str, int]:
 
 def snapshot(device: Any = None, include_traces: bool = True) -> Dict[str, Any]:
     """The memory snapshot of the device pools in torch.cuda.memory._snapshot()'s format
-    (cudapool.snapshot module notes): every device with a pool when ``device`` is None, else
+    (cudapool.snapshots module notes): every device with a pool when ``device`` is None, else
     that one device's segments and trace."""
     pools = list(_C.device_pools())
     if device is not None:

@@ -138,7 +138,9 @@ def _segment_record(raw: Dict[str, Any], device: int, blocks: List[Dict[str, Any
     }
 
 
-def segments_of(raw_segments: Sequence[Dict[str, Any]], device: int, alloc_stacks: Dict[int, int]) -> List[Dict[str, Any]]:
+def segments_of(
+    raw_segments: Sequence[Dict[str, Any]], device: int, alloc_stacks: Dict[int, int]
+) -> List[Dict[str, Any]]:
     """``Pool.snapshot()``'s segments as torch's: page-mapped segments become one segment per
     contiguous mapped range."""
     cache: Dict[int, List[Dict[str, Any]]] = {}
@@ -172,7 +174,9 @@ def segments_of(raw_segments: Sequence[Dict[str, Any]], device: int, alloc_stack
     return out
 
 
-def pool_snapshot(pool: Any, device: int = 0, include_traces: bool = True, n_devices: Optional[int] = None) -> Dict[str, Any]:
+def pool_snapshot(
+    pool: Any, device: int = 0, include_traces: bool = True, n_devices: Optional[int] = None
+) -> Dict[str, Any]:
     """The snapshot of one pool (a ``_C.Pool``: simulated, or a device's handle) as torch's
     ``_snapshot()`` has it, its segments and trace under ``device``. ``device_traces`` has
     ``n_devices`` lists (default ``device + 1``), the others empty."""
