@@ -56,12 +56,14 @@ PY_LAYERS: dict[str, int] = {
     "ab": 0,
     # 1: formats and configuration
     "torch_snapshot": 1,
+    "snapshots": 1,
     "summary": 1,
     "_config": 1,
     # 2: traces, the simulated pool, torch's functions
     "trace": 2,
     "sim": 2,
     "_torch": 2,
+    "plot": 2,
     # 3: what reads traces or makes them
     "tracer": 3,
     "replay": 3,

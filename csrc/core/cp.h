@@ -288,6 +288,100 @@ size_t cp_pool_check(cp_pool_t *pool, FILE *out);
 void cp_pool_usage(cp_pool_t *pool, size_t *out_allocated, size_t *out_reserved);
 
 /* ------------------------------------------------------------------------------------------
+ * Snapshots and history (history.c): what the pool holds now, and what it did lately, in
+ * the terms of torch's memory snapshots (Note [History]).
+ * ---------------------------------------------------------------------------------------- */
+
+/* A block's state in a snapshot; the values are the core's block states. */
+enum {
+  CP_SNAP_FREE = 0,      /* cached, reusable */
+  CP_SNAP_LIVE = 1,      /* allocated */
+  CP_SNAP_PENDING = 2,   /* freed, waiting for the streams it was used on */
+  CP_SNAP_UNMAPPED = 3,  /* page-mapped segment: no memory behind it */
+  CP_SNAP_MAPPING = 4,   /* page-mapped segment: being mapped now (not yet memory) */
+  CP_SNAP_UNMAPPING = 5, /* page-mapped segment: being unmapped now (still memory) */
+  CP_SNAP_LENT = 6       /* page-mapped segment: memory a stitched range's block in use holds */
+};
+
+typedef struct cp_snapshot_block_s {
+  uintptr_t addr;
+  size_t size;
+  size_t requested; /* bytes asked for (LIVE and PENDING), else 0 */
+  int state;        /* CP_SNAP_* */
+} cp_snapshot_block_t;
+
+typedef struct cp_snapshot_segment_s {
+  uintptr_t addr;
+  size_t size;   /* bytes reserved; the address range when page-mapped */
+  size_t mapped; /* page-mapped: bytes mapped; else == size */
+  cp_stream_t stream;
+  int kind;           /* CP_KIND_SMALL or CP_KIND_LARGE */
+  int page_mapped;    /* 1 for a page-mapped segment */
+  size_t first_block; /* its blocks: blocks[first_block .. first_block + block_count), by address */
+  size_t block_count;
+} cp_snapshot_segment_t;
+
+typedef struct cp_snapshot_s {
+  cp_snapshot_segment_t *segments; /* by address */
+  size_t segment_count;
+  cp_snapshot_block_t *blocks;
+  size_t block_count;
+} cp_snapshot_t;
+
+/* Copy every segment and block of the pool (one walk under the lock; no device call).
+ * CP_ERR_HOST_OOM when the arrays cannot be had (then *out is empty). cp_snapshot_free gives
+ * the arrays back (and empties *out); it accepts an empty snapshot. */
+int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out);
+void cp_snapshot_free(cp_snapshot_t *snap);
+
+/* History actions, named as torch's trace entries name them. */
+#define CP_HISTORY_ACTIONS(X)         \
+  X(ALLOC, "alloc")                   \
+  X(FREE_REQUESTED, "free_requested") \
+  X(FREE_COMPLETED, "free_completed") \
+  X(SEGMENT_ALLOC, "segment_alloc")   \
+  X(SEGMENT_FREE, "segment_free")     \
+  X(SEGMENT_MAP, "segment_map")       \
+  X(SEGMENT_UNMAP, "segment_unmap")   \
+  X(OOM, "oom")
+
+typedef enum cp_history_action_e {
+#define CP_X(id, name) CP_HIST_##id,
+  CP_HISTORY_ACTIONS(CP_X)
+#undef CP_X
+      CP_HIST_ACTION_COUNT
+} cp_history_action_t;
+
+extern const char *const cp_history_action_names[CP_HIST_ACTION_COUNT];
+
+/* One record of the history: 56 bytes, fixed size. */
+typedef struct cp_history_entry_s {
+  uint64_t seq;     /* 1, 2, ...: the order of recording over the pool's life */
+  int64_t time_ns;  /* wall clock (CLOCK_REALTIME), nanoseconds since the epoch */
+  uint64_t addr;    /* the block or range; 0 for OOM */
+  uint64_t size;    /* its bytes (the block's, rounded); OOM: the bytes asked for */
+  uint64_t stream;  /* the allocation stream of the block or segment; OOM: the request's */
+  uint64_t context; /* the recording thread's context (cp_history_set_context) for ALLOC,
+                     * FREE_REQUESTED and OOM; 0 for the others and when none was set */
+  uint32_t action;  /* cp_history_action_t */
+  uint32_t reserved;
+} cp_history_entry_t;
+
+/* Keep the last `max_entries` records (0: stop recording and drop them). Changing the size
+ * drops what was recorded; the sequence numbers go on. CP_ERR_HOST_OOM when the buffer cannot
+ * be had: then the history is off. */
+int cp_pool_history_enable(cp_pool_t *pool, size_t max_entries);
+/* Copy the records held, oldest first, into out[0..cap): when more are held than fit, the
+ * newest `cap`. Returns how many were copied; *out_recorded (unless NULL) receives how many
+ * were ever recorded (so recorded - held were overwritten), *out_capacity (unless NULL) the
+ * ring's size (0 when off). */
+size_t cp_pool_history_read(cp_pool_t *pool, cp_history_entry_t *out, size_t cap, uint64_t *out_recorded,
+                            size_t *out_capacity);
+/* The calling thread's context id, stored in the records it makes from now on (0: none).
+ * The caller sets it before an operation and clears it after; the core never interprets it. */
+void cp_history_set_context(uint64_t context);
+
+/* ------------------------------------------------------------------------------------------
  * Replay of allocation traces (replay.c)
  * ---------------------------------------------------------------------------------------- */
 

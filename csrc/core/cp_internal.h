@@ -303,13 +303,15 @@ struct cp_pool_s {
   unsigned release_seq;   /* cp_expand_release_locked calls so far */
 
   /* Stitched ranges (stitch.c), Note [Stitched ranges]. */
-  bool stitch;            /* paged and page_stitching */
-  cp_segment_t *stitched; /* every stitched range, linked through prev/next */
-  size_t stitched_count;  /* ranges on that list */
-  size_t stitched_space;  /* their bytes of address space */
-  size_t stitches;        /* ranges stitched so far */
-  size_t stitch_reuses;   /* requests served by a kept range */
-  uint64_t stitch_clock;  /* ticks at every free of a stitched block */
+  bool stitch;                  /* paged and page_stitching */
+  cp_segment_t *stitched;       /* every stitched range, linked through prev/next */
+  size_t stitched_count;        /* ranges on that list */
+  size_t stitched_space;        /* their bytes of address space */
+  size_t stitches;              /* ranges stitched so far */
+  size_t stitch_reuses;         /* requests served by a kept range */
+  uint64_t stitch_clock;        /* ticks at every free of a stitched block */
+  struct cp_history_s *history; /* NULL unless history is recorded (history.c) */
+  uint64_t history_seq;         /* records made over the pool's life */
 };
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
@@ -426,6 +428,42 @@ static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
 /* cp_pool_info without asking the device (no mem_info call): device_free and device_total
  * stay 0. For the replay, whose own measuring must not add to the device calls it counts. */
 void cp_pool_info_no_device(cp_pool_t *pool, cp_pool_info_t *out_info);
+
+/* ------------------------------------------------------------------------------------------
+ * History (history.c), Note [History]: a ring of cp_history_entry_t, recorded under the pool
+ * lock. Invariants: count <= capacity; count == min(records made since the ring was made, capacity);
+ * the oldest record is at (head - count) mod capacity, the newest at head - 1.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_history_s {
+  cp_history_entry_t *ring;
+  size_t capacity; /* > 0 */
+  size_t head;     /* where the next record goes */
+  size_t count;    /* records held */
+} cp_history_t;
+
+#if defined(__GNUC__)
+#define CP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define CP_COLD        __attribute__((cold, noinline))
+#else
+#define CP_UNLIKELY(x) (x)
+#define CP_COLD
+#endif
+
+/* Record one event when history is on: one predictable branch when it is off. Lock held. */
+#define CP_HISTORY(pool, action, addr, size, stream)                                                                \
+  do {                                                                                                              \
+    if (CP_UNLIKELY((pool)->history != NULL)) cp_history_record_locked((pool), (action), (addr), (size), (stream)); \
+  } while (0)
+
+CP_COLD void cp_history_record_locked(cp_pool_t *pool, int action, uintptr_t addr, size_t size, cp_stream_t stream);
+/* The end of cp_alloc: ALLOC of the block at `ptr` when rc is CP_OK, OOM of `size` bytes when
+ * it is CP_ERR_OOM, nothing otherwise. */
+CP_COLD void cp_history_alloc_locked(cp_pool_t *pool, int rc, const void *ptr, size_t size, cp_stream_t stream);
+/* A free: FREE_REQUESTED, and FREE_COMPLETED too when the block is reusable at once. */
+CP_COLD void cp_history_free_locked(cp_pool_t *pool, const cp_block_t *b);
+/* At destroy. */
+void cp_history_destroy(cp_pool_t *pool);
 
 /* The checker (check.c). */
 size_t cp_check_locked(cp_pool_t *pool, FILE *out);

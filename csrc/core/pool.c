@@ -275,6 +275,7 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
     cp_segment_t *seg = done;
     done = seg->next;
     pool->stats.num_device_free++;
+    CP_HISTORY(pool, CP_HIST_SEGMENT_FREE, seg->addr, seg->size, seg->stream->handle);
     cp_block_delete_impl(pool, seg->head);
     free(seg);
   }
@@ -297,6 +298,7 @@ int cp_release_free_segments_locked(cp_pool_t *pool) {
 static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
   for (cp_block_t *b = done->head, *next; b != NULL; b = next) {
     next = b->left;
+    CP_HISTORY(pool, CP_HIST_FREE_COMPLETED, b->addr, b->size, b->segment->stream->handle);
     cp_block_release_locked(pool, b);
   }
   done->head = done->tail = NULL;
@@ -373,6 +375,7 @@ void cp_segment_adopt_locked(cp_pool_t *pool, cp_segment_t *seg, cp_stream_state
   seg->stream = st;
   seg->kind = (uint8_t)kind;
   cp_segment_link_locked(pool, seg);
+  CP_HISTORY(pool, CP_HIST_SEGMENT_ALLOC, seg->addr, seg->size, st->handle);
   /* The mark moves only for memory really had: a refused request (a huge one from bad input,
    * say) must not raise it and so switch release_before_grow off for good. */
   const size_t held = cp_held_locked(pool);
@@ -482,6 +485,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
     free(s);
   }
   cp_ptrmap_destroy(&pool->live);
+  cp_history_destroy(pool);
   pthread_mutex_unlock(&pool->lock);
   pthread_mutex_destroy(&pool->lock);
   free(pool);
@@ -522,6 +526,7 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
     if (b != NULL) {
       *out_ptr = cp_take_locked(pool, b, rounded, size);
+      CP_HISTORY(pool, CP_HIST_ALLOC, b->addr, b->size, stream);
       CP_DEBUG_CHECK(pool, "cp_alloc");
       pthread_mutex_unlock(&pool->lock);
       return CP_OK;
@@ -553,6 +558,8 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     }
   }
   if (rc == CP_ERR_OOM) pool->stats.num_ooms++; /* 5. */
+  if (CP_UNLIKELY(pool->history != NULL))
+    cp_history_alloc_locked(pool, rc, rc == CP_OK ? *out_ptr : NULL, size, stream);
   CP_DEBUG_CHECK(pool, "cp_alloc");
   pthread_mutex_unlock(&pool->lock);
   if (rc == CP_ERR_OOM) {
@@ -594,6 +601,7 @@ static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, c
     cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
     cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
     if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
+    if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
     if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
   }
   CP_DEBUG_CHECK(pool, "cp_free");

@@ -11,6 +11,7 @@
 #include "core/cp.h"
 #include "python/convert.h"
 #include "python/hooks_api.h"
+#include "python/stacks.h"
 #include "torch/abi.h"
 #include "torch/devices.h"
 
@@ -150,6 +151,23 @@ static PyObject *mod_device_pool(PyObject *module, PyObject *dev) {
   return cpy_pool_for_device(cpy_state_of_module(module), d);
 }
 
+static PyObject *mod_set_device_history(PyObject *Py_UNUSED(module), PyObject *entries_obj) {
+  size_t entries;
+  if (cpy_as_size(entries_obj, "max_entries", &entries) < 0) return NULL;
+  cp_clear_error();
+  int rc = cpd_set_history(entries);
+  if (rc == CP_ERR_HOST_OOM) return PyErr_NoMemory();
+  if (rc != CP_OK) {
+    PyErr_SetString(PyExc_ValueError, cp_last_error());
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_device_history_entries(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  return cpy_from_size(cpd_history_entries());
+}
+
 static PyObject *mod_interpreter_exiting(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   cpd_set_exiting();
   Py_RETURN_NONE;
@@ -229,6 +247,16 @@ static PyMethodDef module_methods[] = {
      "device_pool(device) -> Pool\n\nA handle of the device's process-wide pool: statistics, info, "
      "checks, reports, resets, empty_cache and set_memory_fraction. Creates no pool; looks the pool "
      "up on every call, so it stays valid across shutdown()."},
+    {"set_device_history", mod_set_device_history, METH_O,
+     "set_device_history(max_entries)\n\nRecord the history of every device pool, now and created later, in a ring "
+     "of max_entries records (0: off)."},
+    {"device_history_entries", mod_device_history_entries, METH_NOARGS, "The device pools' history ring size."},
+    {"set_history_stacks", cpy_mod_set_history_stacks, METH_O,
+     "set_history_stacks(on)\n\nCapture the Python stack of each allocation and free (of threads running Python) "
+     "as the history's stack ids."},
+    {"history_stack", cpy_mod_history_stack, METH_O,
+     "history_stack(id) -> tuple or None\n\nThe frames of a stack id, innermost first: (filename, line, name)."},
+    {"history_stack_count", cpy_mod_history_stack_count, METH_NOARGS, "Distinct stacks captured so far."},
     {"interpreter_exiting", mod_interpreter_exiting, METH_NOARGS,
      "Called at interpreter exit: from now on failed frees are counted, not printed."},
     {"memory_fraction", mod_memory_fraction, METH_O,

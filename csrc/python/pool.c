@@ -33,6 +33,7 @@
 #include "core/cp.h"
 #include "python/convert.h"
 #include "python/module.h"
+#include "python/stacks.h"
 #include "torch/abi.h"
 #include "torch/devices.h"
 
@@ -284,6 +285,97 @@ static PyObject *Pool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   return r;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Either kind: snapshot and history
+ * ---------------------------------------------------------------------------------------- */
+
+static const char *const snap_state_names[] = {"free", "live", "pending", "unmapped", "mapping", "unmapping", "lent"};
+
+/* One segment of a snapshot as a dict; its blocks as (addr, size, requested, state) tuples. */
+static PyObject *snapshot_segment(const cp_snapshot_t *snap, const cp_snapshot_segment_t *s) {
+  PyObject *blocks = PyList_New((Py_ssize_t)s->block_count);
+  if (blocks == NULL) return NULL;
+  for (size_t k = 0; k < s->block_count; k++) {
+    const cp_snapshot_block_t *b = &snap->blocks[s->first_block + k];
+    const char *state = b->state >= 0 && b->state <= CP_SNAP_LENT ? snap_state_names[b->state] : "unknown";
+    PyObject *t = Py_BuildValue("(KKKs)", (unsigned long long)b->addr, (unsigned long long)b->size,
+                                (unsigned long long)b->requested, state);
+    if (t == NULL) {
+      Py_DECREF(blocks);
+      return NULL;
+    }
+    PyList_SET_ITEM(blocks, (Py_ssize_t)k, t);
+  }
+  return Py_BuildValue("{sKsKsKsKsssOsN}", "address", (unsigned long long)s->addr, "size", (unsigned long long)s->size,
+                       "mapped", (unsigned long long)s->mapped, "stream", (unsigned long long)s->stream, "kind",
+                       s->kind == CP_KIND_SMALL ? "small" : "large", "page_mapped", s->page_mapped ? Py_True : Py_False,
+                       "blocks", blocks);
+}
+
+static PyObject *Pool_snapshot(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  ANY_POOL(op, self, pool);
+  PyObject *list = PyList_New(0);
+  if (list == NULL || pool == NULL) return list;
+  cp_snapshot_t snap;
+  cp_clear_error();
+  int rc = cp_pool_snapshot(pool, &snap);
+  if (rc != CP_OK) {
+    Py_DECREF(list);
+    return raise_status(op, rc);
+  }
+  for (size_t i = 0; i < snap.segment_count; i++) {
+    PyObject *seg = snapshot_segment(&snap, &snap.segments[i]);
+    if (seg == NULL || PyList_Append(list, seg) < 0) {
+      Py_XDECREF(seg);
+      Py_CLEAR(list);
+      break;
+    }
+    Py_DECREF(seg);
+  }
+  cp_snapshot_free(&snap);
+  return list;
+}
+
+static PyObject *Pool_set_history(PyObject *op, PyObject *entries_obj) {
+  SIM_ONLY(op, self, "set_history()");
+  size_t entries;
+  if (cpy_as_size(entries_obj, "max_entries", &entries) < 0) return NULL;
+  cp_clear_error();
+  int rc = cp_pool_history_enable(self->pool, entries);
+  if (rc != CP_OK) return raise_status(op, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_history(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  ANY_POOL(op, self, pool);
+  size_t capacity = 0;
+  uint64_t recorded = 0;
+  cp_pool_history_read(pool, NULL, 0, &recorded, &capacity);
+  cp_history_entry_t *ring = NULL;
+  size_t n = 0;
+  if (capacity > 0) {
+    ring = PyMem_Malloc(capacity * sizeof *ring);
+    if (ring == NULL) return PyErr_NoMemory();
+    n = cp_pool_history_read(pool, ring, capacity, &recorded, &capacity); /* may have shrunk: n fits */
+  }
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    const cp_history_entry_t *e = &ring[i];
+    const char *action = e->action < CP_HIST_ACTION_COUNT ? cp_history_action_names[e->action] : "unknown";
+    PyObject *t = Py_BuildValue("(KLsKKKK)", (unsigned long long)e->seq, (long long)e->time_ns, action,
+                                (unsigned long long)e->addr, (unsigned long long)e->size, (unsigned long long)e->stream,
+                                (unsigned long long)e->context);
+    if (t == NULL) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+  }
+  PyMem_Free(ring);
+  if (list == NULL) return NULL;
+  return Py_BuildValue("(NKn)", list, (unsigned long long)recorded, (Py_ssize_t)capacity);
+}
+
 static PyObject *Pool_oom_report(PyObject *op, PyObject *size_obj) {
   ANY_POOL(op, self, pool);
   size_t size;
@@ -360,7 +452,9 @@ static PyObject *Pool_alloc(PyObject *op, PyObject *args, PyObject *kwds) {
   if (stream_obj != NULL && cpy_as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
   void *ptr = NULL;
   cp_clear_error();
+  cp_history_set_context(cpy_stack_capture());
   int rc = cp_alloc(self->pool, size, (cp_stream_t)stream, &ptr);
+  cp_history_set_context(0);
   if (rc != CP_OK) return raise_status(op, rc);
   return cpy_from_ptr(ptr);
 }
@@ -370,7 +464,9 @@ static PyObject *Pool_free(PyObject *op, PyObject *ptr_obj) {
   uintptr_t ptr;
   if (cpy_as_uintptr(ptr_obj, "ptr", &ptr) < 0) return NULL;
   cp_clear_error();
+  cp_history_set_context(ptr != 0 ? cpy_stack_capture() : 0);
   int rc = cp_free(self->pool, (void *)ptr);
+  cp_history_set_context(0);
   if (rc != CP_OK) return raise_status(op, rc);
   Py_RETURN_NONE;
 }
@@ -619,6 +715,12 @@ static PyMethodDef Pool_methods[] = {
     {"check_report", Pool_check_report, METH_NOARGS, "The invariant violations, one per line (\"\" when healthy)."},
     {"oom_report", Pool_oom_report, METH_O,
      "oom_report(size) -> str\n\nThe out-of-memory report for a request of size bytes."},
+    {"snapshot", Pool_snapshot, METH_NOARGS,
+     "Every segment, by address: dicts of address, size, mapped, stream, kind ('small'/'large'), page_mapped and "
+     "blocks [(address, size, requested, state)], state one of free, live, pending, unmapped, mapping, unmapping."},
+    {"history", Pool_history, METH_NOARGS,
+     "history() -> (records, recorded, capacity)\n\nThe history held, oldest first: (seq, time_ns, action, addr, "
+     "size, stream, stack_id) tuples; recorded counts every record ever made, capacity is the ring's size."},
     {"config", Pool_config, METH_NOARGS, "The configuration the pool runs with, in \"key:value,...\" form."},
     {"empty_cache", Pool_empty_cache, METH_NOARGS, "Return every wholly free segment to the device."},
     {"set_memory_fraction", Pool_set_memory_fraction, METH_O,
@@ -629,6 +731,8 @@ static PyMethodDef Pool_methods[] = {
     {"free", Pool_free, METH_O, "free(ptr)\n\nFree an address returned by alloc (0 is a no-op)."},
     {"record_stream", Pool_record_stream, METH_VARARGS,
      "record_stream(ptr, stream)\n\nMark ptr as used on stream too: it is reused only after that work ends."},
+    {"set_history", Pool_set_history, METH_O,
+     "set_history(max_entries)\n\nRecord the last max_entries events (0: stop and drop them)."},
     {"set_memory_cap", Pool_set_memory_cap, METH_O,
      "set_memory_cap(bytes)\n\nCap the reserved memory at bytes (0 = no cap)."},
     {"complete", Pool_complete, METH_O, "complete(stream)\n\nFinish all work submitted to stream so far."},

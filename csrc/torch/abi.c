@@ -48,6 +48,10 @@ void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower) {
 
 cpd_oom_thrower_t cpd_oom_thrower(void) { return atomic_load_explicit(&cpd_thrower, memory_order_acquire); }
 
+static _Atomic(cpd_context_fn_t) cpd_context_fn;
+
+void cpd_set_context_fn(cpd_context_fn_t fn) { atomic_store_explicit(&cpd_context_fn, fn, memory_order_release); }
+
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   cp_pool_t *pool;
   if (size == 0) {
@@ -56,7 +60,12 @@ int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   }
   int rc = cpd_pool(device, &pool);
   if (rc != CP_OK) return rc;
-  return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+  cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
+  if (context == NULL) return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+  cp_history_set_context(context());
+  rc = cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+  cp_history_set_context(0);
+  return rc;
 }
 
 int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size) {
@@ -119,7 +128,10 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   cp_pool_t *pool = cpd_pool_if_created(device);
   int rc;
   if (pool != NULL) {
+    cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
+    if (context != NULL) cp_history_set_context(context());
     rc = cp_free_sized(pool, ptr, size);
+    if (context != NULL) cp_history_set_context(0);
   } else if (device < 0 || device >= CP_MAX_DEVICES) {
     rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CP_MAX_DEVICES - 1);
   } else {

@@ -5,6 +5,7 @@
 #define CP_ABI_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +54,13 @@ void cpd_foreign_calls(unsigned long long *out_frees, unsigned long long *out_re
  * its own std::runtime_error subclass. The thrower must throw: if it returns, the fallback
  * is thrown. */
 typedef void (*cpd_oom_thrower_t)(const char *message);
+
+/* A function that names the calling thread's context for the history (cp_history_set_context):
+ * the binding's Python-stack capture. When one is set, cpd_alloc and cudapool_free call it
+ * before entering the pool (without any pool lock held) and clear the context after. NULL
+ * (the default): no call. */
+typedef uint64_t (*cpd_context_fn_t)(void);
+void cpd_set_context_fn(cpd_context_fn_t fn);
 /* Exported: install `thrower` (NULL: back to the fallback). */
 void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower);
 cpd_oom_thrower_t cpd_oom_thrower(void);

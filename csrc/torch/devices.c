@@ -26,6 +26,7 @@ static cp_config_t cpd_cfg;
 static int cpd_cfg_set;
 static int cpd_pool_count;
 static int cpd_sim_mode;
+static size_t cpd_history; /* cpd_set_history's setting */
 static size_t cpd_sim_capacity;
 static int cpd_sim_count;
 static unsigned cpd_sim_flags;
@@ -137,6 +138,10 @@ static int cpd_create_locked(int device, cp_pool_t **out_pool) {
   cp_config_t cfg;
   cpd_config_locked(&cfg);
   rc = cp_pool_create(&cfg, &backend, out_pool);
+  if (rc == CP_OK && cpd_history > 0 && (rc = cp_pool_history_enable(*out_pool, cpd_history)) != CP_OK) {
+    cp_pool_destroy(*out_pool);
+    *out_pool = NULL;
+  }
   if (rc != CP_OK && cpd_sims[device] != NULL) {
     cp_sim_destroy(cpd_sims[device]);
     cpd_sims[device] = NULL;
@@ -195,6 +200,31 @@ double cpd_memory_fraction(int device) {
   return fraction;
 }
 
+int cpd_set_history(size_t max_entries) {
+  cpd_table_lock();
+  int rc = CP_OK;
+  for (int d = 0; d < CP_MAX_DEVICES && rc == CP_OK; d++) {
+    cp_pool_t *pool = atomic_load_explicit(&cpd_pools[d], memory_order_relaxed);
+    if (pool != NULL) rc = cp_pool_history_enable(pool, max_entries);
+  }
+  cpd_history = rc == CP_OK ? max_entries : 0;
+  if (rc != CP_OK) { /* all or nothing: the pools that took it stop too */
+    for (int d = 0; d < CP_MAX_DEVICES; d++) {
+      cp_pool_t *pool = atomic_load_explicit(&cpd_pools[d], memory_order_relaxed);
+      if (pool != NULL) (void)cp_pool_history_enable(pool, 0);
+    }
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  return rc;
+}
+
+size_t cpd_history_entries(void) {
+  cpd_table_lock();
+  size_t n = cpd_history;
+  pthread_mutex_unlock(&cpd_lock);
+  return n;
+}
+
 void cpd_shutdown(void) {
   cpd_table_lock();
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
@@ -209,5 +239,6 @@ void cpd_shutdown(void) {
   cpd_pool_count = 0;
   cpd_sim_mode = 0;
   cpd_cfg_set = 0;
+  cpd_history = 0;
   pthread_mutex_unlock(&cpd_lock);
 }

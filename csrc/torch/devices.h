@@ -33,6 +33,11 @@ int cpd_device_count(int *out_count);
 double cpd_memory_fraction(int device);
 void cpd_note_memory_fraction(int device, double fraction);
 
+/* Record the history of every device pool, now and created later, in a ring of `max_entries`
+ * records (0: off); cp_pool_history_enable's rules. cpd_history_entries: the setting. */
+int cpd_set_history(size_t max_entries);
+size_t cpd_history_entries(void);
+
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */
 void cpd_shutdown(void);

@@ -35,6 +35,9 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "empty_cache",
     "foreign_pointer_calls",
+    "snapshot",
+    "dump_snapshot",
+    "record_history",
     "ab",
 ]
 
@@ -114,3 +117,25 @@ def foreign_pointer_calls() -> Dict[str, int]:
     (another allocator's, a DLPack import): {"free": N, "record_stream": M}. They do nothing and
     print nothing, as with torch's built-in allocator."""
     return _torch.foreign_pointer_calls()
+
+
+def snapshot(device: Any = None) -> Dict[str, Any]:
+    """The memory snapshot of the device pools, in ``torch.cuda.memory._snapshot()``'s format:
+    ``segments`` (each with its blocks and their states) and ``device_traces`` (the history,
+    while :func:`record_history` records). ``device``: None for every device with a pool, or
+    one device. See :mod:`cudapool.snapshots` for the fields."""
+    return _torch.snapshot(device)
+
+
+def dump_snapshot(path: str = "dump_snapshot.pickle", device: Any = None) -> None:
+    """Write :func:`snapshot` as the pickle that pytorch.org/memory_viz and
+    ``torch.cuda._memory_viz`` read (``python -m cudapool plot PATH`` draws it)."""
+    _torch.dump_snapshot(path, device)
+
+
+def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python") -> None:
+    """Record the last ``max_entries`` events of every device pool (allocations, frees,
+    segments mapped and given back, out-of-memory), with the Python stack of each allocation
+    and free when ``stacks="python"`` (``"none"``: no stacks, cheaper). ``enabled=False``
+    stops and drops the records."""
+    _torch.record_history(enabled, max_entries, stacks)

@@ -1,5 +1,5 @@
 """The command line: ``python -m cudapool run SCRIPT [ARGS...]``, ``python -m cudapool info``,
-``python -m cudapool replay TRACE`` and ``python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]``.
+``python -m cudapool replay TRACE``, ``python -m cudapool plot SNAPSHOT_OR_TRACE -o PNG`` and ``python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]``.
 
 run   enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as __main__ with ARGS,
       then print the memory summary of every device that has a pool to stderr. The exit
@@ -10,6 +10,9 @@ replay
       replay an allocation trace (.cptrace, or a torch memory snapshot pickle) through the
       pool on a simulated device and report peak memory, utilization, fragmentation and
       speed (see cudapool.replay). Errors in the input exit with status 2.
+      --snapshot-at-peak PATH also writes the pool's snapshot at its peak.
+plot  draw a memory snapshot pickle, or a trace replayed to its peak, as a PNG: a segment map
+      and a timeline (see cudapool.plot; needs matplotlib). Bad input exits with status 2.
 ab    run SCRIPT unchanged once per allocator (built-in, expandable segments, cudaMallocAsync,
       cudapool and its variants) and repeat, each in a fresh process, and print their wall
       time, peak memory, utilization, device allocations and out of memory side by side (see
@@ -188,6 +191,14 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     except rp.ReplayError as exc:
         _err(str(exc))
         return 1
+    if ns.snapshot_at_peak:
+        try:
+            from cudapool import snapshots as snap_mod
+
+            snap_mod.dump(rp.snapshot_at_peak(trace, ns.policy, ns.config, capacity, ns.device), ns.snapshot_at_peak)
+        except OSError as exc:
+            _err(f"cannot write {ns.snapshot_at_peak}: {exc}")
+            return EXIT_USAGE
     if ns.json == "-":
         print(json.dumps(result, indent=1))
         return 0
@@ -265,7 +276,69 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from an empty pool even when the trace is a window that began with memory live "
         "(a torch snapshot's history); its peak is then not comparable with the recorded run's",
     )
+    replay.add_argument(
+        "--snapshot-at-peak",
+        metavar="PATH",
+        help="also write the memory snapshot (memory_viz pickle) of the pool at its peak of reserved memory "
+        "(python -m cudapool plot PATH draws it)",
+    )
+    plot = commands.add_parser(
+        "plot",
+        help="draw a memory snapshot (or a trace's, at its peak): segment map and timeline",
+        description="Draw a memory snapshot pickle (cudapool.dump_snapshot, torch's _dump_snapshot, "
+        "replay --snapshot-at-peak) as a PNG: one bar per segment with its blocks coloured by state, and "
+        "allocated/reserved memory over the history. A trace (.cptrace) is replayed on a simulated device "
+        "and drawn at its peak. Needs matplotlib.",
+    )
+    plot.add_argument("input", metavar="SNAPSHOT_OR_TRACE", help="a snapshot pickle or a .cptrace trace")
+    plot.add_argument("-o", "--output", metavar="PNG", required=True, help="the image to write")
+    plot.add_argument("--title", help="the figure's title (default: names the input)")
+    plot.add_argument("--size", default="1200x900", metavar="WxH", help="image size in pixels (default 1200x900)")
+    plot.add_argument("--policy", default="cudapool", help="a trace's replay policy (default cudapool)")
+    plot.add_argument("--config", metavar="STR", help="a trace's replay configuration on top of the policy's")
     return parser
+
+
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from cudapool import plot as plot_mod
+    from cudapool import snapshots as snap_mod
+
+    path = ns.input
+    if not os.path.isfile(path):
+        _err(f"cannot plot {path!r}: no such file")
+        return EXIT_USAGE
+    try:
+        w, h = (int(v) for v in ns.size.lower().split("x"))
+    except ValueError:
+        _err(f"--size must be WIDTHxHEIGHT in pixels, not {ns.size!r}")
+        return EXIT_USAGE
+    title = ns.title
+    if path.endswith(".cptrace"):
+        from cudapool import replay as rp
+
+        try:
+            snap = rp.snapshot_at_peak(path, ns.policy, ns.config)
+        except ValueError as exc:
+            _err(f"cannot replay {path}: {exc}")
+            return EXIT_USAGE
+        title = title or f"{os.path.basename(path)} at its peak (replayed on a simulated device)"
+    else:
+        try:
+            snap = snap_mod.load(path)
+        except snap_mod.SnapshotError as exc:
+            _err(str(exc))
+            return EXIT_USAGE
+        title = title or os.path.basename(path)
+    try:
+        drawn = plot_mod.render(snap, ns.output, title=title, width_px=w, height_px=h)
+    except (plot_mod.PlotError, ValueError) as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        _err(f"cannot write {ns.output}: {exc}")
+        return EXIT_USAGE
+    print(f"{ns.output}: {drawn['bars']} segments, {drawn['trace_points']} history records")
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -282,6 +355,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cmd_info()
     if ns.command == "replay":
         return cmd_replay(ns)
+    if ns.command == "plot":
+        return cmd_plot(ns)
     parser.print_help()
     return 0
 

@@ -18,9 +18,10 @@ import sys
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C, _config
+from . import snapshots as _snapshot_mod
 from .summary import DEFAULT_TITLE, format_summary
 
 # The hooks cudapool sets, when the installed torch offers them:
@@ -61,6 +62,10 @@ _PATCHED = (
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
     "get_per_process_memory_fraction",
+    "_snapshot",
+    "memory_snapshot",
+    "_record_memory_history",
+    "_dump_snapshot",
 )
 
 _NOT_FIRST_MESSAGE = (
@@ -318,6 +323,89 @@ def foreign_pointer_calls() -> Dict[str, int]:
     return dict(_C.foreign_pointer_calls())
 
 
+# -- snapshots and history ----------------------------------------------------------------------
+
+
+def snapshot(device: Any = None, include_traces: bool = True) -> Dict[str, Any]:
+    """The memory snapshot of the device pools in torch.cuda.memory._snapshot()'s format
+    (cudapool.snapshots module notes): every device with a pool when ``device`` is None, else
+    that one device's segments and trace."""
+    pools = list(_C.device_pools())
+    if device is not None:
+        d = device_index(device)
+        pools = [d] if d in pools else []
+        n = d + 1
+    else:
+        n = max(pools) + 1 if pools else 0
+    return _snapshot_mod.merge(
+        [_snapshot_mod.pool_snapshot(_C.device_pool(d), d, include_traces, n) for d in pools]
+        or [{"segments": [], "device_traces": [[] for _ in range(n)]}]
+    )
+
+
+def dump_snapshot(path: Any = "dump_snapshot.pickle", device: Any = None) -> None:
+    """Write :func:`snapshot` as the pickle that pytorch.org/memory_viz opens."""
+    _snapshot_mod.dump(snapshot(device), path)
+
+
+_STACKS = ("python", "none")
+
+
+def record_history(
+    enabled: bool = True, max_entries: int = _snapshot_mod.DEFAULT_MAX_ENTRIES, stacks: str = "python"
+) -> None:
+    """Record what every device pool does (now and created later) in a ring of the last
+    ``max_entries`` events: allocations, frees requested and completed, segments reserved,
+    mapped, unmapped and given back, out-of-memory. ``stacks="python"`` also keeps the Python
+    stack of each allocation and free (of threads running Python). ``enabled=False`` stops
+    recording and drops the records. Snapshots then carry the records as ``device_traces``
+    and the stacks as their blocks' ``frames``."""
+    if stacks not in _STACKS:
+        raise ValueError(f"stacks must be one of {', '.join(map(repr, _STACKS))}, not {stacks!r}")
+    if enabled and (not isinstance(max_entries, int) or max_entries <= 0):
+        raise ValueError(f"max_entries must be a positive int, not {max_entries!r}")
+    with _lock:
+        _C.set_history_stacks(bool(enabled) and stacks == "python")
+        _C.set_device_history(max_entries if enabled else 0)
+
+
+def _torch_snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> Dict[str, Any]:
+    """torch.cuda.memory._snapshot answered from cudapool (every device, as torch's does)."""
+    del device, augment_with_fx_traces  # torch's snapshot covers every device; no FX frames here
+    return snapshot()
+
+
+def _torch_memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> List[Dict[str, Any]]:
+    """torch.cuda.memory_snapshot answered from cudapool: the segments."""
+    del mempool_id
+    return snapshot(include_traces=include_traces)["segments"]
+
+
+def _torch_record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+    """torch.cuda.memory._record_memory_history answered by cudapool: None or False stops,
+    "state", "all" or True records; ``stacks`` "python", "all" or "cpp" keep Python stacks
+    (C++ frames are not captured); ``max_entries`` beyond the default ring size is capped to
+    it (torch's default is unbounded)."""
+    names = ("context", "stacks", "max_entries", "device")
+    opts = dict(zip(names, args))
+    opts.update(kwargs)
+    on = enabled not in (None, False)
+    stacks = "none" if opts.get("stacks") in (None, False) else "python"
+    max_entries = opts.get("max_entries")
+    if not isinstance(max_entries, int) or max_entries <= 0 or max_entries > _MAX_TORCH_ENTRIES:
+        max_entries = _snapshot_mod.DEFAULT_MAX_ENTRIES
+    record_history(on, max_entries, stacks)
+
+
+_MAX_TORCH_ENTRIES = 10_000_000
+
+
+def _torch_dump_snapshot(filename: Any = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    """torch.cuda.memory._dump_snapshot answered from cudapool."""
+    del augment_with_fx_traces
+    dump_snapshot(filename)
+
+
 _REPLACEMENTS = {
     "memory_stats": memory_stats,
     "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
@@ -327,6 +415,10 @@ _REPLACEMENTS = {
     "reset_max_memory_allocated": _reset_max_memory_allocated,
     "reset_max_memory_cached": _reset_max_memory_cached,
     "get_per_process_memory_fraction": get_per_process_memory_fraction,
+    "_snapshot": _torch_snapshot,
+    "memory_snapshot": _torch_memory_snapshot,
+    "_record_memory_history": _torch_record_memory_history,
+    "_dump_snapshot": _torch_dump_snapshot,
 }
 
 
