@@ -67,11 +67,13 @@ PY_LAYERS: dict[str, int] = {
     # 3: what reads traces or makes them
     "tracer": 3,
     "replay": 3,
-    # 4: the package; 5: the A/B command and its child runner; 6: the command line
-    "__init__": 4,
-    "_ab": 5,
-    "_ab_child": 5,
-    "__main__": 6,
+    # 4: what replays traces to explain out of memory
+    "oom": 4,
+    # 5: the package; 6: the A/B command and its child runner; 7: the command line
+    "__init__": 5,
+    "_ab": 6,
+    "_ab_child": 6,
+    "__main__": 7,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

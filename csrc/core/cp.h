@@ -277,7 +277,77 @@ typedef struct cp_pool_info_s {
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
 
-/* Write the out-of-memory report for a request of `size` bytes into buf (snprintf rules). */
+/* ------------------------------------------------------------------------------------------
+ * Out of memory: the figures at the moment of failure (oom.c) and the report (report.c)
+ * ---------------------------------------------------------------------------------------- */
+
+/* Streams named one by one in an out-of-memory record; the rest are summed in `other`. */
+#define CP_OOM_STREAMS 8
+
+/* One stream's share of the pool's unused memory: the blocks that serve it (its allocation
+ * stream's free blocks, and its PENDING blocks, which return to it). */
+typedef struct cp_oom_stream_s {
+  cp_stream_t stream;        /* 0 in `other` */
+  size_t cached_free;        /* bytes in free blocks serving this stream */
+  size_t free_blocks;        /*   in this many blocks */
+  size_t largest_free_block; /*   the largest of them */
+  size_t pending_free;       /* bytes freed but waiting for stream events */
+  size_t pending_blocks;     /*   in this many blocks */
+} cp_oom_stream_t;
+
+/* What the pool held when an allocation failed, read under the pool lock in the failing call
+ * (the device's free and total memory are asked right after, without the lock). The report
+ * (cp_oom_format) is written from this record only, so the exception's text and the figures
+ * a binding shows from cp_pool_last_oom cannot disagree. Invariants:
+ *   reserved == allocated + cached_free + pending_free + (bytes of blocks being mapped or
+ *               unmapped; 0 outside a page-mapped pool's growth)  -- in a plain pool exactly
+ *   cached_free == sum over streams[0..stream_count) and other of cached_free (same for
+ *               pending_free, free_blocks, pending_blocks)
+ *   fragmentation == 1 - largest_free_block / cached_free  (0 when cached_free == 0) */
+typedef struct cp_oom_info_s {
+  uint64_t sequence; /* 1 for the pool's first failure, counting up; 0: no failure recorded */
+  int64_t time_ns;   /* CLOCK_REALTIME at the failure (ns since the epoch) */
+  int device;
+  const char *backend; /* "sim", "cuda" (static text) */
+  cp_stream_t stream;  /* the stream the request was made on */
+  size_t requested;    /* bytes asked for */
+  size_t rounded;      /* bytes after the pool's rounding (0: larger than any address space) */
+  size_t reserved;     /* bytes held from the device */
+  size_t allocated;    /* bytes in live blocks */
+  size_t cached_free;  /* bytes in free blocks (reusable) */
+  size_t largest_free_block;
+  double fragmentation;
+  size_t pending_free; /* bytes freed but waiting for stream events */
+  size_t segments;
+  size_t live_blocks;
+  size_t free_blocks;
+  size_t pending_blocks;
+  size_t device_free; /* 0 and 0 when the device cannot tell */
+  size_t device_total;
+  size_t memory_cap; /* effective cap in bytes, 0 = none */
+  int64_t num_ooms;  /* the num_ooms statistic, this failure included */
+  /* The event log's sequence number of this failed allocation (cp_pool_event_log), or
+   * UINT64_MAX when no log was kept. */
+  uint64_t log_event;
+  size_t stream_count; /* entries of streams[] used: most unused bytes first */
+  cp_oom_stream_t streams[CP_OOM_STREAMS];
+  size_t other_streams; /* streams summed in `other` */
+  cp_oom_stream_t other;
+} cp_oom_info_t;
+
+/* The record of the pool's latest out-of-memory failure: 1 and *out filled, or 0 (and *out
+ * zeroed) when the pool has not failed yet. */
+int cp_pool_last_oom(cp_pool_t *pool, cp_oom_info_t *out);
+
+/* The figures as they are now, for a request of `size` bytes on `stream` (sequence 0, nothing
+ * recorded or counted). */
+void cp_pool_oom_now(cp_pool_t *pool, size_t size, cp_stream_t stream, cp_oom_info_t *out);
+
+/* Write the out-of-memory report of `info` into buf (snprintf rules). It begins with
+ * "Tried to allocate ...". */
+int cp_oom_format(const cp_oom_info_t *info, char *buf, size_t buf_size);
+
+/* cp_oom_format of cp_pool_oom_now(pool, size, stream 0). */
 int cp_pool_oom_report(cp_pool_t *pool, size_t size, char *buf, size_t buf_size);
 
 /* Walk the whole pool and count invariant violations (0 = healthy). When `out` is not
@@ -448,5 +518,39 @@ int cp_replay_seed_segment(cp_replay_t *replay, cp_stream_t stream, int kind, si
                            const cp_seed_block_t *blocks, size_t n);
 /* Free every allocation still live, then the replay itself (not the pool). */
 void cp_replay_destroy(cp_replay_t *replay);
+
+/* ------------------------------------------------------------------------------------------
+ * The event log (oom.c): the pool's latest allocation events, in trace form, so that the
+ * history that led to a failure can be replayed under other configurations.
+ * ---------------------------------------------------------------------------------------- */
+
+/* In the event log only (never in a trace): an allocation that failed (id 0). */
+enum { CP_TRACE_ALLOC_FAILED = 2 };
+
+/* Keep the latest `capacity` events (rounded up to a power of two; 0 = none, the default):
+ * every successful allocation (ALLOC, id = address, size = bytes asked for, stream = the
+ * request's), every free (FREE, the same id and size, the block's allocation stream) and
+ * every failed allocation (CP_TRACE_ALLOC_FAILED). time_ns is -1; device is the backend's.
+ * Events are numbered from 0 in the order they happen, across capacity changes; a change
+ * drops the events kept so far. CP_ERR_INVALID above CP_EVENT_LOG_MAX events, CP_ERR_HOST_OOM
+ * when the ring cannot be had (the old one is kept then). */
+#define CP_EVENT_LOG_MAX ((size_t)1 << 30)
+int cp_pool_set_event_log(cp_pool_t *pool, size_t capacity);
+
+/* A copy of the event log and of the live blocks, taken together under the pool lock. */
+typedef struct cp_event_log_s {
+  cp_trace_event_t *events; /* oldest first */
+  size_t n_events;
+  uint64_t first;         /* the number of events[0] */
+  uint64_t next;          /* the number the next event will get */
+  size_t capacity;        /* the log's capacity (0: no log kept) */
+  cp_trace_event_t *live; /* an ALLOC event per live block: id, size asked for, stream */
+  size_t n_live;
+} cp_event_log_t;
+
+/* Fill *out (its arrays malloc'ed; cp_event_log_release frees them). CP_ERR_HOST_OOM leaves
+ * *out empty. */
+int cp_pool_event_log(cp_pool_t *pool, cp_event_log_t *out);
+void cp_event_log_release(cp_event_log_t *log);
 
 #endif /* CP_H */

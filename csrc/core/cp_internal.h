@@ -264,6 +264,17 @@ void cp_stats_reset_accumulated(cp_stats_t *st);
 
 #define CP_BLOCK_SLAB 256
 
+/* The event log's ring (oom.c): events [next - n, next) sit at ring[seq & mask], where
+ * n = min(next - start, mask + 1) and `start` is the number of the first event since the
+ * ring was (re)made. cap == 0: no log; then ring == NULL. */
+typedef struct cp_evlog_s {
+  cp_trace_event_t *ring;
+  size_t mask;    /* cap - 1 */
+  size_t cap;     /* a power of two, or 0 */
+  uint64_t next;  /* the number the next event gets */
+  uint64_t start; /* the number of the ring's first event */
+} cp_evlog_t;
+
 typedef struct cp_block_slab_s {
   struct cp_block_slab_s *next;
   cp_block_t blocks[CP_BLOCK_SLAB];
@@ -312,6 +323,10 @@ struct cp_pool_s {
   uint64_t stitch_clock;        /* ticks at every free of a stitched block */
   struct cp_history_s *history; /* NULL unless history is recorded (history.c) */
   uint64_t history_seq;         /* records made over the pool's life */
+  /* Out of memory and the event log (oom.c). */
+  cp_evlog_t evlog;
+  cp_oom_info_t last_oom; /* sequence 0: no failure yet */
+  uint64_t oom_sequence;  /* failures so far (never reset) */
 };
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
@@ -424,6 +439,33 @@ static inline cp_block_t *cp_block_absorb_next(cp_block_t *b) {
 static inline size_t cp_reserved_locked(const cp_pool_t *pool) {
   return (size_t)pool->stats.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Out of memory and the event log (oom.c)
+ * ---------------------------------------------------------------------------------------- */
+
+/* Append one event to the log (nothing when it is off: one branch). */
+static inline void cp_evlog_put_locked(cp_pool_t *pool, uint8_t action, uintptr_t id, size_t size, cp_stream_t stream) {
+  cp_evlog_t *lg = &pool->evlog;
+  if (lg->cap == 0) return;
+  cp_trace_event_t *e = &lg->ring[lg->next & lg->mask];
+  e->action = action;
+  e->device = pool->backend.device;
+  e->id = id;
+  e->size = size;
+  e->stream = stream;
+  e->time_ns = -1;
+  lg->next++;
+}
+
+/* A failed allocation, lock held: fill *out with the pool's figures (not the device's),
+ * count it in the pool's sequence, log it and keep nothing yet (cp_oom_publish keeps it). */
+void cp_oom_fail_locked(cp_pool_t *pool, size_t size, size_t rounded, cp_stream_t stream, cp_oom_info_t *out);
+/* Without the lock: ask the device for its free and total memory into *info, then make it
+ * the pool's latest record (unless a later failure got there first). */
+void cp_oom_publish(cp_pool_t *pool, cp_oom_info_t *info);
+/* At destroy. */
+void cp_evlog_destroy(cp_evlog_t *lg);
 
 /* cp_pool_info without asking the device (no mem_info call): device_free and device_total
  * stay 0. For the replay, whose own measuring must not add to the device calls it counts. */

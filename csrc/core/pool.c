@@ -486,6 +486,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
   }
   cp_ptrmap_destroy(&pool->live);
   cp_history_destroy(pool);
+  cp_evlog_destroy(&pool->evlog);
   pthread_mutex_unlock(&pool->lock);
   pthread_mutex_destroy(&pool->lock);
   free(pool);
@@ -527,6 +528,7 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     if (b != NULL) {
       *out_ptr = cp_take_locked(pool, b, rounded, size);
       CP_HISTORY(pool, CP_HIST_ALLOC, b->addr, b->size, stream);
+      cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
       CP_DEBUG_CHECK(pool, "cp_alloc");
       pthread_mutex_unlock(&pool->lock);
       return CP_OK;
@@ -557,14 +559,21 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
       }
     }
   }
-  if (rc == CP_ERR_OOM) pool->stats.num_ooms++; /* 5. */
   if (CP_UNLIKELY(pool->history != NULL))
     cp_history_alloc_locked(pool, rc, rc == CP_OK ? *out_ptr : NULL, size, stream);
+  cp_oom_info_t oom;
+  if (rc == CP_ERR_OOM) { /* 5. */
+    pool->stats.num_ooms++;
+    cp_oom_fail_locked(pool, size, rounded, stream, &oom);
+  } else if (rc == CP_OK) {
+    cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
+  }
   CP_DEBUG_CHECK(pool, "cp_alloc");
   pthread_mutex_unlock(&pool->lock);
   if (rc == CP_ERR_OOM) {
-    char report[2048];
-    cp_pool_oom_report(pool, size, report, sizeof report);
+    cp_oom_publish(pool, &oom);
+    char report[4096];
+    cp_oom_format(&oom, report, sizeof report);
     cp_set_error(CP_ERR_OOM, "%s", report);
   }
   return rc;
@@ -602,6 +611,7 @@ static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, c
     cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
     if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
     if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
+    cp_evlog_put_locked(pool, CP_TRACE_FREE, b->addr, b->requested, b->segment->stream->handle);
     if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
   }
   CP_DEBUG_CHECK(pool, "cp_free");

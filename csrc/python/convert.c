@@ -254,6 +254,66 @@ fail:
   return NULL;
 }
 
+/* {"stream", "cached_free", ...} of one stream's share. */
+static PyObject *oom_stream_to_dict(const cp_oom_stream_t *s) {
+  return Py_BuildValue("{s:K,s:n,s:n,s:n,s:n,s:n}", "stream", (unsigned long long)s->stream, "cached_free",
+                       (Py_ssize_t)s->cached_free, "free_blocks", (Py_ssize_t)s->free_blocks, "largest_free_block",
+                       (Py_ssize_t)s->largest_free_block, "pending_free", (Py_ssize_t)s->pending_free, "pending_blocks",
+                       (Py_ssize_t)s->pending_blocks);
+}
+
+PyObject *cpy_oom_to_dict(const cp_oom_info_t *in) {
+  char small[4096];
+  int n = cp_oom_format(in, small, sizeof small);
+  if (n < 0) {
+    PyErr_SetString(PyExc_RuntimeError, "cp_oom_format failed");
+    return NULL;
+  }
+  PyObject *report;
+  if ((size_t)n < sizeof small) {
+    report = PyUnicode_DecodeUTF8(small, n, "replace");
+  } else {
+    char *big = PyMem_Malloc((size_t)n + 1);
+    if (big == NULL) return PyErr_NoMemory();
+    int m = cp_oom_format(in, big, (size_t)n + 1);
+    report = PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
+    PyMem_Free(big);
+  }
+  PyObject *streams = PyList_New((Py_ssize_t)in->stream_count);
+  PyObject *other = oom_stream_to_dict(&in->other);
+  if (report == NULL || streams == NULL || other == NULL) goto fail;
+  for (size_t i = 0; i < in->stream_count; i++) {
+    PyObject *s = oom_stream_to_dict(&in->streams[i]);
+    if (s == NULL) goto fail;
+    PyList_SET_ITEM(streams, (Py_ssize_t)i, s);
+  }
+  PyObject *log_event = Py_None;
+  if (in->log_event == UINT64_MAX) {
+    Py_INCREF(Py_None);
+  } else {
+    log_event = PyLong_FromUnsignedLongLong(in->log_event);
+  }
+  if (log_event == NULL) goto fail;
+  /* N: the dict takes the references. */
+  return Py_BuildValue(
+      "{s:K,s:L,s:i,s:s,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:d,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:L,s:N,s:N,s:n,s:N,s:N}",
+      "sequence", (unsigned long long)in->sequence, "time_ns", (long long)in->time_ns, "device", in->device, "backend",
+      in->backend != NULL ? in->backend : "?", "stream", (unsigned long long)in->stream, "requested",
+      (Py_ssize_t)in->requested, "rounded", (Py_ssize_t)in->rounded, "reserved", (Py_ssize_t)in->reserved, "allocated",
+      (Py_ssize_t)in->allocated, "cached_free", (Py_ssize_t)in->cached_free, "largest_free_block",
+      (Py_ssize_t)in->largest_free_block, "fragmentation", in->fragmentation, "pending_free",
+      (Py_ssize_t)in->pending_free, "segments", (Py_ssize_t)in->segments, "live_blocks", (Py_ssize_t)in->live_blocks,
+      "free_blocks", (Py_ssize_t)in->free_blocks, "pending_blocks", (Py_ssize_t)in->pending_blocks, "device_free",
+      (Py_ssize_t)in->device_free, "device_total", (Py_ssize_t)in->device_total, "memory_cap",
+      (Py_ssize_t)in->memory_cap, "num_ooms", (long long)in->num_ooms, "log_event", log_event, "streams", streams,
+      "other_streams", (Py_ssize_t)in->other_streams, "other", other, "report", report);
+fail:
+  Py_XDECREF(report);
+  Py_XDECREF(streams);
+  Py_XDECREF(other);
+  return NULL;
+}
+
 PyObject *cpy_config_to_str(const cp_config_t *cfg) {
   char small[1024];
   int n = cp_config_format(cfg, small, sizeof small);

@@ -49,6 +49,9 @@ extern const char *const cpy_stat_metric_names[4];
 PyObject *cpy_stats_to_dict(const cp_stats_t *stats);
 /* Every field of cp_pool_info_t as a dict. */
 PyObject *cpy_info_to_dict(const cp_pool_info_t *info);
+/* An out-of-memory record as a dict: every field, "streams" a list of dicts, "other" one,
+ * "log_event" None when no log was kept, and "report", the text cp_oom_format writes. */
+PyObject *cpy_oom_to_dict(const cp_oom_info_t *info);
 /* A configuration in its "key:value,..." form. */
 PyObject *cpy_config_to_str(const cp_config_t *cfg);
 

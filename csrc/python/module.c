@@ -185,6 +185,19 @@ static PyObject *mod_foreign_pointer_calls(PyObject *Py_UNUSED(module), PyObject
   return Py_BuildValue("{sKsK}", "free", frees, "record_stream", record_streams);
 }
 
+static PyObject *mod_set_event_log(PyObject *module, PyObject *n_obj) {
+  size_t n;
+  if (cpy_as_size(n_obj, "capacity", &n) < 0) return NULL;
+  cp_clear_error();
+  int rc = cpd_set_event_log(n);
+  if (rc != CP_OK) return cpy_raise_status(cpy_state_of_module(module)->oom_error, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_event_log_capacity(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  return cpy_from_size(cpd_event_log());
+}
+
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   Py_BEGIN_ALLOW_THREADS cpd_shutdown();
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
@@ -266,6 +279,10 @@ static PyMethodDef module_methods[] = {
     {"foreign_pointer_calls", mod_foreign_pointer_calls, METH_NOARGS,
      "foreign_pointer_calls() -> dict\n\nHow many frees and record_streams torch made on pointers that no "
      "pool holds (memory of another allocator, a DLPack import): they do nothing and print nothing."},
+    {"set_event_log", mod_set_event_log, METH_O,
+     "set_event_log(capacity)\n\nEvents each device pool keeps in its event log, the history an out-of-memory "
+     "failure is replayed from (existing pools drop theirs; 0: none). Back to the default at shutdown()."},
+    {"event_log_capacity", mod_event_log_capacity, METH_NOARGS, "The device pools' event log capacity setting."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},

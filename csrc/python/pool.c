@@ -396,6 +396,32 @@ static PyObject *Pool_oom_report(PyObject *op, PyObject *size_obj) {
   return r;
 }
 
+static PyObject *Pool_last_oom(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  ANY_POOL(op, self, pool);
+  cp_oom_info_t in;
+  if (pool == NULL || !cp_pool_last_oom(pool, &in)) Py_RETURN_NONE;
+  return cpy_oom_to_dict(&in);
+}
+
+/* {"capacity", "first", "next", "events": bytes, "live": bytes}: the event log and the live
+ * blocks, as 40-byte trace records (cp_pool_event_log). */
+static PyObject *Pool_event_log(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  ANY_POOL(op, self, pool);
+  cp_event_log_t log;
+  memset(&log, 0, sizeof log);
+  if (pool != NULL) {
+    cp_clear_error();
+    int rc = cp_pool_event_log(pool, &log);
+    if (rc != CP_OK) return raise_status(op, rc);
+  }
+  PyObject *r = Py_BuildValue("{s:n,s:K,s:K,s:y#,s:y#}", "capacity", (Py_ssize_t)log.capacity, "first",
+                              (unsigned long long)log.first, "next", (unsigned long long)log.next, "events",
+                              (const char *)log.events, (Py_ssize_t)(log.n_events * sizeof(cp_trace_event_t)), "live",
+                              (const char *)log.live, (Py_ssize_t)(log.n_live * sizeof(cp_trace_event_t)));
+  cp_event_log_release(&log);
+  return r;
+}
+
 static PyObject *Pool_config(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   ANY_POOL(op, self, pool);
   cp_config_t cfg;
@@ -482,6 +508,16 @@ static PyObject *Pool_record_stream(PyObject *op, PyObject *args) {
   if (cpy_as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
   cp_clear_error();
   int rc = cp_record_stream(self->pool, (void *)ptr, (cp_stream_t)stream);
+  if (rc != CP_OK) return raise_status(op, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_set_event_log(PyObject *op, PyObject *n_obj) {
+  SIM_ONLY(op, self, "set_event_log()");
+  size_t n;
+  if (cpy_as_size(n_obj, "capacity", &n) < 0) return NULL;
+  cp_clear_error();
+  int rc = cp_pool_set_event_log(self->pool, n);
   if (rc != CP_OK) return raise_status(op, rc);
   Py_RETURN_NONE;
 }
@@ -721,6 +757,11 @@ static PyMethodDef Pool_methods[] = {
     {"history", Pool_history, METH_NOARGS,
      "history() -> (records, recorded, capacity)\n\nThe history held, oldest first: (seq, time_ns, action, addr, "
      "size, stream, stack_id) tuples; recorded counts every record ever made, capacity is the ring's size."},
+    {"last_oom", Pool_last_oom, METH_NOARGS,
+     "The figures of the pool's latest out-of-memory failure (dict, with its \"report\" text), or None."},
+    {"event_log", Pool_event_log, METH_NOARGS,
+     "The event log and the live blocks, read together: {\"capacity\", \"first\", \"next\", \"events\", "
+     "\"live\"}, the last two packed 40-byte trace records."},
     {"config", Pool_config, METH_NOARGS, "The configuration the pool runs with, in \"key:value,...\" form."},
     {"empty_cache", Pool_empty_cache, METH_NOARGS, "Return every wholly free segment to the device."},
     {"set_memory_fraction", Pool_set_memory_fraction, METH_O,
@@ -733,6 +774,9 @@ static PyMethodDef Pool_methods[] = {
      "record_stream(ptr, stream)\n\nMark ptr as used on stream too: it is reused only after that work ends."},
     {"set_history", Pool_set_history, METH_O,
      "set_history(max_entries)\n\nRecord the last max_entries events (0: stop and drop them)."},
+    {"set_event_log", Pool_set_event_log, METH_O,
+     "set_event_log(capacity)\n\nKeep the latest capacity allocation events (rounded up to a power of two; 0: "
+     "none, the default for a simulated pool)."},
     {"set_memory_cap", Pool_set_memory_cap, METH_O,
      "set_memory_cap(bytes)\n\nCap the reserved memory at bytes (0 = no cap)."},
     {"complete", Pool_complete, METH_O, "complete(stream)\n\nFinish all work submitted to stream so far."},

@@ -71,7 +71,10 @@ int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
 int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size) {
   if (status == CP_ERR_OOM) {
     /* The pool's report starts with "Tried to allocate ...". */
-    return snprintf(buf, buf_size, "CUDA out of memory. %s", cp_last_error());
+    return snprintf(buf, buf_size,
+                    "CUDA out of memory. %s cudapool.last_oom() has these figures and the configuration change "
+                    "that makes the latest allocations fit, found by replaying them.",
+                    cp_last_error());
   }
   return snprintf(buf, buf_size, "cudapool: allocating %zu bytes on device %d failed (%s): %s", size, device,
                   cp_status_name(status), cp_last_error());

@@ -30,6 +30,7 @@ static size_t cpd_history; /* cpd_set_history's setting */
 static size_t cpd_sim_capacity;
 static int cpd_sim_count;
 static unsigned cpd_sim_flags;
+static size_t cpd_event_log_cap = CPD_DEFAULT_EVENT_LOG;
 static double cpd_fractions[CP_MAX_DEVICES];           /* set through cpd_set_memory_fraction */
 static unsigned char cpd_fraction_set[CP_MAX_DEVICES]; /* 1 where cpd_fractions[d] holds one */
 static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
@@ -142,6 +143,11 @@ static int cpd_create_locked(int device, cp_pool_t **out_pool) {
     cp_pool_destroy(*out_pool);
     *out_pool = NULL;
   }
+  if (rc == CP_OK && cpd_event_log_cap != 0 && cp_pool_set_event_log(*out_pool, cpd_event_log_cap) != CP_OK) {
+    cp_pool_destroy(*out_pool);
+    *out_pool = NULL;
+    rc = CP_ERR_HOST_OOM;
+  }
   if (rc != CP_OK && cpd_sims[device] != NULL) {
     cp_sim_destroy(cpd_sims[device]);
     cpd_sims[device] = NULL;
@@ -225,6 +231,29 @@ size_t cpd_history_entries(void) {
   return n;
 }
 
+int cpd_set_event_log(size_t capacity) {
+  if (capacity > CP_EVENT_LOG_MAX) {
+    return cp_set_error(CP_ERR_INVALID, "cudapool: an event log of %zu events is more than the %zu allowed", capacity,
+                        CP_EVENT_LOG_MAX);
+  }
+  cpd_table_lock();
+  int rc = CP_OK;
+  for (int d = 0; d < CP_MAX_DEVICES && rc == CP_OK; d++) {
+    cp_pool_t *pool = atomic_load_explicit(&cpd_pools[d], memory_order_relaxed);
+    if (pool != NULL) rc = cp_pool_set_event_log(pool, capacity);
+  }
+  if (rc == CP_OK) cpd_event_log_cap = capacity;
+  pthread_mutex_unlock(&cpd_lock);
+  return rc;
+}
+
+size_t cpd_event_log(void) {
+  cpd_table_lock();
+  size_t cap = cpd_event_log_cap;
+  pthread_mutex_unlock(&cpd_lock);
+  return cap;
+}
+
 void cpd_shutdown(void) {
   cpd_table_lock();
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
@@ -240,5 +269,6 @@ void cpd_shutdown(void) {
   cpd_sim_mode = 0;
   cpd_cfg_set = 0;
   cpd_history = 0;
+  cpd_event_log_cap = CPD_DEFAULT_EVENT_LOG;
   pthread_mutex_unlock(&cpd_lock);
 }

@@ -37,6 +37,15 @@ void cpd_note_memory_fraction(int device, double fraction);
  * records (0: off); cp_pool_history_enable's rules. cpd_history_entries: the setting. */
 int cpd_set_history(size_t max_entries);
 size_t cpd_history_entries(void);
+/* Events each device pool keeps in its event log (cp_pool_set_event_log): the history an
+ * out-of-memory failure is replayed from under other configurations. Applies to the pools that
+ * exist (their events so far are dropped) and to those created later (cpd_shutdown restores
+ * the default); 0 keeps none. The first
+ * error (CP_ERR_INVALID above CP_EVENT_LOG_MAX, CP_ERR_HOST_OOM) leaves the setting as it was, and the
+ * pools before the failing one with the new log. */
+#define CPD_DEFAULT_EVENT_LOG ((size_t)16384)
+int cpd_set_event_log(size_t capacity);
+size_t cpd_event_log(void);
 
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */

@@ -12,9 +12,9 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 """
 
 import atexit
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from . import _C, _torch, ab
+from . import _C, _torch, ab, oom
 from ._version import __version__
 
 # Frees that arrive while the interpreter exits (tensors dropped during teardown, possibly
@@ -38,7 +38,9 @@ __all__ = [
     "snapshot",
     "dump_snapshot",
     "record_history",
+    "last_oom",
     "ab",
+    "oom",
 ]
 
 
@@ -68,9 +70,13 @@ def memory_stats(device: Any = None) -> Dict[str, int]:
     return _torch.memory_stats(device)
 
 
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """The pool's statistics as a table, in ``torch.cuda.memory_summary``'s layout."""
-    return _torch.memory_summary(device, abbreviated)
+def memory_summary(device: Any = None, abbreviated: bool = False, all_ranks: bool = False) -> str:
+    """The pool's statistics as a table, in ``torch.cuda.memory_summary``'s layout.
+
+    ``all_ranks=True`` under torch.distributed (one process per GPU): every rank's statistics
+    gathered into one table, per statistic its min / max / mean over the ranks and the worst
+    rank. A collective: every rank must call it, and every rank gets the table."""
+    return _torch.memory_summary(device, abbreviated, all_ranks)
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -110,6 +116,14 @@ def empty_cache() -> None:
     enabled, ``torch.cuda.empty_cache()`` does the same.
     """
     _torch.empty_cache()
+
+
+def last_oom(device: Any = None) -> Optional[Dict[str, Any]]:
+    """The latest out-of-memory failure of the device's pool as a dict, or None: the figures
+    at the failure (the exception's report is its "report"), and "suggestion", the configuration
+    change with which the latest allocations fit, found by replaying them on a simulated device
+    under each alternative (see :mod:`cudapool.oom`)."""
+    return oom.last_oom(device)
 
 
 def foreign_pointer_calls() -> Dict[str, int]:

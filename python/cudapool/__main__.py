@@ -2,8 +2,10 @@
 ``python -m cudapool replay TRACE``, ``python -m cudapool plot SNAPSHOT_OR_TRACE -o PNG`` and ``python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]``.
 
 run   enable cudapool (configuration from CUDAPOOL_CONF), run SCRIPT as __main__ with ARGS,
-      then print the memory summary of every device that has a pool to stderr. The exit
-      status is the script's.
+      then print the memory summary of every device that has a pool to stderr (under
+      torchrun, WORLD_SIZE > 1: one table of every rank's statistics, on rank 0 only). When
+      out of memory ended the script, the out-of-memory report with its computed suggestion
+      is printed too. The exit status is the script's.
 info  what cudapool would run with here: its version and configuration, torch, the CUDA
       driver, and the allocator hooks this torch offers. Never initialises CUDA.
 replay
@@ -47,6 +49,56 @@ def _print_summaries() -> None:
     sys.stderr.flush()
 
 
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def _print_all_ranks_summary() -> None:
+    """Under torchrun (WORLD_SIZE > 1): gather every rank's statistics and print the
+    all-ranks table once, on rank 0. A collective: every rank gets here at its script's end.
+    When the script has torn its process group down (or never made one), a gloo group is
+    made for the gathering from torchrun's environment, and torn down after."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import cudapool
+
+    made = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        made = True
+    try:
+        rank = dist.get_rank()
+        text = cudapool.memory_summary(all_ranks=True)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    if rank == 0:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _print_oom(exc: BaseException) -> None:
+    """When out of memory ended the script: the report with the computed suggestion."""
+    from cudapool import _C, oom
+
+    chain: List[BaseException] = []
+    seen: Optional[BaseException] = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not any(str(e).startswith("CUDA out of memory") for e in chain):
+        return
+    for device in _C.device_pools():
+        report = oom.analyse(_C.device_pool(device), cache_key=device)
+        if report is not None:
+            sys.stderr.write(f"cudapool: device {device}: " + oom.format_oom(report))
+
+
 def cmd_run(script: str, args: List[str]) -> int:
     import cudapool
     from cudapool._ab_child import exit_code
@@ -78,16 +130,23 @@ def cmd_run(script: str, args: List[str]) -> int:
     except KeyboardInterrupt:
         traceback.print_exc()
         status = 130
-    except BaseException:  # the script failed: report it as Python would, then summarise
+    except BaseException as exc:  # the script failed: report it as Python would, then summarise
         traceback.print_exc()
         status = 1
+        try:
+            _print_oom(exc)
+        except Exception as why:  # never hide the script's status behind a report failure
+            _err(f"cannot explain the out of memory: {why}")
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
         sys.stdout.flush()
         try:
-            _print_summaries()
+            if _world_size() > 1:
+                _print_all_ranks_summary()
+            else:
+                _print_summaries()
         except Exception as exc:  # never hide the script's status behind a summary failure
             _err(f"cannot print the memory summary: {exc}")
     return status

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C, _config
 from . import snapshots as _snapshot_mod
-from .summary import DEFAULT_TITLE, format_summary
+from .summary import DEFAULT_TITLE, format_all_ranks, format_summary
 
 # The hooks cudapool sets, when the installed torch offers them:
 # (name, setter on torch._C._CUDAPluggableAllocator, exported symbol of _C).
@@ -267,10 +267,71 @@ def memory_stats_as_nested_dict(device: Any = None) -> Dict[str, Any]:
     return nested
 
 
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """The statistics of ``device``'s pool as the table of ``torch.cuda.memory_summary``."""
+def memory_summary(device: Any = None, abbreviated: bool = False, all_ranks: bool = False) -> str:
+    """The statistics of ``device``'s pool as the table of ``torch.cuda.memory_summary``;
+    with ``all_ranks``, every rank's (see :func:`all_ranks_summary`)."""
+    if all_ranks:
+        return all_ranks_summary(device)
     index = device_index(device)
     return format_summary(memory_stats(index), index, abbreviated, title=DEFAULT_TITLE)
+
+
+def device_name(index: int) -> str:
+    """The name of device ``index`` for tables: "simulated device", the CUDA device's name
+    (only once CUDA is initialised: asking would initialise it), else "cuda:N"."""
+    if _C.using_sim_devices():
+        return "simulated device"
+    if _cuda_initialized():
+        try:
+            return str(_torch_if_imported().cuda.get_device_name(index))
+        except Exception:  # a device torch cannot name
+            pass
+    return f"cuda:{index}"
+
+
+# The gloo group the statistics are gathered over when the default group is not gloo
+# (NCCL gathers objects through CUDA tensors): (default group, its gloo twin).
+_gather_group: Optional[Tuple[Any, Any]] = None
+
+
+def gather_rank_stats(device: Any = None) -> List[Dict[str, Any]]:
+    """Every rank's statistics, gathered over torch.distributed (a collective: every rank
+    must call it): one dict per rank, in rank order, with ``rank``, ``device`` (the index
+    ``device`` names on that rank), ``device_name`` and ``stats``. Over the default group
+    when its backend is gloo, else over a gloo group made once (with ``new_group``, itself
+    a collective). RuntimeError when torch.distributed is not initialised."""
+    global _gather_group
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "memory_summary(all_ranks=True) gathers every rank's statistics over torch.distributed, "
+            "which is not initialised in this process: call torch.distributed.init_process_group() "
+            "first (torchrun sets up its environment), on every rank"
+        )
+    index = device_index(device)
+    mine = {
+        "rank": dist.get_rank(),
+        "device": index,
+        "device_name": device_name(index),
+        "stats": dict(memory_stats(index)),
+    }
+    group = None
+    if dist.get_backend() != "gloo":
+        default = dist.group.WORLD
+        if _gather_group is None or _gather_group[0] is not default:
+            _gather_group = (default, dist.new_group(backend="gloo"))
+        group = _gather_group[1]
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine, group=group)
+    return sorted(gathered, key=lambda r: int(r["rank"]))
+
+
+def all_ranks_summary(device: Any = None) -> str:
+    """Every rank's statistics in one table (a collective: every rank must call it, and every
+    rank gets the table): per statistic, its minimum, maximum and mean over the ranks and the
+    worst rank (see :func:`cudapool.summary.format_all_ranks`)."""
+    return format_all_ranks(gather_rank_stats(device), title=DEFAULT_TITLE)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:

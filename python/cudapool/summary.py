@@ -6,11 +6,11 @@ differs: it names cudapool. Needs neither torch nor a GPU: it formats a stats di
 torch's key names (``cudapool.memory_stats()``, ``cudapool.sim.Pool.memory_stats()``).
 """
 
-from typing import Callable, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Sequence, Tuple
 
 from ._units import format_bytes, scaled
 
-__all__ = ["format_summary", "DEFAULT_TITLE"]
+__all__ = ["format_summary", "format_all_ranks", "DEFAULT_TITLE", "RANK_ROWS"]
 
 DEFAULT_TITLE = "cudapool CUDA memory summary"
 
@@ -107,5 +107,72 @@ def format_summary(stats: Mapping[str, int], device: int, abbreviated: bool = Fa
         lines.append(rule)
         values = [_value(stats, f"{family}.{m}") for m in _METRICS]
         lines.append(_row(label, [fmt(v, v) for v in values]))
+    lines.append(frame)
+    return "".join(f"|{line}|\n" for line in lines)
+
+
+# The all-ranks table: (stats key, row label, formatter kind), one row each.
+RANK_ROWS: Sequence[Tuple[str, str, str]] = (
+    ("allocated_bytes.all.current", "Allocated memory", "bytes"),
+    ("allocated_bytes.all.peak", "Allocated memory, peak", "bytes"),
+    ("active_bytes.all.current", "Active memory", "bytes"),
+    ("active_bytes.all.peak", "Active memory, peak", "bytes"),
+    ("requested_bytes.all.current", "Requested memory", "bytes"),
+    ("requested_bytes.all.peak", "Requested memory, peak", "bytes"),
+    ("reserved_bytes.all.current", "GPU reserved memory", "bytes"),
+    ("reserved_bytes.all.peak", "GPU reserved mem., peak", "bytes"),
+    ("inactive_split_bytes.all.current", "Non-releasable memory", "bytes"),
+    ("inactive_split_bytes.all.peak", "Non-releasable, peak", "bytes"),
+    ("allocation.all.current", "Allocations", "count"),
+    ("allocation.all.peak", "Allocations, peak", "count"),
+    ("segment.all.current", "GPU reserved segments", "count"),
+    ("segment.all.peak", "Reserved segments, peak", "count"),
+    ("oversize_allocations.current", "Oversize allocations", "count"),
+    ("oversize_segments.current", "Oversize GPU segments", "count"),
+    ("num_alloc_retries", "cudaMalloc retries", "count"),
+    ("num_ooms", "CUDA OOMs", "count"),
+    ("num_device_alloc", "Device allocations", "count"),
+    ("num_device_free", "Device frees", "count"),
+)
+
+
+def _rank_cell(kind: str, value: float) -> str:
+    if kind == "bytes":
+        return format_bytes(int(round(value)), largest="PiB")
+    return f"{value:.1f}" if value != int(value) else f"{int(value)}"
+
+
+def format_all_ranks(per_rank: Sequence[Mapping[str, Any]], title: str = DEFAULT_TITLE) -> str:
+    """One table over every rank of a distributed job: per statistic (:data:`RANK_ROWS`) its
+    minimum, maximum and mean over the ranks, and the worst rank (the one with the maximum;
+    the lowest rank among equals).
+
+    ``per_rank``: one mapping per rank with ``rank``, ``device`` (its index), ``device_name``
+    and ``stats`` (a flat dict under torch's key names), in any order.
+    """
+    if not per_rank:
+        raise ValueError("no ranks to summarise")
+    ranks = sorted(per_rank, key=lambda r: int(r["rank"]))
+    names = sorted({str(r.get("device_name", "?")) for r in ranks})
+    devices = sorted({int(r.get("device", 0)) for r in ranks})
+    rule = "-" * WIDTH
+    frame = "=" * WIDTH
+    head = f"{title}, all {len(ranks)} ranks"
+    lines: List[str] = [
+        frame,
+        f" {head}".ljust(WIDTH),
+        f" devices: {', '.join(map(str, devices))} ({'; '.join(names)})"[:WIDTH].ljust(WIDTH),
+        frame,
+        f" {'Metric':<24}| {'Min':>11} | {'Max':>11} | {'Mean':>11} | {'Worst':>5} ".ljust(WIDTH),
+        rule,
+    ]
+    for key, label, kind in RANK_ROWS:
+        values = [(int(r["stats"].get(key, 0)), int(r["rank"])) for r in ranks]
+        low = min(v for v, _ in values)
+        high = max(v for v, _ in values)
+        mean = sum(v for v, _ in values) / len(values)
+        worst = min(rank for v, rank in values if v == high)
+        cells = [_rank_cell(kind, x) for x in (low, high, mean)]
+        lines.append(f" {label:<24}| {cells[0]:>11} | {cells[1]:>11} | {cells[2]:>11} | {worst:>5} ".ljust(WIDTH))
     lines.append(frame)
     return "".join(f"|{line}|\n" for line in lines)
