@@ -204,6 +204,7 @@ class Tracer:
         window: bool = False,
         fake: Optional[bool] = None,
         workspace_bytes: Optional[int] = None,
+        fake_mode: Optional[Any] = None,
     ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
@@ -211,7 +212,7 @@ class Tracer:
         self.record_ops = record_ops
         self.window = window
         if fake is None:
-            fake = self.device_type == "cuda" and not torch.cuda.is_available()
+            fake = fake_mode is not None or (self.device_type == "cuda" and not torch.cuda.is_available())
         if fake and self.device_type != "cuda":
             raise ValueError("fake=True traces fake CUDA tensors: use it with device='cuda'")
         self.fake = bool(fake)
@@ -219,7 +220,7 @@ class Tracer:
             raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
         self.workspace_bytes = workspace_bytes
         #: The fake tensor mode programs build their CUDA tensors in (``fake=True``), else None.
-        self.fake_mode: Optional[Any] = None
+        self.fake_mode: Optional[Any] = fake_mode
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
         self._start: Dict[int, _Live] = {}
         self._start_order: List[Tuple[int, int, int]] = []  # (id, size, stream) at the start
@@ -372,7 +373,8 @@ class Tracer:
         ):
             self._patched.append((owner, name, getattr(owner, name)))
             setattr(owner, name, value)
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        if self.fake_mode is None:
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.fake_mode.__enter__()
 
     def _exit_fake(self, exc: Any) -> None:
