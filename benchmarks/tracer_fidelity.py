@@ -1,6 +1,6 @@
 """How close the tracer's traces come to what a program allocates, on programs of our own.
 
-    python benchmarks/tracer_fidelity.py [--json PATH]
+    python benchmarks/tracer_fidelity.py [--json PATH] [--gpu DIR]
 
 Every program builds its model before the traced window (``Tracer(window=True)``), as a
 snapshot recorded after model creation does, and is traced three ways where that applies:
@@ -18,7 +18,9 @@ compared with an expectation derived without the tracer:
 
 The table gives each program's expected and traced window peak (bytes allocated inside the
 window, over the storages live at its start), the error, and the error in allocation count.
-No GPU takes part: scripts/gpu-check.sh compares with real snapshots when one is there.
+No GPU takes part, except with ``--gpu DIR`` (scripts/gpu-check.sh): the programs then run on
+the GPU with the built-in allocator, their snapshots (from after model creation) are kept in
+DIR, and the table compares the tracer's traces with them.
 """
 
 from __future__ import annotations
@@ -208,6 +210,37 @@ def rows() -> List[Dict[str, Any]]:
     return out
 
 
+def gpu_rows(out_dir: Path) -> List[Dict[str, Any]]:
+    """The programs on a real GPU with the built-in allocator, recorded as torch memory
+    snapshots (kept in ``out_dir``) from after model creation, against the tracer's traces.
+    A matmul runs before recording so that the cuBLAS workspace is not in the window."""
+    from cudapool.torch_snapshot import load_snapshot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    programs = [
+        ("mlp infer fp32", lambda m, d: infer(m, d, autocast=False), "meta"),
+        ("mlp infer bf16 autocast", lambda m, d: infer(m, d, autocast=True), "cuda"),
+        ("mlp train fp32, late window", train, "meta"),
+        ("mlp train fp32, summed gradients", train_shared, "meta"),
+    ]
+    rs = []
+    for i, (name, program, traced_on) in enumerate(programs):
+        model = mlp("cuda")
+        torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        out = program(model, "cuda")
+        del out
+        torch.cuda.synchronize()
+        path = out_dir / f"tracer-fidelity-{i}.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        real = [("A" if e[0] == ALLOC else "F", e[2]) for e in load_snapshot(path)]
+        ev, _ = traced(program, traced_on)
+        rs.append(row(name, "fake-cuda" if traced_on == "cuda" else traced_on, f"GPU snapshot {path.name}", real, ev))
+    return rs
+
+
 def table(rs: List[Dict[str, Any]]) -> str:
     lines = [
         "| program | traced on | expected from | expected peak (B) | traced peak (B) | peak error | "
@@ -226,8 +259,15 @@ def table(rs: List[Dict[str, Any]]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--gpu", metavar="DIR", help="compare with snapshots recorded on the GPU, kept in DIR")
     args = ap.parse_args(argv)
-    rs = rows()
+    if args.gpu:
+        if not torch.cuda.is_available():
+            print("no CUDA GPU: skipped")
+            return 0
+        rs = gpu_rows(Path(args.gpu))
+    else:
+        rs = rows()
     print(table(rs))
     if args.json:
         Path(args.json).write_text(json.dumps(rs, indent=1))
