@@ -65,8 +65,21 @@ It does not see:
   a reserve buffer; autocast casts on CUDA differ from those on the CPU; optimizers choose
   foreach/fused implementations by device (pass ``foreach=True`` to get the CUDA default).
 
-So the tensor allocations match a GPU run for ordinary dense operations only; the trace is a
-lower bound on what the GPU run allocates, exact for programs made of such operations.
+So the tensor allocations match a GPU run for ordinary dense operations only. The trace is not
+a lower bound either: on meta (and under any dispatch mode, this tracer's included) autograd
+takes out-of-place formulas (tensors are "subclass-like"), which adds allocations a GPU run does
+not make. ``meta["unseen"]`` lists what is not modelled; benchmarks/tracer_fidelity.py measures
+the error on programs of our own.
+
+Windows, fake CUDA, workspaces
+------------------------------
+``window=True``: storages live at ``__enter__`` (reachable from Python tensors, gradients
+included) are the window's start (``meta["window_start"]``), not allocations; their frees are
+recorded. Views and in-place results of storages the tracer does not record allocate nothing.
+``fake=True`` (the default for ``device="cuda"`` without a GPU) or ``fake_mode=``: fake CUDA
+tensors, with ``torch.autocast("cuda")`` applying CUDA's rules; backward does not run on them
+without a GPU (the autograd engine queries the CUDA runtime). ``workspace_bytes=N``: one cuBLAS
+workspace of N bytes per stream at its first BLAS operation, never freed.
 """
 
 from __future__ import annotations
@@ -223,7 +236,7 @@ class Tracer:
         self.fake_mode: Optional[Any] = fake_mode
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
         self._start: Dict[int, _Live] = {}
-        self._start_order: List[Tuple[int, int, int]] = []  # (id, size, stream) at the start
+        self._start_order: List[Tuple[int, int, int, int]] = []  # (id, size, stream, device) at the start
         self._workspace_streams: Dict[int, int] = {}  # stream -> id of its modelled workspace
         self._patched: List[Tuple[Any, str, Any]] = []
         #: Events as (action, id, size, stream, device, time_ns), in order.
