@@ -107,6 +107,7 @@ tests_line=""
 ab_status="not run"
 suite_status="not run"
 fidelity_status="not run"
+tracer_status="not run"
 micro_status="not run"
 tests_rc=1
 
@@ -191,6 +192,12 @@ for i in range(torch.cuda.device_count()):
   run_stage "$t" "$OUT/fidelity.txt" "$PYTHON" benchmarks/builtin_fidelity.py --json "$OUT/fidelity.json" \
     --timeout $((t / 3))
   fidelity_status=$STAGE_STATUS
+
+  # -- 5b. the tracer against snapshots of the same programs ----------------------------------
+  section "tracer fidelity: $PYTHON benchmarks/tracer_fidelity.py --gpu $OUT/tracer-snapshots"
+  run_stage "$(stage_time 60)" "$OUT/tracer-fidelity.txt" "$PYTHON" benchmarks/tracer_fidelity.py \
+    --gpu "$OUT/tracer-snapshots" --json "$OUT/tracer-fidelity.json"
+  tracer_status=$STAGE_STATUS
 fi
 
 # -- 6. C micro-benchmark ---------------------------------------------------------------------
@@ -262,6 +269,7 @@ if [ -f "$OUT/ab-suite.txt" ]; then
   grep -E '^(== |builtin|expandable|cudapool|SKIPPED|TIMED OUT|FAILED)' "$OUT/ab-suite.txt" | sed 's/^/               /' || true
 fi
 echo "fidelity     : $fidelity_status"
+echo "tracer       : $tracer_status"
 if [ -f "$OUT/fidelity.txt" ]; then
   grep -E '^(\||largest |note: |FAILED: )' "$OUT/fidelity.txt" | sed 's/^/               /' || true
 fi

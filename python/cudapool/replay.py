@@ -58,7 +58,9 @@ What a replay reports (the keys of the returned dict)
   ``builtin`` policy (the recorded segments, exact sizes and streams, the live blocks at their
   offsets: the replay continues the recorded run), ``"allocations"`` under any other (the
   policy allocates the live blocks, in address order; these are not counted as events), None
-  with ``window_start=False`` (an empty pool); ``oom`` when the capacity cannot hold it. The
+  with ``window_start=False`` (an empty pool). A window traced by ``cudapool.tracer``
+  (``Tracer(window=True)``) knows the storages live at its start but not their layout: it is
+  seeded with ``"allocations"`` (oldest first) under every policy; ``oom`` when the capacity cannot hold it. The
   peaks include the seeded memory, as the recorded ``builtin_peak_reserved`` does;
 - ``comparable``: whether the replay's peak reserved compares with the recorded run's, and
   ``not_comparable``, the reasons when it does not (no recorded figure, an unseeded window
@@ -315,6 +317,17 @@ def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str
     mode, events fed, the replay's result after it, and whether it ran out of memory."""
     segments = start["segments"]
     done: Dict[str, Any] = {"mode": None, "events": 0, "oom": False, "oom_size": 0}
+    allocations = start.get("allocations")
+    if allocations and mode is not None:
+        # A traced window (cudapool.tracer): the live storages are known, their layout is not,
+        # so the policy allocates them itself, oldest first, under every mode.
+        done["mode"] = "allocations"
+        buf = b"".join(EVENT.pack(0, 0, ident, size, st, -1) for ident, size, st in allocations)
+        done["events"] = len(allocations)
+        if not pool.replay_feed(buf):
+            done.update(oom=True, oom_size=pool.replay_result()["oom_size"])
+        done["result"] = pool.replay_result()
+        return done
     if not segments or mode is None:
         return done
     done["mode"] = mode

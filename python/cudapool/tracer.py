@@ -65,15 +65,30 @@ It does not see:
   a reserve buffer; autocast casts on CUDA differ from those on the CPU; optimizers choose
   foreach/fused implementations by device (pass ``foreach=True`` to get the CUDA default).
 
-So the tensor allocations match a GPU run for ordinary dense operations only; the trace is a
-lower bound on what the GPU run allocates, exact for programs made of such operations.
+So the tensor allocations match a GPU run for ordinary dense operations only. The trace is not
+a lower bound either: on meta (and under any dispatch mode, this tracer's included) autograd
+takes out-of-place formulas (tensors are "subclass-like"), which adds allocations a GPU run does
+not make. ``meta["unseen"]`` lists what is not modelled; benchmarks/tracer_fidelity.py measures
+the error on programs of our own.
+
+Windows, fake CUDA, workspaces
+------------------------------
+``window=True``: storages live at ``__enter__`` (reachable from Python tensors, gradients
+included) are the window's start (``meta["window_start"]``), not allocations; their frees are
+recorded. Views and in-place results of storages the tracer does not record allocate nothing.
+``fake=True`` (the default for ``device="cuda"`` without a GPU) or ``fake_mode=``: fake CUDA
+tensors, with ``torch.autocast("cuda")`` applying CUDA's rules; backward does not run on them
+without a GPU (the autograd engine queries the CUDA runtime). ``workspace_bytes=N``: one cuBLAS
+workspace of N bytes per stream at its first BLAS operation, never freed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -83,9 +98,69 @@ from torch.utils._pytree import tree_flatten
 
 from .trace import ALLOC, FREE, Trace
 
-__all__ = ["Tracer"]
+__all__ = ["Tracer", "UNSEEN"]
 
 _now = time.perf_counter_ns
+
+#: ATen operations that run on cuBLAS / cuBLASLt on CUDA (the first one on a stream makes
+#: torch allocate that stream's workspace).
+_BLAS_OPS = frozenset(
+    "aten::" + n
+    for n in (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "addmv",
+        "mv",
+        "_addmm_activation",
+        "_scaled_mm",
+        "dot",
+        "vdot",
+    )
+)
+
+#: Operations that return their input's storage as a tensor just made (torch.tensor's data):
+#: an allocation, not a view.
+_LIFTS = frozenset((torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default))
+
+#: What a trace does not hold, written into every trace's meta["unseen"] (the first entry is
+#: left out when ``workspace_bytes`` models it).
+UNSEEN = (
+    "cublas_workspace: per stream, allocated by torch through the caching allocator at the first"
+    " BLAS operation and never freed; its size depends on the GPU and CUBLAS_WORKSPACE_CONFIG"
+    " (Tracer(workspace_bytes=N) models it)",
+    "kernel_scratch: staging buffers of multi-block reductions, CUB sort/scan temporaries, cuDNN"
+    " workspaces and reserve buffers, cuFFT plans: sizes depend on the kernel's launch configuration",
+    "outside_dispatch: memory allocated without an ATen operation (custom extensions, NCCL, Triton"
+    " autotuning, CUDA graph pools)",
+)
+
+
+def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:
+    """The storages live when a window began, per device, in the layout of
+    cudapool.torch_snapshot's window starts; their addresses are not known, so they are listed
+    as ``allocations`` ([id, size, stream], oldest first) with no segments."""
+    by_device: Dict[str, Dict[str, Any]] = {}
+    for ident, size, stream, device in start:
+        d = by_device.setdefault(
+            str(device),
+            {
+                "segments": [],
+                "allocations": [],
+                "reserved_bytes": 0,
+                "live_bytes": 0,
+                "live_requested_bytes": 0,
+                "live_blocks": 0,
+                "problems": [],
+            },
+        )
+        d["allocations"].append([ident, size, stream])
+        d["live_bytes"] += size
+        d["live_requested_bytes"] += size
+        d["live_blocks"] += 1
+    return by_device
 
 
 class _Live:
@@ -112,8 +187,10 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._tracer.adopt_inputs:
             self._tracer._observe((args, kwargs), "first use")
+        if self._tracer.workspace_bytes and func._schema.name in _BLAS_OPS:
+            self._tracer._workspace(args)
         out = func(*args, **kwargs)
-        self._tracer._observe(out, func)
+        self._tracer._observe(out, func, (args, kwargs))
         return out
 
 
@@ -132,12 +209,36 @@ class Tracer:
     """
 
     def __init__(
-        self, device: Optional[str] = None, device_index: int = 0, adopt_inputs: bool = True, record_ops: bool = False
+        self,
+        device: Optional[str] = None,
+        device_index: int = 0,
+        adopt_inputs: bool = True,
+        record_ops: bool = False,
+        window: bool = False,
+        fake: Optional[bool] = None,
+        workspace_bytes: Optional[int] = None,
+        fake_mode: Optional[Any] = None,
     ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
         self.adopt_inputs = adopt_inputs
         self.record_ops = record_ops
+        self.window = window
+        if fake is None:
+            fake = fake_mode is not None or (self.device_type == "cuda" and not torch.cuda.is_available())
+        if fake and self.device_type != "cuda":
+            raise ValueError("fake=True traces fake CUDA tensors: use it with device='cuda'")
+        self.fake = bool(fake)
+        if workspace_bytes is not None and workspace_bytes < 0:
+            raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
+        self.workspace_bytes = workspace_bytes
+        #: The fake tensor mode programs build their CUDA tensors in (``fake=True``), else None.
+        self.fake_mode: Optional[Any] = fake_mode
+        #: Storages live when the window began (``window=True``): key -> live allocation, in order.
+        self._start: Dict[int, _Live] = {}
+        self._start_order: List[Tuple[int, int, int, int]] = []  # (id, size, stream, device) at the start
+        self._workspace_streams: Dict[int, int] = {}  # stream -> id of its modelled workspace
+        self._patched: List[Tuple[Any, str, Any]] = []
         #: Events as (action, id, size, stream, device, time_ns), in order.
         self.events: List[Tuple[int, int, int, int, int, int]] = []
         #: id -> name of the operation that made the allocation (with ``record_ops``).
@@ -157,6 +258,10 @@ class Tracer:
         if self._state != "new":
             raise RuntimeError("a Tracer records one with block; make a new one")
         self._state = "tracing"
+        if self.fake:
+            self._enter_fake()
+        if self.window:
+            self._scan_start()
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -167,9 +272,10 @@ class Tracer:
             if mode is not None:
                 mode.__exit__(*exc)
         finally:
+            self._exit_fake(exc)
             with self._lock:
                 self._state = "done"
-                for live in self._live.values():
+                for live in list(self._live.values()) + list(self._start.values()):
                     if live.finalizer is not None:
                         live.finalizer.detach()
                         live.finalizer = None
@@ -191,14 +297,30 @@ class Tracer:
         """The events recorded so far as a :class:`cudapool.trace.Trace`."""
         with self._lock:
             events = list(self.events)
-        full_meta = {"tracer": "cudapool.tracer", "torch": torch.__version__, "traced_device": self.device_type}
+            start = list(self._start_order)
+        full_meta: Dict[str, Any] = {
+            "tracer": "cudapool.tracer",
+            "torch": torch.__version__,
+            "traced_device": self.device_type,
+            "fake_cuda": self.fake,
+            "workspace_bytes": self.workspace_bytes,
+            "unseen": list(UNSEEN if self.workspace_bytes is None else UNSEEN[1:]),
+        }
+        if self.window:
+            full_meta["window_start"] = _window_start(start)
         full_meta.update(meta or {})
         return Trace.from_events(events, meta=full_meta)
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of recorded allocations not freed yet."""
+        """Bytes of recorded allocations not freed yet (storages live at a window's start
+        included)."""
         return self._live_bytes
+
+    @property
+    def start_bytes(self) -> int:
+        """Bytes of the storages that were live when the window began (``window=True``)."""
+        return sum(size for _, size, _, _ in self._start_order)
 
     @property
     def peak_bytes(self) -> int:
@@ -211,14 +333,71 @@ class Tracer:
         return len(self._live)
 
     def ident_of(self, t: torch.Tensor) -> Optional[int]:
-        """The id of the live allocation holding ``t``'s storage, or None when not recorded."""
+        """The id of the live allocation holding ``t``'s storage (one of the window's start
+        included), or None when not recorded."""
         try:
             key = t.untyped_storage()._cdata
         except (RuntimeError, NotImplementedError):
             return None
         with self._lock:
-            live = self._live.get(key)
+            live = self._live.get(key) or self._start.get(key)
             return live.ident if live is not None else None
+
+    # ---- the window's start and the fake CUDA device ----------------------------------------
+
+    def _scan_start(self) -> None:
+        """Make every storage live now (reachable from a Python tensor, gradients included) a
+        storage of the window's start: known, not an allocation of the window."""
+        seen: List[torch.Tensor] = []
+        with warnings.catch_warnings():  # isinstance() on every object wakes deprecation warnings
+            warnings.simplefilter("ignore")
+            objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+        for obj in objects:
+            seen.append(obj)
+            grad = obj.grad if obj.requires_grad and obj.is_leaf else None
+            if grad is not None:
+                seen.append(grad)
+        for t in seen:
+            storage = self._storage_of(t)
+            if storage is None:
+                continue
+            key, size = storage._cdata, storage.nbytes()
+            if size == 0 or key in self._start:
+                continue
+            device = t.device.index if t.device.index is not None else self.device_index
+            live = _Live(self._next_id, size, self._stream, device)
+            self._next_id += 1
+            self._start[key] = live
+            self._start_order.append((live.ident, size, live.stream, device))
+            self._live_bytes += size
+            live.finalizer = weakref.finalize(storage, self._freed, key, live.ident)
+            live.finalizer.atexit = False
+        self._peak_bytes = max(self._peak_bytes, self._live_bytes)
+
+    def _enter_fake(self) -> None:
+        import torch.cuda.amp.common as amp_common
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        # torch.autocast("cuda") switches itself off when no GPU is there: tell it one is, while
+        # the fake mode lasts (only the two checks it makes).
+        for owner, name, value in (
+            (amp_common, "amp_definitely_not_available", lambda: False),
+            (torch.cuda, "is_bf16_supported", lambda *a, **k: True),
+        ):
+            self._patched.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+        if self.fake_mode is None:
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.fake_mode.__enter__()
+
+    def _exit_fake(self, exc: Any) -> None:
+        try:
+            if self.fake_mode is not None:
+                self.fake_mode.__exit__(*exc)
+        finally:
+            while self._patched:
+                owner, name, value = self._patched.pop()
+                setattr(owner, name, value)
 
     # ---- tensors made before the with block ---------------------------------------------------
 
@@ -264,20 +443,34 @@ class Tracer:
 
     # ---- the work ------------------------------------------------------------------------------
 
-    def _observe(self, out: Any, func: Any) -> None:
+    def _observe(self, out: Any, func: Any, inputs: Any = None) -> None:
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self._see(t, func)
+                self._see(t, func, inputs)
 
-    def _see(self, t: torch.Tensor, func: Any) -> None:
+    def _storage_of(self, t: torch.Tensor) -> Any:
         if t.layout != torch.strided:
-            return  # sparse and other layouts: no single dense storage
+            return None  # sparse and other layouts: no single dense storage
         if self.device_type is not None and t.device.type != self.device_type:
-            return
+            return None
         try:
-            storage = t.untyped_storage()
+            return t.untyped_storage()
         except (RuntimeError, NotImplementedError):
-            return  # a tensor without a storage of its own (some subclasses)
+            return None  # a tensor without a storage of its own (some subclasses)
+
+    def _input_keys(self, inputs: Any) -> set:
+        keys = set()
+        for t in tree_flatten(inputs)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = self._storage_of(t)
+                if storage is not None:
+                    keys.add(storage._cdata)
+        return keys
+
+    def _see(self, t: torch.Tensor, func: Any, inputs: Any = None) -> None:
+        storage = self._storage_of(t)
+        if storage is None:
+            return
         key = storage._cdata
         size = storage.nbytes()
         with self._lock:
@@ -290,7 +483,11 @@ class Tracer:
                     # new size, copies, then frees the old block.
                     self._realloc(key, live, size, storage, func)
                 return
-            if size == 0:
+            if size == 0 or key in self._start:
+                return
+            if inputs is not None and func not in _LIFTS and key in self._input_keys(inputs):
+                # A view or in-place result of a storage the operation read and the tracer
+                # does not record (adopt_inputs=False): it allocates nothing.
                 return
             device = t.device.index if t.device.index is not None else self.device_index
             self._alloc(key, size, device, storage, func)
@@ -309,6 +506,26 @@ class Tracer:
         live.finalizer = weakref.finalize(storage, self._freed, key, ident)
         live.finalizer.atexit = False
 
+    def _workspace(self, args: Any) -> None:
+        """The first BLAS operation on a stream: the cuBLAS workspace torch allocates for it
+        through the caching allocator and keeps for the life of the handle (never freed)."""
+        with self._lock:
+            if self._state != "tracing" or self._stream in self._workspace_streams:
+                return
+            if not any(self._storage_of(t) is not None for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)):
+                return  # not on the traced device
+            ident = self._next_id
+            self._next_id += 1
+            self._workspace_streams[self._stream] = ident
+            size = int(self.workspace_bytes or 0)
+            live = _Live(ident, size, self._stream, self.device_index)
+            self._live[-1 - self._stream] = live  # a key no storage has
+            self.events.append((ALLOC, ident, size, live.stream, live.device, _now()))
+            if self.record_ops:
+                self.alloc_ops[ident] = "cublas workspace"
+            self._live_bytes += size
+            self._peak_bytes = max(self._peak_bytes, self._live_bytes)
+
     def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
         if old.finalizer is not None:
             old.finalizer.detach()
@@ -323,10 +540,11 @@ class Tracer:
     def _freed(self, key: int, ident: int) -> None:
         """The storage behind allocation ``ident`` died (weakref.finalize callback)."""
         with self._lock:
-            live = self._live.get(key)
+            where = self._live if key in self._live else self._start
+            live = where.get(key)
             if live is None or live.ident != ident or self._state != "tracing":
                 return
-            del self._live[key]
+            del where[key]
             live.finalizer = None
             self._record_free(live)
 
