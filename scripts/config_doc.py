@@ -25,8 +25,10 @@ END = "<!-- config-keys: end -->"
 # X(ID, "name", KIND, field, "default", "meaning"): string literals may hold commas.
 ROW = re.compile(
     r'X\(\s*(?P<id>\w+)\s*,\s*"(?P<name>[^"]*)"\s*,\s*(?P<kind>\w+)\s*,\s*(?P<field>\w+)\s*,'
-    r'\s*"(?P<default>[^"]*)"\s*,\s*"(?P<doc>(?:[^"\\]|\\.)*)"\s*\)'
+    r'\s*"(?P<default>[^"]*)"\s*,\s*"(?P<doc>(?:[^"\\]|\\.)*(?:"\s*"(?:[^"\\]|\\.)*)*)"\s*\)'
 )
+# Adjacent string literals ("..." "...") are one string in C: joined when read.
+JOIN = re.compile(r'"\s*"')
 
 
 def keys(header: Path = HEADER) -> list[dict[str, str]]:
@@ -39,6 +41,8 @@ def keys(header: Path = HEADER) -> list[dict[str, str]]:
         if not line.rstrip().endswith("\\"):
             break
     rows = [m.groupdict() for m in ROW.finditer(" ".join(body))]
+    for r in rows:
+        r["doc"] = JOIN.sub("", r["doc"])
     if not rows:
         raise SystemExit(f"config_doc: no rows found in CP_CONFIG_KEYS of {header}")
     return rows

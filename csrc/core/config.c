@@ -552,9 +552,6 @@ int cp_config_validate(const cp_config_t *cfg) {
     return cp_set_error(CP_ERR_INVALID,
                         "invalid config: max_split_size (%s MiB) must be larger than large_segment (%s MiB)", a, b);
   }
-  if (cfg->page_stitching && !cfg->expandable_segments) {
-    return cp_set_error(CP_ERR_INVALID, "invalid config: page_stitching needs expandable_segments:True");
-  }
   for (int k = 0; k < KEY_COUNT; k++) {
     if (keys[k].kind == KIND_DIVISIONS) {
       const unsigned *div = KEY_FIELD_C(cfg, k, unsigned);

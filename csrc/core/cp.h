@@ -40,7 +40,7 @@ typedef struct cp_config_s {
   double memory_fraction;              /* 0 = unset, else (0, 1]: cap = fraction * device total */
   /* Page-mapped segments (Note [Expandable segments], core/expand.c). */
   int expandable_segments; /* 1: one growable segment per (stream, kind), where the device can */
-  int page_stitching;      /* 1: with expandable_segments, stitch free pages (core/stitch.c) */
+  int page_stitching;      /* 1: page-mapped segments that stitch free pages (core/stitch.c) */
 } cp_config_t;
 
 /* The configuration keys, one row each, in the order cp_config_format writes them:
@@ -83,7 +83,8 @@ typedef struct cp_config_s {
     "True: serve each (stream, pool) from one page-mapped segment that grows in place (falls back to plain "          \
     "segments on a device without page-mapped memory)")                                                               \
   X(PAGE_STITCHING, "page_stitching", BOOL, page_stitching, "False",                                                  \
-    "True (with `expandable_segments`): map in single pages, and serve a request no free block fits from the free "   \
+    "True: page-mapped segments (as `expandable_segments`) mapped in single pages, one per stream for every size; "   \
+    "a request no free block fits is served from the free "                                                           \
     "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */

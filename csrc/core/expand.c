@@ -51,7 +51,7 @@
 void cp_expand_init(cp_pool_t *pool) {
   pool->paged = false;
   const cp_backend_t *be = &pool->backend;
-  if (!pool->cfg.expandable_segments || be->vmm_granularity == NULL || be->va_reserve == NULL || be->va_free == NULL ||
+  if (!(pool->cfg.expandable_segments || pool->cfg.page_stitching) || be->vmm_granularity == NULL || be->va_reserve == NULL || be->va_free == NULL ||
       be->page_create == NULL || be->page_release == NULL || be->page_map == NULL || be->page_unmap == NULL ||
       be->page_set_access == NULL) {
     return;

@@ -192,22 +192,27 @@ def cmd_info() -> int:
         names = ", ".join(f"{i}: {name}" for i, name in enumerate(info.get("devices", [])))
         print(f"CUDA driver: available, version {version // 1000}.{(version % 1000) // 10}")
         print(f"CUDA devices: {info.get('device_count', 0)} ({names})")
-        wanted = status == 0 and "expandable_segments:True" in effective
+        wanted = status == 0 and ("expandable_segments:True" in effective or "page_stitching:True" in effective)
+        stitching = "page_stitching:True" in effective
         for device, (supported, why) in enumerate(info.get("page_mapped", [])):
-            print(f"device {device} pool: {_pool_kind(wanted, supported, why)}")
+            print(f"device {device} pool: {_pool_kind(wanted, supported, why, stitching)}")
     else:
         error = info.get("error") or "no CUDA device"
         print(f"CUDA driver: not available ({error})")
     return status
 
 
-def _pool_kind(wanted: bool, supported: bool, why: str) -> str:
+def _pool_kind(wanted: bool, supported: bool, why: str, stitching: bool = False) -> str:
     """Which kind of segments a device's pool uses, and why, for `info`."""
     if not wanted:
-        return "plain segments (expandable_segments is off)" + ("" if supported else f"; page-mapped memory: {why}")
+        return "plain segments (expandable_segments and page_stitching are off)" + (
+            "" if supported else f"; page-mapped memory: {why}"
+        )
+    key = "page_stitching:True" if stitching else "expandable_segments:True"
     if supported:
-        return "page-mapped segments (expandable_segments:True; the device supports page-mapped memory)"
-    return f"plain segments: expandable_segments:True, but {why}"
+        what = "page-mapped segments with stitched ranges" if stitching else "page-mapped segments"
+        return f"{what} ({key}; the device supports page-mapped memory)"
+    return f"plain segments: {key}, but {why}"
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:

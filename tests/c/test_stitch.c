@@ -54,11 +54,16 @@ static char *checkerboard(fixture_t *fx, char *live[4]) {
   return base;
 }
 
-TEST(config_needs_expandable_segments) {
+TEST(config_key) {
   cp_config_t cfg;
   cp_config_default(&cfg);
-  CHECK(cp_config_parse(&cfg, "page_stitching:True") == CP_ERR_INVALID);
-  CHECK(contains(cp_last_error(), "page_stitching needs expandable_segments"));
+  CHECK(cp_config_parse(&cfg, "page_stitching:True") == CP_OK); /* page-mapped by itself */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, "page_stitching:True") == 0);
+  cp_pool_info_t in;
+  cp_pool_info(fx.pool, &in);
+  CHECK(in.page_mapped == 1);
+  fx_close(&fx);
   cp_config_default(&cfg);
   CHECK(cp_config_parse(&cfg, ST) == CP_OK);
   char text[1024];
@@ -312,7 +317,7 @@ TEST(fallback_without_vmm) {
 }
 
 int main(void) {
-  RUN(config_needs_expandable_segments);
+  RUN(config_key);
   RUN(one_range_serves_both_sizes_in_single_pages);
   RUN(scattered_free_pages_serve_a_large_request);
   RUN(kept_range_is_reused_without_device_calls);
