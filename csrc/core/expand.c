@@ -267,23 +267,34 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
       break;
     }
     maps++;
-    /* The mapping keeps the memory; it goes with the unmap (or the pool keeps the handle). */
-    rc = kept != NULL ? CP_OK : cp_expand_page_release(be, page);
+    if (kept != NULL) { /* the pool keeps the handle; access is set once, below */
+      kept[mapped / chunk] = page;
+      mapped += chunk;
+      continue;
+    }
+    /* The mapping keeps the memory; it goes with the unmap. */
+    rc = cp_expand_page_release(be, page);
     if (rc == CP_OK) rc = be->page_set_access(be->ctx, a, chunk);
     if (rc != CP_OK) {
       /* Unusable without access, or its page never to be freed (release refused twice): undo
        * it. Should the device refuse that too, the chunk stays mapped (and counted) and the
        * next release unmaps it. */
-      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) {
-        if (kept != NULL) kept[mapped / chunk] = page;
-        mapped += chunk;
-      } else if (kept != NULL) {
-        (void)cp_expand_page_release(be, page);
-      }
+      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) mapped += chunk;
       break;
     }
-    if (kept != NULL) kept[mapped / chunk] = page;
     mapped += chunk;
+  }
+  if (kept != NULL && mapped > 0) {
+    /* One access call for every page mapped; refused, they are all undone as above. */
+    const int access = be->page_set_access(be->ctx, base, mapped);
+    if (access != CP_OK) {
+      if (be->page_unmap(be->ctx, base, mapped) == CP_OK) {
+        for (size_t i = 0; i < mapped / chunk; i++) (void)cp_expand_page_release(be, kept[i]);
+        memset(kept, 0, mapped / chunk * sizeof *kept);
+        mapped = 0;
+      }
+      if (rc == CP_OK) rc = access;
+    }
   }
 
   pthread_mutex_lock(&pool->lock);
