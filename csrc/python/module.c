@@ -13,6 +13,7 @@
 #include "python/hooks_api.h"
 #include "torch/abi.h"
 #include "torch/devices.h"
+#include "torch/graphs.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state
@@ -167,6 +168,25 @@ static PyObject *mod_foreign_pointer_calls(PyObject *Py_UNUSED(module), PyObject
   return Py_BuildValue("{sKsK}", "free", frees, "record_stream", record_streams);
 }
 
+/* The private pools of CUDA graphs and MemPool ids (Note [Graph pools]): a list of dicts. */
+static PyObject *mod_graph_pools(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  cpd_graph_info_t infos[64];
+  size_t n;
+  Py_BEGIN_ALLOW_THREADS n = cpd_graph_pools(infos, 64);
+  Py_END_ALLOW_THREADS if (n > 64) n = 64;
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    const cpd_graph_info_t *g = &infos[i];
+    PyObject *d =
+        Py_BuildValue("{sis(KK)sIsOsnsnsn}", "device", g->device, "id", g->id0, g->id1, "uses", g->uses, "window_open",
+                      g->window_open ? Py_True : Py_False, "allocated", (Py_ssize_t)g->allocated, "reserved",
+                      (Py_ssize_t)g->reserved, "allocations", (Py_ssize_t)g->allocations);
+    if (d == NULL || PyList_Append(list, d) < 0) Py_CLEAR(list);
+    Py_XDECREF(d);
+  }
+  return list;
+}
+
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   Py_BEGIN_ALLOW_THREADS cpd_shutdown();
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
@@ -238,6 +258,9 @@ static PyMethodDef module_methods[] = {
     {"foreign_pointer_calls", mod_foreign_pointer_calls, METH_NOARGS,
      "foreign_pointer_calls() -> dict\n\nHow many frees and record_streams torch made on pointers that no "
      "pool holds (memory of another allocator, a DLPack import): they do nothing and print nothing."},
+    {"graph_pools", mod_graph_pools, METH_NOARGS,
+     "graph_pools() -> list\n\nThe private pools of CUDA graphs and MemPool ids, oldest first (at most 64): "
+     "device, id, uses (begins not released), window_open, allocated, reserved, allocations."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},
@@ -267,6 +290,9 @@ static const cpy_hooks_api hooks_api = {
     .sim_delays_entered = cp_sim_delays_entered,
     .sim_set_lost = cp_sim_set_lost,
     .sim_invalidate_stream = cp_sim_invalidate_stream,
+    .sim_set_capturing = cp_sim_set_capturing,
+    .sim_capture_violations = cp_sim_capture_violations,
+    .sim_calls = cp_sim_calls,
 };
 
 /* ------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "base/fork.h"
+#include "torch/graphs.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
@@ -197,6 +198,7 @@ double cpd_memory_fraction(int device) {
 
 void cpd_shutdown(void) {
   cpd_table_lock();
+  cpd_graphs_shutdown(); /* private pools first: they use the devices' backends */
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
     if (pool != NULL) cp_pool_destroy(pool);

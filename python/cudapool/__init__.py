@@ -12,7 +12,7 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 """
 
 import atexit
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from . import _C, _torch, ab
 from ._version import __version__
@@ -35,6 +35,8 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "empty_cache",
     "foreign_pointer_calls",
+    "graph_pools",
+    "mem_pool_allocator",
     "ab",
 ]
 
@@ -114,3 +116,22 @@ def foreign_pointer_calls() -> Dict[str, int]:
     (another allocator's, a DLPack import): {"free": N, "record_stream": M}. They do nothing and
     print nothing, as with torch's built-in allocator."""
     return _torch.foreign_pointer_calls()
+
+
+def graph_pools() -> List[Dict[str, Any]]:
+    """The private pools cudapool holds for CUDA graphs and ``torch.cuda.MemPool`` ids (oldest
+    first): ``device``, ``id``, ``uses``, ``window_open``, ``allocated``, ``reserved``,
+    ``allocations``. :func:`memory_stats` counts the shared pool of each device only."""
+    return _torch.graph_pools()
+
+
+def mem_pool_allocator() -> Any:
+    """cudapool as the allocator of a ``torch.cuda.MemPool`` (torch's caching allocator stays
+    the process's and takes whole segments of that pool from cudapool)::
+
+        pool = torch.cuda.MemPool(allocator=cudapool.mem_pool_allocator().allocator())
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.empty(n, device="cuda")
+
+    Not together with :func:`enable` (torch's pluggable allocator refuses ``MemPool``)."""
+    return _torch.mem_pool_allocator()
