@@ -95,6 +95,11 @@ typedef struct cp_backend_s {
    * made then must not join the capture (the CUDA backend makes it in relaxed capture
    * mode). Called under the pool lock: it must not wait for device work. */
   int (*stream_capturing)(void *ctx, cp_stream_t stream, int *out_capturing);
+  /* The handle to remember for a use of `stream` declared now (record_stream): a handle that
+   * means "the default stream of the current device" is made to name the current device's
+   * even when the stream's work is recorded later from another one; every other handle comes
+   * back as it is. NULL: handles are kept as they are. Called under the pool lock. */
+  int (*stream_resolve)(void *ctx, cp_stream_t stream, cp_stream_t *out_stream);
 } cp_backend_t;
 
 #endif /* CP_BACKEND_H */

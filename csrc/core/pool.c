@@ -630,7 +630,8 @@ int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {
   if (b == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "cp_record_stream: %p is not a live allocation of this pool", ptr);
   } else {
-    rc = cp_streams_record_use_locked(b, stream);
+    if (pool->backend.stream_resolve != NULL) rc = pool->backend.stream_resolve(pool->backend.ctx, stream, &stream);
+    if (rc == CP_OK) rc = cp_streams_record_use_locked(b, stream);
   }
   CP_DEBUG_CHECK(pool, "cp_record_stream");
   pthread_mutex_unlock(&pool->lock);

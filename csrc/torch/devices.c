@@ -36,10 +36,12 @@ static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
 
 static void cpd_register_for_fork(void) { cp_fork_register_outer(&cpd_lock); }
 
+void cpd_fork_register_table(void) { pthread_once(&cpd_fork_once, cpd_register_for_fork); }
+
 /* Every taker of the table lock comes through here, so the lock is known to the fork handlers
  * (Note [Locks across fork]) before anyone can hold it. */
 static void cpd_table_lock(void) {
-  pthread_once(&cpd_fork_once, cpd_register_for_fork);
+  cpd_fork_register_table();
   pthread_mutex_lock(&cpd_lock);
 }
 

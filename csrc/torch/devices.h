@@ -33,6 +33,10 @@ int cpd_device_count(int *out_count);
 double cpd_memory_fraction(int device);
 void cpd_note_memory_fraction(int device, double fraction);
 
+/* Register the table's lock with the fork handlers (Note [Locks across fork]) unless it is
+ * already; it takes no lock. Locks nested inside the table's register after calling this. */
+void cpd_fork_register_table(void);
+
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */
 void cpd_shutdown(void);

@@ -41,7 +41,7 @@ static atomic_int cpd_open[CP_MAX_DEVICES];
 static atomic_int cpd_pool_total;
 
 static void cpd_graph_register_for_fork(void) {
-  (void)cpd_using_sim(); /* registers the table's lock first: it is the outer one */
+  cpd_fork_register_table(); /* the table's lock first: it is the outer one */
   cp_fork_register_outer(&cpd_graph_lock);
 }
 
