@@ -25,8 +25,9 @@ bool cp_capturing_locked(cp_pool_t *pool, cp_stream_t stream) {
   if (pool->capture.windows != 0) return true;
   if (pool->backend.stream_capturing == NULL) return false;
   int capturing = 0;
-  /* A failed query counts as capturing: skipping an event call is always safe. */
-  if (pool->backend.stream_capturing(pool->backend.ctx, stream, &capturing) != CP_OK) return true;
+  /* A failed query (a lost device) counts as no capture: the event call that follows then
+   * fails and says why, where a deferral would hide it. */
+  if (pool->backend.stream_capturing(pool->backend.ctx, stream, &capturing) != CP_OK) return false;
   return capturing != 0;
 }
 
