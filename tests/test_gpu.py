@@ -776,3 +776,173 @@ def test_fork_while_threads_allocate_on_the_gpu(child_env):
     r = run_scenario(child_env, FORK_AND_THREADS, extra_env={"PYTHONWARNINGS": "ignore::DeprecationWarning"})
     assert r["children"] == [0] * 10, r
     assert r["allocated"] == 0
+
+
+# -- i. CUDA graphs, MemPool, record_stream across streams and devices ---------------------------
+
+GRAPH_CAPTURE = """
+from cudapool import _torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)).cuda()
+static_in = torch.randn(64, 512, device="cuda")
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # warm-up outside the capture, as torch's documentation does
+    for _ in range(3):
+        model(static_in)
+torch.cuda.current_stream().wait_stream(side)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):  # the graph's private pool grows during the capture
+    static_out = model(static_in)
+pools = _torch.graph_pools()
+assert len(pools) == 1 and pools[0]["allocated"] > 0 and not pools[0]["window_open"], pools
+outs = []
+for _ in range(5):
+    x = torch.randn(64, 512, device="cuda")
+    static_in.copy_(x)
+    g.replay()
+    torch.cuda.synchronize()
+    eager = model(x)
+    assert torch.allclose(static_out, eager, rtol=1e-4, atol=1e-5), (static_out - eager).abs().max().item()
+    outs.append(static_out.sum().item())
+# A second graph sharing the first one's pool, then both released: the pool goes once the
+# static outputs are freed.
+g2 = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g2, pool=g.pool()):
+    out2 = static_out * 2
+g2.replay()
+torch.cuda.synchronize()
+assert torch.equal(out2, static_out * 2)
+assert len(_torch.graph_pools()) == 1
+del g, g2
+assert len(_torch.graph_pools()) == 1  # the outputs are still alive
+del static_out, out2
+import gc; gc.collect()
+assert _torch.graph_pools() == [], _torch.graph_pools()
+check_pool()
+result(outs=outs)
+"""
+
+
+def test_cuda_graph_capture_and_replay_equal_eager(child_env):
+    r = run_scenario(child_env, GRAPH_CAPTURE)
+    assert len(r["outs"]) == 5
+
+
+GRAPHED_CALLABLES = """
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x = torch.randn(128, 256, device="cuda")
+y = x[:, :1].clone()
+graphed = torch.cuda.make_graphed_callables(model, (torch.randn(128, 256, device="cuda"),))
+losses = []
+for step in range(40):
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(graphed(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+assert losses[-1] < losses[0] * 0.5, losses
+check_pool()
+result(first=losses[0], last=losses[-1])
+"""
+
+
+def test_make_graphed_callables_trains(child_env):
+    r = run_scenario(child_env, GRAPHED_CALLABLES)
+    assert r["last"] < r["first"]
+
+
+MEM_POOL = """
+import cudapool
+from cudapool import _C
+allocator = cudapool.mem_pool_allocator()
+pool = torch.cuda.MemPool(allocator=allocator.allocator())
+with torch.cuda.use_mem_pool(pool):
+    x = torch.arange(8 * MiB, dtype=torch.float32, device="cuda")
+    y = torch.ones(1000, device="cuda")
+z = torch.ones(MiB, device="cuda")  # outside: torch's own allocator
+ours = cudapool.memory_stats(0)["allocated_bytes.all.current"]
+assert ours >= 32 * MiB, ours  # torch's caching front-end took whole segments from cudapool
+assert x[-1].item() == 8 * MiB - 1 and y.sum().item() == 1000 and z.sum().item() == MiB
+assert not cudapool.enabled()
+del x, y
+del pool
+import gc; gc.collect()
+torch.cuda.empty_cache()
+result(ours=ours, after=cudapool.memory_stats(0)["allocated_bytes.all.current"])
+"""
+
+
+def test_mem_pool_mode_takes_segments_from_cudapool(child_env):
+    import torch
+
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+        pytest.skip(f"torch {torch.__version__} has no torch.cuda.MemPool")
+    r = run_scenario(child_env, MEM_POOL, cudapool_on=False)
+    assert r["ours"] >= 32 * MiB
+
+
+RECORD_STREAM_DEVICES = """
+a, b = torch.cuda.Stream(), torch.cuda.Stream()
+x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+with torch.cuda.stream(a):
+    x.fill_(1)
+with torch.cuda.stream(b):
+    x.add_(1)
+x.record_stream(a)
+x.record_stream(b)
+del x
+devices = torch.cuda.device_count()
+if devices > 1:
+    other = torch.cuda.Stream(device=1)
+    t = torch.ones(16 * MiB, device="cuda:0")
+    t.record_stream(other)  # a stream of another device: its event lives there
+    d = torch.ones(MiB, device="cuda:0")
+    with torch.cuda.device(1):
+        d.record_stream(torch.cuda.default_stream(1))  # device 1's default stream, not device 0's
+    del t, d
+torch.cuda.synchronize()
+for i in range(devices):
+    torch.cuda.synchronize(i)
+y = torch.empty(MiB, device="cuda")  # reclaims the frees whose events completed
+del y
+assert cudapool.memory_allocated(0) == 0, cudapool.memory_allocated(0)
+check_pool()
+result(devices=devices)
+"""
+
+
+def test_record_stream_across_streams_and_devices_frees_cleanly(child_env):
+    r = run_scenario(child_env, RECORD_STREAM_DEVICES)
+    assert r["devices"] >= 1
+
+
+REDUCE_OVERHEAD = """
+from cudapool import _torch
+import torch._inductor.config as inductor_config
+def f(x):
+    return torch.sin(x) * 2 + x
+x = torch.randn(4096, device="cuda")
+compiled = torch.compile(f, mode="reduce-overhead")
+try:
+    for _ in range(3):
+        compiled(x)
+    trees = "ran"
+except Exception as exc:
+    assert _torch.REDUCE_OVERHEAD_MESSAGE in str(exc), str(exc)[:2000]
+    trees = "refused"
+torch._dynamo.reset()
+inductor_config.triton.cudagraph_trees = False
+compiled = torch.compile(f, mode="reduce-overhead")
+for _ in range(3):
+    out = compiled(x)
+assert torch.allclose(out, f(x))
+result(trees=trees)
+"""
+
+
+def test_reduce_overhead_without_cudagraph_trees_works(child_env):
+    r = run_scenario(child_env, REDUCE_OVERHEAD, timeout=300)
+    assert r["trees"] == "refused"

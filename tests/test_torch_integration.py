@@ -91,7 +91,8 @@ def test_enable_swaps_in_our_allocator_with_every_hook():
         assert cudapool.enabled()
         hooks = set(_torch.hooks_set())
         offered = set(_torch.torch_hooks_offered())
-        ours = {"init", "reset", "memory_fraction", "record_stream", "base_alloc"}
+        ours = {"init", "reset", "memory_fraction", "record_stream", "base_alloc",
+                "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool"}
         assert hooks == offered & ours, (hooks, offered)
         if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 14):
             assert hooks == ours, hooks
@@ -625,6 +626,121 @@ def caught(size, device=0):
     kind = oom_lib.cudapool_torch_oom_catch(alloc_address, size, device, None, ctypes.byref(out), buf, len(buf))
     return kind, buf.value.decode(), out.value
 """
+
+
+GRAPH_HEAD = """
+FILTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+lib.cudapool_call_graph_hook.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong,
+                                         FILTER, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+buf = ctypes.create_string_buffer(1024)
+asked = []
+@FILTER
+def stream_5(stream, arg):
+    asked.append(stream)
+    return int(stream == 5)
+def hook(which, device, pool, filter=stream_5):
+    status = lib.cudapool_call_graph_hook(which, device, pool[0], pool[1], filter, None, buf, len(buf))
+    return buf.value.decode() if status else None
+def event_calls(device):
+    return sum(_testhooks.sim_calls(device, k) for k in ("event_record", "event_query", "event_synchronize"))
+"""
+
+
+def test_sim_graph_hooks_take_torchs_std_function_and_route_into_a_private_pool():
+    ok(
+        sim(
+            """
+        assert {"begin_allocate_to_pool", "end_allocate_to_pool", "release_pool"} <= set(_torch.hooks_set())
+        cached = lib.cudapool_alloc(MiB, 0, 5)
+        lib.cudapool_free(cached, MiB, 0, 5)
+        assert hook(0, 0, (3, 0)) is None             # begin, with a std::function filter
+        assert _torch.graph_pools() == [dict(device=0, id=(3, 0), uses=1, window_open=True,
+                                             allocated=0, reserved=0, allocations=0)]
+        g = lib.cudapool_alloc(MiB, 0, 5)             # the filter accepts stream 5
+        s = lib.cudapool_alloc(MiB, 0, 6)             # and refuses stream 6
+        assert asked[-2:] == [5, 6], asked
+        assert g != cached and cudapool.memory_allocated(0) == MiB
+        assert _torch.graph_pools()[0]["allocated"] == MiB
+        assert "already allocating to pool (3, 0)" in hook(0, 0, (3, 0))
+        assert hook(1, 0, (3, 0)) is None             # end
+        assert "not allocating to pool (3, 0)" in hook(1, 0, (3, 0))
+        assert lib.cudapool_alloc(MiB, 0, 5) == cached  # outside the window: the shared pool
+        lib.cudapool_free(cached, MiB, 0, 5)
+        assert hook(2, 0, (3, 0)) is None             # release: the live output keeps the pool
+        assert _torch.graph_pools()[0]["uses"] == 0
+        lib.cudapool_free(g, MiB, 0, 5)               # its last allocation freed: the pool goes
+        assert _torch.graph_pools() == []
+        assert hook(2, 0, (3, 0)) is None             # release never throws: it reports
+        lib.cudapool_free(s, MiB, 0, 6)
+        assert _C.device_pool(0).check() == 0
+        print("OK")
+        """,
+            GRAPH_HEAD,
+        )
+    )
+
+
+def test_sim_capture_makes_no_event_call_and_defers_record_stream_frees():
+    out = ok(
+        sim(
+            """
+        a = lib.cudapool_alloc(MiB, 0, 5)
+        lib.cudapool_record_stream(a, 9)
+        b = lib.cudapool_alloc(MiB, 0, 5)
+        lib.cudapool_free(b, MiB, 0, 5)
+        assert hook(0, 0, (4, 0)) is None
+        _testhooks.sim_set_capturing(0, 5)            # the capture begins
+        before = event_calls(0)
+        g = lib.cudapool_alloc(2 * MiB, 0, 5)         # the graph's pool grows: no event call
+        lib.cudapool_free(a, MiB, 0, 5)               # a record_stream use: deferred
+        assert cudapool.memory_allocated(0) == MiB
+        lib.cudapool_empty_cache()                    # torch's reset hook: nothing goes back now
+        assert event_calls(0) == before and _testhooks.sim_capture_violations(0) == 0
+        _testhooks.sim_set_capturing(0, 5, False)     # the capture ends
+        assert hook(1, 0, (4, 0)) is None             # end: the deferred free records its event
+        assert event_calls(0) == before + 1 and cudapool.memory_allocated(0) == 0
+        assert hook(2, 0, (4, 0)) is None
+        lib.cudapool_free(g, 2 * MiB, 0, 5)
+        assert _torch.graph_pools() == []
+        _testhooks.sim_complete_all(0)
+        lib.cudapool_empty_cache()
+        assert cudapool.memory_reserved(0) == 0 and _testhooks.sim_capture_violations(0) == 0
+        print("OK")
+        """,
+            GRAPH_HEAD,
+        )
+    )
+    assert "OK" in out
+
+
+def test_cudagraph_trees_fail_with_a_message_that_names_the_workaround():
+    ok(
+        """
+        cudapool.enable()
+        for name in ("_cuda_getCheckpointState", "_cuda_setCheckpointPoolState", "_cuda_checkPoolLiveAllocations"):
+            try:
+                getattr(torch._C, name)(0, (1, 0))
+            except RuntimeError as exc:
+                assert str(exc) == _torch.REDUCE_OVERHEAD_MESSAGE
+                assert "cudagraph_trees = False" in str(exc)
+            else:
+                raise AssertionError(name)
+        print("OK")
+        """
+    )
+
+
+def test_mem_pool_allocator_is_a_pluggable_allocator_that_is_not_swapped_in():
+    ok(
+        """
+        a = _torch.mem_pool_allocator()
+        assert type(a) is torch.cuda.memory.CUDAPluggableAllocator
+        assert _torch.mem_pool_allocator() is a and cudapool.mem_pool_allocator() is a
+        assert isinstance(a.allocator(), torch._C._cuda_CUDAAllocator)
+        assert not cudapool.enabled() and not torch.cuda.is_initialized()
+        print("OK")
+        """
+    )
 
 
 @needs_torch_oom

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda_internal.h"
@@ -31,6 +32,12 @@ static const cuda_symbol_t cuda_symbols[] = {
 static const cuda_symbol_t cuda_vmm_symbols[] = {
 #define CP_X(name, ret, params) {#name, offsetof(cuda_driver_t, name)},
     CUDA_VMM_FUNCTIONS(CP_X)
+#undef CP_X
+};
+
+static const cuda_symbol_t cuda_optional_symbols[] = {
+#define CP_X(name, ret, params) {#name, offsetof(cuda_driver_t, name)},
+    CUDA_OPTIONAL_FUNCTIONS(CP_X)
 #undef CP_X
 };
 
@@ -177,6 +184,10 @@ static int cuda_load_driver(void) {
                cuda_vmm_symbols[i].name, CUDA_API_VERSION, CUDA_API_VERSION_FALLBACK, why);
   }
 
+  for (size_t i = 0; i < sizeof cuda_optional_symbols / sizeof cuda_optional_symbols[0]; i++) {
+    (void)cuda_resolve(&gp, &cuda_optional_symbols[i], why, sizeof why); /* NULL when missing */
+  }
+
   const CUresult r = cp_cuda_fn.cuInit(0);
   if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuInit");
   return CP_OK;
@@ -310,7 +321,12 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   int rc = cp_cuda_enter(d, "cuMemAlloc", &scope);
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
+  /* Never join a capture under way (Note [Capture and contexts]). */
+  int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  const int relaxed = cp_cuda_fn.cuThreadExchangeStreamCaptureMode != NULL &&
+                      cp_cuda_fn.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
   const CUresult r = cp_cuda_fn.cuMemAlloc(&ptr, size);
+  if (relaxed) (void)cp_cuda_fn.cuThreadExchangeStreamCaptureMode(&mode);
   if (r != CUDA_SUCCESS) {
     rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
                       "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);
@@ -340,64 +356,167 @@ static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
   return rc;
 }
 
-static int cuda_event_create(void *ctx, cp_event_t *out_event) {
-  cuda_device_t *d = ctx;
-  if (out_event == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
+/* Note [Capture and contexts]
+ * An event can be recorded only on a stream of the context it was created in
+ * (cuEventRecord fails with CUDA_ERROR_INVALID_HANDLE otherwise), and Tensor.record_stream may
+ * name a stream of another device or context. So an event is a small record of the CUevent
+ * and the context it lives in; recording it on a stream of another context (cuStreamGetCtx)
+ * replaces the CUevent by one created there, and query, synchronize and destroy run in the
+ * event's own context. The default-stream handles (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
+ * mean "of the current context", which is this device's during a free: a use declared on one
+ * of them while another device's context is current is remembered as a token naming that
+ * context (stream_resolve), and its events are recorded there.
+ *
+ * During a graph capture the pool makes no event call (Note [Capture in the pool]); a device
+ * allocation then must not join the capture, so cuMemAlloc runs in the relaxed capture mode
+ * (cuThreadExchangeStreamCaptureMode), as torch's allocator does. Each of these driver
+ * functions is optional: without cuStreamIsCapturing no stream counts as capturing (the
+ * capture windows torch opens still hold), without cuStreamGetCtx every stream is taken for
+ * this device's. */
+typedef struct cuda_event_s {
+  CUevent event;
+  CUcontext ctx; /* the context `event` was created in */
+} cuda_event_t;
+
+/* Default streams of other contexts (Note [Capture and contexts]): a token is the address of
+ * an entry, which no driver stream handle can equal; entries are never removed. */
+#define CUDA_TOKENS 64
+typedef struct cuda_token_s {
+  CUcontext ctx;
+  uintptr_t handle; /* 0, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD */
+} cuda_token_t;
+static cuda_token_t cuda_tokens[CUDA_TOKENS];
+static size_t cuda_token_count;
+static pthread_mutex_t cuda_tokens_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const cuda_token_t *cuda_token_of(cp_stream_t stream) {
+  const uintptr_t lo = (uintptr_t)&cuda_tokens[0], hi = (uintptr_t)&cuda_tokens[CUDA_TOKENS];
+  if (stream < lo || stream >= hi || (stream - lo) % sizeof(cuda_token_t) != 0) return NULL;
+  return (const cuda_token_t *)stream;
+}
+
+/* Make `ctx` current for `call` (the previous context in `scope`); cp_cuda_leave undoes it. */
+static int cuda_enter_ctx(CUcontext ctx, const char *call, cuda_scope_t *scope) {
+  scope->prev_ctx = NULL;
+  scope->switched = 0;
+  CUcontext current = NULL;
+  CUresult r = cp_cuda_fn.cuCtxGetCurrent(&current);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s)", call);
+  if (current == ctx) return CP_OK;
+  r = cp_cuda_fn.cuCtxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(the event's context) before %s", call);
+  scope->prev_ctx = current;
+  scope->switched = 1;
+  return CP_OK;
+}
+
+/* A CUevent in `ctx` (made current for the call). */
+static int cuda_event_new(cuda_device_t *d, CUcontext ctx, CUevent *out) {
   cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuEventCreate", &scope);
+  int rc = cuda_enter_ctx(ctx, "cuEventCreate", &scope);
   if (rc != CP_OK) return rc;
   CUevent event = NULL;
   const CUresult r = cp_cuda_fn.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING);
   if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d", d->ordinal);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING) for device %d", d->ordinal);
   const int acquired = rc == CP_OK;
   rc = cp_cuda_leave(d, "cuEventCreate", &scope, rc);
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuEventDestroy(event);
-  if (rc == CP_OK) *out_event = (cp_event_t)event;
+  if (rc == CP_OK) *out = event;
   return rc;
 }
 
-static int cuda_event_destroy(void *ctx, cp_event_t event) {
-  cuda_device_t *d = ctx;
+static int cuda_event_free(cuda_device_t *d, CUevent event, CUcontext ctx) {
   cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuEventDestroy", &scope);
+  int rc = cuda_enter_ctx(ctx, "cuEventDestroy", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cp_cuda_fn.cuEventDestroy((CUevent)event);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+  const CUresult r = cp_cuda_fn.cuEventDestroy(event);
+  if (r != CUDA_SUCCESS) rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventDestroy for device %d", d->ordinal);
   (void)cp_cuda_leave(d, "cuEventDestroy", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
+static int cuda_event_create(void *ctx, cp_event_t *out_event) {
+  cuda_device_t *d = ctx;
+  if (out_event == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_create: out_event is NULL");
+  cuda_scope_t scope; /* checks that the device is live */
+  int rc = cp_cuda_enter(d, "cuEventCreate", &scope);
+  if (rc != CP_OK) return rc;
+  rc = cp_cuda_leave(d, "cuEventCreate", &scope, rc);
+  if (rc != CP_OK) return rc;
+  cuda_event_t *ev = malloc(sizeof *ev);
+  if (ev == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda event_create: no host memory");
+  ev->ctx = d->ctx;
+  rc = cuda_event_new(d, d->ctx, &ev->event);
+  if (rc != CP_OK) {
+    free(ev);
+    return rc;
+  }
+  *out_event = (cp_event_t)ev;
+  return CP_OK;
+}
+
+static int cuda_event_destroy(void *ctx, cp_event_t event) {
+  cuda_device_t *d = ctx;
+  cuda_event_t *ev = (cuda_event_t *)event;
+  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_destroy: no event");
+  int rc = cuda_event_free(d, ev->event, ev->ctx);
+  free(ev);
+  return rc;
+}
+
+/* The context and driver handle that `stream` is recorded on. */
+static void cuda_stream_target(cuda_device_t *d, cp_stream_t stream, CUcontext *out_ctx, CUstream *out_handle) {
+  *out_ctx = d->ctx;
+  *out_handle = (CUstream)stream;
+  const cuda_token_t *tok = cuda_token_of(stream);
+  if (tok != NULL) {
+    *out_ctx = tok->ctx;
+    *out_handle = (CUstream)tok->handle;
+  } else if (stream > CUDA_STREAM_HANDLE_SPECIAL_MAX && cp_cuda_fn.cuStreamGetCtx != NULL) {
+    CUcontext owner = NULL;
+    if (cp_cuda_fn.cuStreamGetCtx((CUstream)stream, &owner) == CUDA_SUCCESS && owner != NULL) *out_ctx = owner;
+  }
+}
+
 static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   cuda_device_t *d = ctx;
+  cuda_event_t *ev = (cuda_event_t *)event;
+  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_record: no event");
+  CUcontext target;
+  CUstream handle;
+  cuda_stream_target(d, stream, &target, &handle);
+  if (target != ev->ctx) { /* a stream of another context: the event moves there */
+    CUevent moved = NULL;
+    int rc = cuda_event_new(d, target, &moved);
+    if (rc != CP_OK) return rc;
+    (void)cuda_event_free(d, ev->event, ev->ctx);
+    ev->event = moved;
+    ev->ctx = target;
+  }
   cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuEventRecord", &scope);
+  int rc = cuda_enter_ctx(target, "cuEventRecord", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cp_cuda_fn.cuEventRecord((CUevent)event, (CUstream)stream);
+  const CUresult r = cp_cuda_fn.cuEventRecord(ev->event, handle);
   if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(event 0x%" PRIxPTR ", stream 0x%" PRIxPTR ") on device %d",
-                      event, stream, d->ordinal);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventRecord(stream 0x%" PRIxPTR ") for device %d", stream, d->ordinal);
   return cp_cuda_leave(d, "cuEventRecord", &scope, rc);
 }
 
 static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
   cuda_device_t *d = ctx;
-  if (out_done == NULL)
-    return cp_set_error(CP_ERR_INVALID,
-                        "cudapool: cuda event_query(0x%" PRIxPTR
-                        "): out_done "
-                        "is NULL",
-                        event);
+  cuda_event_t *ev = (cuda_event_t *)event;
+  if (out_done == NULL || ev == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_query: %s is NULL", ev == NULL ? "event" : "out_done");
   cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuEventQuery", &scope);
+  int rc = cuda_enter_ctx(ev->ctx, "cuEventQuery", &scope);
   if (rc != CP_OK) return rc;
   int done = 0;
-  const CUresult r = cp_cuda_fn.cuEventQuery((CUevent)event);
+  const CUresult r = cp_cuda_fn.cuEventQuery(ev->event);
   if (r == CUDA_SUCCESS)
     done = 1;
   else if (r != CUDA_ERROR_NOT_READY)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventQuery for device %d", d->ordinal);
   rc = cp_cuda_leave(d, "cuEventQuery", &scope, rc);
   if (rc == CP_OK) *out_done = done;
   return rc;
@@ -405,13 +524,59 @@ static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
 
 static int cuda_event_synchronize(void *ctx, cp_event_t event) {
   cuda_device_t *d = ctx;
+  cuda_event_t *ev = (cuda_event_t *)event;
+  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_synchronize: no event");
   cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuEventSynchronize", &scope);
+  int rc = cuda_enter_ctx(ev->ctx, "cuEventSynchronize", &scope);
   if (rc != CP_OK) return rc;
-  const CUresult r = cp_cuda_fn.cuEventSynchronize((CUevent)event);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize(0x%" PRIxPTR ") on device %d", event, d->ordinal);
+  const CUresult r = cp_cuda_fn.cuEventSynchronize(ev->event);
+  if (r != CUDA_SUCCESS) rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuEventSynchronize for device %d", d->ordinal);
   return cp_cuda_leave(d, "cuEventSynchronize", &scope, rc);
+}
+
+static int cuda_stream_capturing(void *ctx, cp_stream_t stream, int *out_capturing) {
+  cuda_device_t *d = ctx;
+  if (out_capturing == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda stream_capturing: out is NULL");
+  if (cp_cuda_fn.cuStreamIsCapturing == NULL || cuda_token_of(stream) != NULL) {
+    *out_capturing = 0; /* Note [Capture and contexts] */
+    return CP_OK;
+  }
+  cuda_scope_t scope;
+  int rc = cp_cuda_enter(d, "cuStreamIsCapturing", &scope);
+  if (rc != CP_OK) return rc;
+  int status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = cp_cuda_fn.cuStreamIsCapturing((CUstream)stream, &status);
+  if (r != CUDA_SUCCESS)
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuStreamIsCapturing(0x%" PRIxPTR ") on device %d", stream, d->ordinal);
+  rc = cp_cuda_leave(d, "cuStreamIsCapturing", &scope, rc);
+  if (rc == CP_OK) *out_capturing = status != CU_STREAM_CAPTURE_STATUS_NONE; /* active or invalidated */
+  return rc;
+}
+
+static int cuda_stream_resolve(void *ctx, cp_stream_t stream, cp_stream_t *out_stream) {
+  cuda_device_t *d = ctx;
+  *out_stream = stream;
+  if (stream > CUDA_STREAM_HANDLE_SPECIAL_MAX) return CP_OK;
+  CUcontext current = NULL;
+  if (cp_cuda_fn.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == NULL || current == d->ctx) return CP_OK;
+  int rc = CP_OK;
+  pthread_mutex_lock(&cuda_tokens_lock);
+  size_t i = 0;
+  while (i < cuda_token_count && !(cuda_tokens[i].ctx == current && cuda_tokens[i].handle == stream)) i++;
+  if (i == cuda_token_count) {
+    if (i == CUDA_TOKENS) {
+      rc = cp_set_error(CP_ERR_INVALID,
+                        "cudapool: record_stream on the default stream of more than %d other contexts: not supported",
+                        CUDA_TOKENS);
+    } else {
+      cuda_tokens[i].ctx = current;
+      cuda_tokens[i].handle = stream;
+      cuda_token_count++;
+    }
+  }
+  pthread_mutex_unlock(&cuda_tokens_lock);
+  if (rc == CP_OK) *out_stream = (cp_stream_t)&cuda_tokens[i];
+  return rc;
 }
 
 static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
@@ -482,6 +647,8 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   out->event_query = cuda_event_query;
   out->event_synchronize = cuda_event_synchronize;
   out->mem_info = cuda_mem_info;
+  out->stream_capturing = cuda_stream_capturing;
+  out->stream_resolve = cuda_stream_resolve;
   /* Page-mapped entries only where the driver has them all and the device supports them; a
    * failed query means none (cp_cuda_vmm_support reports it), never a failed table. */
   char why[CUDA_MESSAGE_BYTES];

@@ -139,15 +139,30 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function addr
   X(cuMemUnmap, CUresult, (CUdeviceptr ptr, size_t size))                                                             \
   X(cuMemSetAccess, CUresult, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count))
 
+/* Optional too, each on its own (Note [Capture and contexts] in cuda.c): a driver without one
+ * leaves its entry NULL and the backend does without. */
+#define CUDA_OPTIONAL_FUNCTIONS(X)                                        \
+  X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status)) \
+  X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))       \
+  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))
+
+enum {
+  CU_STREAM_CAPTURE_STATUS_NONE = 0,
+  CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+  CUDA_STREAM_HANDLE_SPECIAL_MAX = 2 /* 0 the default stream, 1 CU_STREAM_LEGACY, 2 CU_STREAM_PER_THREAD */
+};
+
 #define CP_X(name, ret, params) typedef ret(*cuda_##name##_fn) params;
 CUDA_DRIVER_FUNCTIONS(CP_X)
 CUDA_VMM_FUNCTIONS(CP_X)
+CUDA_OPTIONAL_FUNCTIONS(CP_X)
 #undef CP_X
 
 typedef struct cuda_driver_s {
 #define CP_X(name, ret, params) cuda_##name##_fn name;
   CUDA_DRIVER_FUNCTIONS(CP_X)
   CUDA_VMM_FUNCTIONS(CP_X)
+  CUDA_OPTIONAL_FUNCTIONS(CP_X)
 #undef CP_X
 } cuda_driver_t;
 

@@ -30,6 +30,7 @@ typedef struct sim_stream_s {
   uint64_t recorded_seq;  /* sequence number of the last event_record on this stream */
   uint64_t completed_seq; /* every record with seq <= this has completed */
   int invalid;            /* cp_sim_invalidate_stream: records on it fail */
+  int capturing;          /* cp_sim_set_capturing: being captured (Note [Simulated capture]) */
 } sim_stream_t;
 
 typedef struct sim_event_s {
@@ -102,6 +103,14 @@ static int sim_event_done(const cp_sim_t *sim, const sim_event_t *ev) {
   return st != NULL && st->completed_seq >= ev->seq;
 }
 
+/* Refuse a call the driver refuses while a stream is captured (Note [Simulated capture]). */
+static int sim_refuse_if_capturing_locked(cp_sim_t *sim, cp_sim_call_t kind) {
+  if (sim->capturing_streams == 0) return CP_OK;
+  sim->capture_violations++;
+  return cp_set_error(CP_ERR_BACKEND, "sim: %s: operation not permitted when stream is capturing",
+                      sim_call_names[kind]);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Backend entries (the operation table)
  * ---------------------------------------------------------------------------------------- */
@@ -171,6 +180,7 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   sim_lock(sim);
   sim->bytes[CP_SIM_RELEASE] += size;
   int rc = cp_sim_enter_locked(sim, CP_SIM_RELEASE);
+  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_RELEASE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->reservations, addr);
   if (value == NULL) {
@@ -237,6 +247,7 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_record: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_RECORD);
+  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_RECORD);
   if (rc != CP_OK) goto out;
   sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
@@ -274,6 +285,7 @@ static int sim_event_query(void *ctx, cp_event_t event, int *out_done) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_query: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_QUERY);
+  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_QUERY);
   if (rc != CP_OK) goto out;
   if (out_done == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): out_done is NULL", event);
@@ -295,6 +307,7 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_synchronize: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
+  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
   if (rc != CP_OK) goto out;
   const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
@@ -307,6 +320,22 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
     if (st != NULL && st->completed_seq < ev->seq) st->completed_seq = ev->seq;
   }
 out:
+  sim_unlock(sim);
+  return rc;
+}
+
+static int sim_stream_capturing(void *ctx, cp_stream_t stream, int *out_capturing) {
+  cp_sim_t *sim = ctx;
+  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: stream_capturing: no device");
+  sim_lock(sim);
+  int rc = cp_sim_enter_locked(sim, CP_SIM_STREAM_CAPTURING);
+  if (rc == CP_OK && out_capturing == NULL) {
+    rc = cp_set_error(CP_ERR_INVALID, "sim: stream_capturing(0x%" PRIxPTR "): out_capturing is NULL", stream);
+  }
+  if (rc == CP_OK) {
+    const sim_stream_t *st = sim_stream_find(sim, stream);
+    *out_capturing = st != NULL && st->capturing;
+  }
   sim_unlock(sim);
   return rc;
 }
@@ -412,6 +441,7 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
   out->event_query = sim_event_query;
   out->event_synchronize = sim_event_synchronize;
   out->mem_info = sim_mem_info;
+  out->stream_capturing = sim_stream_capturing;
   if (sim != NULL && !(sim->flags & CP_SIM_NO_VMM)) cp_sim_vmm_table(sim, out);
 }
 
@@ -500,6 +530,33 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
                         stream);
   }
   return CP_OK;
+}
+
+int cp_sim_set_capturing(cp_sim_t *sim, cp_stream_t stream, int on) {
+  if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_set_capturing: no device");
+  sim_lock(sim);
+  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
+  if (st != NULL && st->capturing != (on != 0)) {
+    st->capturing = on != 0;
+    if (on)
+      sim->capturing_streams++;
+    else
+      sim->capturing_streams--;
+  }
+  sim_unlock(sim);
+  if (st == NULL) {
+    return cp_set_error(CP_ERR_HOST_OOM,
+                        "cp_sim_set_capturing(0x%" PRIxPTR "): host memory for the stream table is short", stream);
+  }
+  return CP_OK;
+}
+
+uint64_t cp_sim_capture_violations(const cp_sim_t *sim) {
+  if (sim == NULL) return 0;
+  sim_lock(sim);
+  const uint64_t n = sim->capture_violations;
+  sim_unlock(sim);
+  return n;
 }
 
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind) {

@@ -29,7 +29,8 @@ typedef struct cp_sim_s cp_sim_t;
   X(PAGE_RELEASE, "page_release")           \
   X(PAGE_MAP, "page_map")                   \
   X(PAGE_UNMAP, "page_unmap")               \
-  X(PAGE_SET_ACCESS, "page_set_access")
+  X(PAGE_SET_ACCESS, "page_set_access")     \
+  X(STREAM_CAPTURING, "stream_capturing")
 
 typedef enum cp_sim_call_e {
 #define CP_X(id, name) CP_SIM_##id,
@@ -116,6 +117,17 @@ void cp_sim_set_lost(cp_sim_t *sim, int lost);
  * before stay as they are (they complete when told to). CP_ERR_HOST_OOM when host memory for
  * the stream's state is short. */
 int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
+
+/* Note [Simulated capture]
+ * cp_sim_set_capturing(sim, stream, 1) puts `stream` into capture, as cuStreamBeginCapture
+ * does in the global mode, and 0 ends it; stream_capturing answers from it. While any stream
+ * of the device is capturing, event_record, event_query, event_synchronize and release fail
+ * with CP_ERR_BACKEND ("operation not permitted when stream is capturing") and are counted in
+ * cp_sim_capture_violations, as the driver refuses them then and invalidates the capture; a
+ * reserve succeeds (the CUDA backend makes it in relaxed capture mode). CP_ERR_HOST_OOM when
+ * host memory for the stream's state is short. */
+int cp_sim_set_capturing(cp_sim_t *sim, cp_stream_t stream, int on);
+uint64_t cp_sim_capture_violations(const cp_sim_t *sim);
 
 /* Calls of `kind` made so far (failed ones included), and the failures injected. */
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind);

@@ -85,6 +85,8 @@ struct cp_sim_s {
   sim_delay_t delays[CP_SIM_CALL_COUNT];
   atomic_uint_fast64_t delays_entered; /* read without the lock, while a delay holds it */
   int lost;                            /* every call fails: the driver is gone */
+  size_t capturing_streams;            /* streams with `capturing` set */
+  uint64_t capture_violations;         /* calls refused because a stream was capturing */
 };
 
 #define SIM_MAP_MIN_SLOTS    ((size_t)64)         /* initial slots of every map */

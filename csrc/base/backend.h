@@ -86,6 +86,20 @@ typedef struct cp_backend_s {
   /* Read-write access for this device to mapped [addr, addr + size) (cuMemSetAccess); a
    * mapping must not be touched before. */
   int (*page_set_access)(void *ctx, uintptr_t addr, size_t size);
+
+  /* Note [Stream capture]
+   * Whether `stream` is being captured into a graph right now (cuStreamIsCapturing): 1 in
+   * *out_capturing when it is. NULL on a device without graphs: nothing is ever captured.
+   * While a capture is under way the pool makes no event call (record, query, synchronize)
+   * and gives no memory back: the driver refuses them, and the capture is lost. A reserve
+   * made then must not join the capture (the CUDA backend makes it in relaxed capture
+   * mode). Called under the pool lock: it must not wait for device work. */
+  int (*stream_capturing)(void *ctx, cp_stream_t stream, int *out_capturing);
+  /* The handle to remember for a use of `stream` declared now (record_stream): a handle that
+   * means "the default stream of the current device" is made to name the current device's
+   * even when the stream's work is recorded later from another one; every other handle comes
+   * back as it is. NULL: handles are kept as they are. Called under the pool lock. */
+  int (*stream_resolve)(void *ctx, cp_stream_t stream, cp_stream_t *out_stream);
 } cp_backend_t;
 
 #endif /* CP_BACKEND_H */

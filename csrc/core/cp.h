@@ -223,8 +223,19 @@ int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *o
  * call is made here, so a bad stream shows only at cp_free. */
 int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream);
 
-/* Return every wholly free segment to the backend (after reclaiming completed frees). */
+/* Return every wholly free segment to the backend (after reclaiming completed frees). Does
+ * nothing while a capture window is open (Note [Capture in the pool]). */
 int cp_empty_cache(cp_pool_t *pool);
+
+/* Open and close a capture window (Note [Capture in the pool], capture.c): while one is open,
+ * the pool makes no event call and gives no memory back; frees that would record events wait
+ * for the last window to close. Windows nest; closing one that is not open is CP_ERR_STATE. */
+int cp_pool_capture_begin(cp_pool_t *pool);
+int cp_pool_capture_end(cp_pool_t *pool);
+/* Capture windows open now, and frees waiting for them to close. */
+void cp_pool_capture_state(cp_pool_t *pool, unsigned *out_windows, size_t *out_deferred_frees);
+/* The backend the pool was created over (a copy). */
+void cp_pool_backend(cp_pool_t *pool, cp_backend_t *out_backend);
 
 /* Set the memory cap in bytes (0 = none), or as a fraction of the device's total memory
  * (0 = unset; NaN or outside [0, 1] is CP_ERR_INVALID; a fraction worth less than one byte

@@ -280,6 +280,23 @@ typedef struct cp_block_slab_s {
   cp_block_t blocks[CP_BLOCK_SLAB];
 } cp_block_slab_t;
 
+/* ------------------------------------------------------------------------------------------
+ * Graph capture (capture.c), Note [Capture in the pool]
+ *
+ * `windows` counts the capture windows open on the pool (cp_pool_capture_begin minus
+ * cp_pool_capture_end). A free that would record events while a capture is under way is
+ * deferred: the block stays LIVE (in the live map, counted as allocated) and is listed in
+ * `deferred`, each at most once; cp_capture_flush_locked frees them once no capture is under
+ * way. Every listed block is LIVE and has use_count > 0.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct cp_capture_s {
+  unsigned windows;
+  cp_block_t **deferred; /* frees waiting for the end of the capture */
+  size_t deferred_count;
+  size_t deferred_cap;
+} cp_capture_t;
+
 struct cp_pool_s {
   pthread_mutex_t lock;     /* guards everything below; never held across a blocking call */
   cp_fork_lock_t fork_node; /* `lock` is held across fork() (Note [Locks across fork]) */
@@ -327,7 +344,22 @@ struct cp_pool_s {
   cp_evlog_t evlog;
   cp_oom_info_t last_oom; /* sequence 0: no failure yet */
   uint64_t oom_sequence;  /* failures so far (never reset) */
+  cp_capture_t capture;   /* graph capture (capture.c) */
 };
+
+/* Graph capture (capture.c). cp_capturing_locked: whether an event call or a release now
+ * could break a capture: a window is open, or the backend says `stream` is being captured. */
+bool cp_capturing_locked(cp_pool_t *pool, cp_stream_t stream);
+/* Whether freeing the LIVE block `b` (use_count > 0) must wait for the end of the capture. */
+bool cp_capture_must_defer_locked(cp_pool_t *pool, const cp_block_t *b);
+/* List `b` for freeing after the capture (CP_ERR_HOST_OOM, nothing changed); a block listed
+ * already stays listed once (CP_ERR_INVALID: a second free of the same pointer). */
+int cp_capture_defer_locked(cp_pool_t *pool, cp_block_t *b);
+/* Free the listed blocks (recording their events) when no capture is under way. */
+void cp_capture_flush_locked(cp_pool_t *pool);
+void cp_capture_destroy(cp_pool_t *pool);
+/* The free of cp_free_impl once the block is known (pool.c): record events or give it back. */
+int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who);
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */
 /* Make sure `n` spare block nodes and room for one more live block exist. */

@@ -480,6 +480,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
   pool->segments = NULL;
   cp_stitch_destroy(pool);
   cp_streams_destroy(&pool->streams);
+  cp_capture_destroy(pool);
   for (cp_block_slab_t *s = pool->slabs, *next; s != NULL; s = next) {
     next = s->next;
     free(s);
@@ -519,11 +520,12 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     st = cp_streams_get_locked(&pool->streams, stream);
     if (st == NULL) rc = CP_ERR_HOST_OOM;
   }
+  if (rc == CP_OK && pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
   if (rc == CP_OK && pool->paged) {
     rc = cp_expand_alloc_locked(pool, st, kind, rounded, size, out_ptr);
   } else if (rc == CP_OK) {
     /* 1. */
-    if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
+    if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, stream)) cp_reclaim_completed_locked(pool);
     cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
     if (b != NULL) {
       *out_ptr = cp_take_locked(pool, b, rounded, size);
@@ -535,13 +537,16 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     }
     /* 2, 3. The segment's size is worked out only here, off the path of reuse. */
     const size_t seg_size = cp_size_segment(cfg, rounded);
+    bool capturing = false;
     if (seg_size == 0) {
       rc = CP_ERR_OOM; /* larger than any address space */
     } else {
-      cp_collect_garbage_locked(pool, seg_size);
+      /* No memory goes back while a capture is under way (Note [Capture in the pool]). */
+      capturing = cp_capturing_locked(pool, stream);
+      if (!capturing) cp_collect_garbage_locked(pool, seg_size);
       rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
     }
-    if (rc == CP_ERR_OOM && seg_size != 0) {
+    if (rc == CP_ERR_OOM && seg_size != 0 && !capturing) {
       /* 4. */
       pool->stats.num_alloc_retries++;
       cp_synchronize_pending_locked(pool);
@@ -579,6 +584,31 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   return rc;
 }
 
+/* Free the LIVE block `b`: with uses on other streams, record an event on each and leave it
+ * PENDING; else give it back at once. On failure the block stays allocated. */
+int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
+  if (b->use_count > 0) {
+    int rc = cp_streams_defer_free_locked(&pool->streams, b);
+    if (rc != CP_OK) {
+      char why[1024];
+      snprintf(why, sizeof why, "%s", cp_last_error());
+      return cp_set_error(rc,
+                          "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
+                          "cannot be tracked)",
+                          who, (void *)b->addr, why);
+    }
+  }
+  cp_ptrmap_remove(&pool->live, b->addr);
+  int kind = b->segment->kind;
+  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
+  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
+  if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
+  if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
+  cp_evlog_put_locked(pool, CP_TRACE_FREE, b->addr, b->requested, b->segment->stream->handle);
+  if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
+  return CP_OK;
+}
+
 /* cp_free and cp_free_sized: `expect_size` NULL means "any size". */
 static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, const char *who) {
   if (ptr == NULL) return CP_OK;
@@ -592,27 +622,11 @@ static int cp_free_impl(cp_pool_t *pool, void *ptr, const size_t *expect_size, c
     rc = cp_set_error(CP_ERR_INVALID,
                       "%s: %p was allocated with %zu bytes, not %zu: not freed (the block stays allocated)", who, ptr,
                       b->requested, *expect_size);
-    b = NULL;
-  } else if (b->use_count > 0) {
-    rc = cp_streams_defer_free_locked(&pool->streams, b);
-    if (rc != CP_OK) {
-      char why[1024];
-      snprintf(why, sizeof why, "%s", cp_last_error());
-      cp_set_error(rc,
-                   "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
-                   "cannot be tracked)",
-                   who, ptr, why);
-    }
-  }
-  if (b != NULL && rc == CP_OK) {
-    cp_ptrmap_remove(&pool->live, b->addr);
-    int kind = b->segment->kind;
-    cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
-    cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
-    if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
-    if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
-    cp_evlog_put_locked(pool, CP_TRACE_FREE, b->addr, b->requested, b->segment->stream->handle);
-    if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
+  } else if (pool->capture.deferred_count != 0 || (b->use_count > 0 && cp_capture_must_defer_locked(pool, b))) {
+    rc = cp_capture_defer_locked(pool, b); /* Note [Capture in the pool] */
+    if (rc == CP_ERR_STATE) rc = cp_free_block_locked(pool, b, who);
+  } else {
+    rc = cp_free_block_locked(pool, b, who);
   }
   CP_DEBUG_CHECK(pool, "cp_free");
   pthread_mutex_unlock(&pool->lock);
@@ -640,7 +654,8 @@ int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {
   if (b == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "cp_record_stream: %p is not a live allocation of this pool", ptr);
   } else {
-    rc = cp_streams_record_use_locked(b, stream);
+    if (pool->backend.stream_resolve != NULL) rc = pool->backend.stream_resolve(pool->backend.ctx, stream, &stream);
+    if (rc == CP_OK) rc = cp_streams_record_use_locked(b, stream);
   }
   CP_DEBUG_CHECK(pool, "cp_record_stream");
   pthread_mutex_unlock(&pool->lock);
@@ -650,6 +665,11 @@ int cp_record_stream(cp_pool_t *pool, void *ptr, cp_stream_t stream) {
 int cp_empty_cache(cp_pool_t *pool) {
   if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_empty_cache: NULL pool");
   pthread_mutex_lock(&pool->lock);
+  if (pool->capture.windows != 0) { /* nothing goes back during a capture */
+    pthread_mutex_unlock(&pool->lock);
+    return CP_OK;
+  }
+  if (pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
   int rc = cp_synchronize_pending_locked(pool);
   int rc2 = cp_release_free_segments_locked(pool);
   if (rc == CP_OK) rc = rc2;

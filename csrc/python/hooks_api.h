@@ -53,6 +53,9 @@ typedef struct cpy_hooks_api_s {
   uint64_t (*sim_delays_entered)(const cp_sim_t *sim);
   void (*sim_set_lost)(cp_sim_t *sim, int lost);
   int (*sim_invalidate_stream)(cp_sim_t *sim, cp_stream_t stream);
+  int (*sim_set_capturing)(cp_sim_t *sim, cp_stream_t stream, int on);
+  uint64_t (*sim_capture_violations)(const cp_sim_t *sim);
+  uint64_t (*sim_calls)(const cp_sim_t *sim, cp_sim_call_t kind);
 } cpy_hooks_api;
 
 #endif /* CPY_HOOKS_API_H */

@@ -14,6 +14,7 @@
 #include "python/stacks.h"
 #include "torch/abi.h"
 #include "torch/devices.h"
+#include "torch/graphs.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state
@@ -198,6 +199,25 @@ static PyObject *mod_event_log_capacity(PyObject *Py_UNUSED(module), PyObject *P
   return cpy_from_size(cpd_event_log());
 }
 
+/* The private pools of CUDA graphs and MemPool ids (Note [Graph pools]): a list of dicts. */
+static PyObject *mod_graph_pools(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+  cpd_graph_info_t infos[64];
+  size_t n;
+  Py_BEGIN_ALLOW_THREADS n = cpd_graph_pools(infos, 64);
+  Py_END_ALLOW_THREADS if (n > 64) n = 64;
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    const cpd_graph_info_t *g = &infos[i];
+    PyObject *d =
+        Py_BuildValue("{sis(KK)sIsOsnsnsn}", "device", g->device, "id", g->id0, g->id1, "uses", g->uses, "window_open",
+                      g->window_open ? Py_True : Py_False, "allocated", (Py_ssize_t)g->allocated, "reserved",
+                      (Py_ssize_t)g->reserved, "allocations", (Py_ssize_t)g->allocations);
+    if (d == NULL || PyList_Append(list, d) < 0) Py_CLEAR(list);
+    Py_XDECREF(d);
+  }
+  return list;
+}
+
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
   Py_BEGIN_ALLOW_THREADS cpd_shutdown();
   Py_END_ALLOW_THREADS Py_RETURN_NONE;
@@ -283,6 +303,9 @@ static PyMethodDef module_methods[] = {
      "set_event_log(capacity)\n\nEvents each device pool keeps in its event log, the history an out-of-memory "
      "failure is replayed from (existing pools drop theirs; 0: none). Back to the default at shutdown()."},
     {"event_log_capacity", mod_event_log_capacity, METH_NOARGS, "The device pools' event log capacity setting."},
+    {"graph_pools", mod_graph_pools, METH_NOARGS,
+     "graph_pools() -> list\n\nThe private pools of CUDA graphs and MemPool ids, oldest first (at most 64): "
+     "device, id, uses (begins not released), window_open, allocated, reserved, allocations."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},
@@ -312,6 +335,9 @@ static const cpy_hooks_api hooks_api = {
     .sim_delays_entered = cp_sim_delays_entered,
     .sim_set_lost = cp_sim_set_lost,
     .sim_invalidate_stream = cp_sim_invalidate_stream,
+    .sim_set_capturing = cp_sim_set_capturing,
+    .sim_capture_violations = cp_sim_capture_violations,
+    .sim_calls = cp_sim_calls,
 };
 
 /* ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "torch/devices.h"
+#include "torch/graphs.h"
 
 /* Note [Failures at exit]
  * The deleters torch calls cannot return an error, so a failed free or record_stream is
@@ -24,12 +25,7 @@ void cpd_set_exiting(void) { atomic_store_explicit(&cpd_exiting, 1, memory_order
 
 unsigned long cpd_failures_at_exit(void) { return atomic_load_explicit(&cpd_quiet_failures, memory_order_relaxed); }
 
-static void cpd_report(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-static void cpd_report(const char *fmt, ...) {
+void cpd_report(const char *fmt, ...) {
   if (atomic_load_explicit(&cpd_exiting, memory_order_relaxed)) {
     atomic_fetch_add_explicit(&cpd_quiet_failures, 1, memory_order_relaxed);
     return;
@@ -58,7 +54,10 @@ int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
     *out_ptr = NULL;
     return CP_OK;
   }
-  int rc = cpd_pool(device, &pool);
+  int routed;
+  int rc = cpd_graph_alloc(size, device, stream, out_ptr, &routed); /* Note [Graph pools] */
+  if (routed) return rc;
+  rc = cpd_pool(device, &pool);
   if (rc != CP_OK) return rc;
   cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
   if (context == NULL) return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
@@ -112,7 +111,7 @@ static int cpd_is_foreign(const void *ptr) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_pool_base_of(pool, ptr, NULL, NULL) != CP_PTR_FOREIGN) return 0;
   }
-  return 1;
+  return !cpd_graph_pools_exist() || cpd_graph_base_of(ptr, NULL, NULL) == CP_PTR_FOREIGN;
 }
 
 /* Note [Frees that do not match]
@@ -130,6 +129,15 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   if (ptr == NULL) return;
   cp_pool_t *pool = cpd_pool_if_created(device);
   int rc;
+  if (cpd_graph_pools_exist() && (pool == NULL || !cp_pool_lookup(pool, ptr, NULL))) {
+    int handled; /* a private pool's pointer (Note [Graph pools]) */
+    rc = cpd_graph_free(ptr, size, device, &handled);
+    if (handled) {
+      if (rc != CP_OK)
+        cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
+      return;
+    }
+  }
   if (pool != NULL) {
     cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
     if (context != NULL) cp_history_set_context(context());
@@ -161,6 +169,14 @@ void cudapool_record_stream(void *ptr, void *stream) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
   }
+  if (cpd_graph_pools_exist()) {
+    int handled;
+    int rc = cpd_graph_record_stream(ptr, stream, &handled);
+    if (handled) {
+      if (rc != CP_OK) cpd_report("cudapool: record_stream(%p): %s\n", ptr, cp_last_error());
+      return;
+    }
+  }
   if (cpd_is_foreign(ptr)) {
     atomic_fetch_add_explicit(&cpd_foreign_record_streams, 1, memory_order_relaxed);
     return;
@@ -178,6 +194,12 @@ void *cudapool_base_alloc(void *ptr, size_t *size) {
       return base;
     }
   }
+  void *base;
+  size_t bytes;
+  if (ptr != NULL && cpd_graph_pools_exist() && cpd_graph_base_of(ptr, &base, &bytes) == CP_PTR_LIVE) {
+    if (size != NULL) *size = bytes;
+    return base;
+  }
   if (size != NULL) *size = 0;
   return ptr;
 }
@@ -188,6 +210,9 @@ void cudapool_empty_cache(void) {
     if (pool != NULL && cp_empty_cache(pool) != CP_OK) {
       cpd_report("cudapool: empty_cache on device %d: %s\n", d, cp_last_error());
     }
+  }
+  if (cpd_graph_pools_exist() && cpd_graph_collect() != CP_OK) {
+    cpd_report("cudapool: empty_cache of a released graph pool: %s\n", cp_last_error());
   }
 }
 

@@ -15,6 +15,13 @@ extern "C" {
  * printing them (Note [Failures at exit]). cpd_failures_at_exit: how many were counted. */
 void cpd_set_exiting(void);
 unsigned long cpd_failures_at_exit(void);
+/* Report a failure that an entry point cannot return, on stderr (counted instead once the
+ * interpreter is exiting). */
+void cpd_report(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
 
 /* Cap `device`'s pool at `fraction` of its total memory (creating the pool), as torch's
  * set_per_process_memory_fraction does: 0 forbids growth (Note [Fraction zero] in abi.c). A

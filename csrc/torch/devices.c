@@ -11,6 +11,7 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "base/fork.h"
+#include "torch/graphs.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
@@ -37,10 +38,12 @@ static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
 
 static void cpd_register_for_fork(void) { cp_fork_register_outer(&cpd_lock); }
 
+void cpd_fork_register_table(void) { pthread_once(&cpd_fork_once, cpd_register_for_fork); }
+
 /* Every taker of the table lock comes through here, so the lock is known to the fork handlers
  * (Note [Locks across fork]) before anyone can hold it. */
 static void cpd_table_lock(void) {
-  pthread_once(&cpd_fork_once, cpd_register_for_fork);
+  cpd_fork_register_table();
   pthread_mutex_lock(&cpd_lock);
 }
 
@@ -256,6 +259,7 @@ size_t cpd_event_log(void) {
 
 void cpd_shutdown(void) {
   cpd_table_lock();
+  cpd_graphs_shutdown(); /* private pools first: they use the devices' backends */
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
     if (pool != NULL) cp_pool_destroy(pool);

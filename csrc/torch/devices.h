@@ -46,6 +46,9 @@ size_t cpd_history_entries(void);
 #define CPD_DEFAULT_EVENT_LOG ((size_t)16384)
 int cpd_set_event_log(size_t capacity);
 size_t cpd_event_log(void);
+/* Register the table's lock with the fork handlers (Note [Locks across fork]) unless it is
+ * already; it takes no lock. Locks nested inside the table's register after calling this. */
+void cpd_fork_register_table(void);
 
 /* Destroy every pool and backend: all memory goes back to the device. Later calls create
  * fresh pools. Used at interpreter exit and by tests. */

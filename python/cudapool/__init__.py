@@ -12,7 +12,7 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 """
 
 import atexit
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _C, _torch, ab, oom
 from ._version import __version__
@@ -39,6 +39,8 @@ __all__ = [
     "dump_snapshot",
     "record_history",
     "last_oom",
+    "graph_pools",
+    "mem_pool_allocator",
     "ab",
     "oom",
 ]
@@ -153,3 +155,22 @@ def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str
     and free when ``stacks="python"`` (``"none"``: no stacks, cheaper). ``enabled=False``
     stops and drops the records."""
     _torch.record_history(enabled, max_entries, stacks)
+
+
+def graph_pools() -> List[Dict[str, Any]]:
+    """The private pools cudapool holds for CUDA graphs and ``torch.cuda.MemPool`` ids (oldest
+    first): ``device``, ``id``, ``uses``, ``window_open``, ``allocated``, ``reserved``,
+    ``allocations``. :func:`memory_stats` counts the shared pool of each device only."""
+    return _torch.graph_pools()
+
+
+def mem_pool_allocator() -> Any:
+    """cudapool as the allocator of a ``torch.cuda.MemPool`` (torch's caching allocator stays
+    the process's and takes whole segments of that pool from cudapool)::
+
+        pool = torch.cuda.MemPool(allocator=cudapool.mem_pool_allocator().allocator())
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.empty(n, device="cuda")
+
+    Not together with :func:`enable` (torch's pluggable allocator refuses ``MemPool``)."""
+    return _torch.mem_pool_allocator()

@@ -7,7 +7,8 @@ How the swap works: ``torch.cuda.memory.CUDAPluggableAllocator`` opens our exten
 (``_C.__file__``) with ctypes and takes the addresses of ``cudapool_alloc`` and
 ``cudapool_free``. The extension is already loaded, so the dynamic loader hands back the same
 library: torch's allocations and this module's statistics see one set of pools. The optional
-hooks (init, reset = empty_cache, memory fraction, record_stream) are set from the same library.
+hooks (init, reset = empty_cache, memory fraction, record_stream, base_alloc, and the three
+graph-pool hooks of CUDA graphs) are set from the same library.
 ``change_current_allocator`` only works before CUDA is initialised in the process.
 """
 
@@ -32,16 +33,32 @@ _HOOKS: Tuple[Tuple[str, str, str], ...] = (
     ("memory_fraction", "set_memory_fraction_fn", "cudapool_set_memory_fraction"),
     ("record_stream", "set_record_stream_fn", "cudapool_record_stream"),
     ("base_alloc", "set_base_alloc_fn", "cudapool_base_alloc"),
+    # CUDA graphs, use_mem_pool and cudagraph trees' warm-up (Note [Graph pools] in
+    # csrc/torch/graphs.h): C++ functions with torch's signatures (csrc/torch/graph_hooks.cpp).
+    ("begin_allocate_to_pool", "set_begin_allocate_to_pool", "cudapool_begin_allocate_to_pool"),
+    ("end_allocate_to_pool", "set_end_allocate_to_pool_fn", "cudapool_end_allocate_to_pool"),
+    ("release_pool", "set_release_pool", "cudapool_release_pool"),
 )
 
 #: The names of the hooks cudapool sets when torch offers them.
 HOOK_NAMES: Tuple[str, ...] = tuple(name for name, _, _ in _HOOKS)
 
-# Hooks torch offers that cudapool does not set (CUDA graph private pools).
-_UNSET_HOOKS: Tuple[Tuple[str, str], ...] = (
-    ("begin_allocate_to_pool", "set_begin_allocate_to_pool"),
-    ("end_allocate_to_pool", "set_end_allocate_to_pool_fn"),
-    ("release_pool", "set_release_pool"),
+# torch._C functions that cudagraph trees (torch.compile(mode="reduce-overhead")) call and that
+# torch's pluggable allocator does not forward: after enable() they raise REDUCE_OVERHEAD_MESSAGE.
+_CUDAGRAPH_TREE_FUNCTIONS = (
+    "_cuda_getCheckpointState",
+    "_cuda_setCheckpointPoolState",
+    "_cuda_checkPoolLiveAllocations",
+)
+
+#: What torch.compile(mode="reduce-overhead") raises under cudapool, and what to do instead.
+REDUCE_OVERHEAD_MESSAGE = (
+    "cudapool: torch.compile(mode='reduce-overhead') records CUDA graphs as cudagraph trees, which "
+    "checkpoint and check the allocator's private pools (getCheckpointState, setCheckpointPoolState, "
+    "checkPoolLiveAllocations); torch's pluggable allocator, which cudapool plugs into, does not forward "
+    "those calls. Use plain CUDA graphs instead, which cudapool supports: set "
+    "torch._inductor.config.triton.cudagraph_trees = False before compiling (reduce-overhead then "
+    "captures each graph with torch.cuda.graph), or compile with mode='max-autotune-no-cudagraphs'."
 )
 
 # Keys some torch versions' memory_stats() have that the pool does not track: always this
@@ -87,6 +104,7 @@ class _State:
         self.warned_record_stream = False
         self.oom_thrower = False  # out of memory raises torch.OutOfMemoryError (_torch_oom installed)
         self.torch_oom_lib: Optional[ctypes.CDLL] = None
+        self.mem_pool_allocator: Any = None  # mem_pool_allocator()'s, never swapped in
 
 
 _state = _State()
@@ -154,6 +172,7 @@ def enable(**config: Any) -> None:
         _state.config = effective
         _state.hooks = hooks
         _patch_torch()
+        _refuse_cudagraph_trees()
         _state.oom_thrower = _install_oom_thrower()
         _warn_if_cudnn_benchmark()
 
@@ -645,6 +664,50 @@ def torch_hooks_offered() -> Tuple[str, ...]:
     cls = getattr(torch._C, "_CUDAPluggableAllocator", None)
     if cls is None:
         return ()
-    names = [name for name, setter, _ in _HOOKS if hasattr(cls, setter)]
-    names += [name for name, setter in _UNSET_HOOKS if hasattr(cls, setter)]
-    return tuple(names)
+    return tuple(name for name, setter, _ in _HOOKS if hasattr(cls, setter))
+
+
+def graph_pools() -> List[Dict[str, Any]]:
+    """The private pools of CUDA graphs and ``torch.cuda.MemPool`` ids that cudapool holds now
+    (oldest first): ``device``, ``id`` (torch's MempoolId pair), ``uses`` (captures or pool
+    uses not released yet), ``window_open`` (allocations are being routed into it),
+    ``allocated``, ``reserved`` and ``allocations``. A pool goes once torch released it and its
+    last allocation is freed."""
+    return _C.graph_pools()
+
+
+def mem_pool_allocator() -> Any:
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over cudapool, not swapped in, for
+    ``torch.cuda.MemPool(allocator=cudapool.mem_pool_allocator().allocator())``: torch's own
+    caching allocator stays the process's allocator and asks cudapool for the whole segments of
+    that pool only (``with torch.cuda.use_mem_pool(pool): ...``). Use it without ``enable()``:
+    under ``enable()`` torch's pluggable allocator refuses ``MemPool`` ("does not yet support
+    createOrIncrefPool"). The same object is returned on every call."""
+    _require_cuda_build()
+    with _lock:
+        if _state.mem_pool_allocator is None:
+            import torch.cuda.memory as tcm
+
+            allocator = tcm.CUDAPluggableAllocator(_C.__file__, "cudapool_alloc", "cudapool_free")
+            lib = ctypes.CDLL(_C.__file__)
+            raw = allocator.allocator()
+            for _, setter, symbol in _HOOKS:
+                set_fn = getattr(raw, setter, None)
+                if set_fn is not None:
+                    set_fn(_symbol_address(lib, symbol))
+            _state.mem_pool_allocator = allocator
+        return _state.mem_pool_allocator
+
+
+def _refuse_cudagraph_trees() -> None:
+    """Make cudagraph trees' allocator calls raise REDUCE_OVERHEAD_MESSAGE instead of torch's
+    bare "does not yet support"."""
+    import torch
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(REDUCE_OVERHEAD_MESSAGE)
+
+    for name in _CUDAGRAPH_TREE_FUNCTIONS:
+        if hasattr(torch._C, name):
+            _state.originals[("torch._C", name)] = getattr(torch._C, name)
+            setattr(torch._C, name, refuse)

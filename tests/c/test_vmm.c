@@ -456,7 +456,7 @@ static int vmm_call(cp_backend_t *be, cp_sim_call_t kind, const vmm_setup_t *fx,
 
 TEST(faults_and_lost_device_every_vmm_kind) {
   int kinds = 0;
-  for (int k = CP_SIM_VMM_GRANULARITY; k < CP_SIM_CALL_COUNT; k++) {
+  for (int k = CP_SIM_VMM_GRANULARITY; k <= CP_SIM_PAGE_SET_ACCESS; k++) {
     const cp_sim_call_t kind = (cp_sim_call_t)k;
     const int want = (k % 2) ? CP_ERR_OOM : CP_ERR_BACKEND;
     for (int lost = 0; lost < 2; lost++) {
@@ -502,7 +502,7 @@ TEST(delay_every_vmm_kind) {
   cp_backend_t be;
   cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
   REQUIRE(sim != NULL);
-  for (int k = CP_SIM_VMM_GRANULARITY; k < CP_SIM_CALL_COUNT; k++) {
+  for (int k = CP_SIM_VMM_GRANULARITY; k <= CP_SIM_PAGE_SET_ACCESS; k++) {
     vmm_setup_t fx;
     REQUIRE(setup(&be, &fx) == 0);
     const uint64_t entered = cp_sim_delays_entered(sim);

@@ -243,6 +243,11 @@ static int dev_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   return d->real.page_set_access(d->real.ctx, addr, size);
 }
 
+static int dev_stream_capturing(void *ctx, cp_stream_t stream, int *out_capturing) {
+  dev_t *d = ctx;
+  return d->real.stream_capturing(d->real.ctx, stream, out_capturing);
+}
+
 static void dev_backend(dev_t *d, cp_backend_t *out) {
   *out = d->real;
   out->ctx = d;
@@ -254,6 +259,7 @@ static void dev_backend(dev_t *d, cp_backend_t *out) {
   out->event_query = dev_event_query;
   out->event_synchronize = dev_event_synchronize;
   out->mem_info = dev_mem_info;
+  out->stream_capturing = d->real.stream_capturing != NULL ? dev_stream_capturing : NULL;
   if (d->real.vmm_granularity != NULL) {
     out->vmm_granularity = dev_vmm_granularity;
     out->va_reserve = dev_va_reserve;

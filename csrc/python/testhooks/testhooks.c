@@ -112,6 +112,45 @@ static PyObject *hook_sim_invalidate_stream(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *hook_sim_set_capturing(PyObject *module, PyObject *args) {
+  hooks_state *st = get_state(module);
+  const cpy_hooks_api *api = st->api;
+  PyObject *dev, *stream_obj;
+  int on = 1;
+  if (!PyArg_ParseTuple(args, "OO|p:sim_set_capturing", &dev, &stream_obj, &on)) return NULL;
+  int d;
+  uintptr_t stream;
+  if (api->parse_device(dev, &d) < 0 || api->as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(api, d);
+  if (sim == NULL) return NULL;
+  api->clear_error();
+  int rc = api->sim_set_capturing(sim, (cp_stream_t)stream, on);
+  if (rc != CP_OK) return api->raise_status(st->oom_error, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *hook_sim_capture_violations(PyObject *module, PyObject *dev) {
+  const cpy_hooks_api *api = get_state(module)->api;
+  int d;
+  if (api->parse_device(dev, &d) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(api, d);
+  if (sim == NULL) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_capture_violations(sim));
+}
+
+static PyObject *hook_sim_calls(PyObject *module, PyObject *args) {
+  const cpy_hooks_api *api = get_state(module)->api;
+  PyObject *dev;
+  const char *kind_name;
+  if (!PyArg_ParseTuple(args, "Os:sim_calls", &dev, &kind_name)) return NULL;
+  int d;
+  cp_sim_call_t kind = CP_SIM_RESERVE;
+  if (api->parse_device(dev, &d) < 0 || api->parse_call_kind(kind_name, &kind) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(api, d);
+  if (sim == NULL) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_calls(sim, kind));
+}
+
 static PyObject *hook_failures_at_exit(PyObject *module, PyObject *Py_UNUSED(ignored)) {
   return PyLong_FromUnsignedLong(get_state(module)->api->failures_at_exit());
 }
@@ -137,6 +176,14 @@ static PyMethodDef hooks_methods[] = {
     {"sim_invalidate_stream", hook_sim_invalidate_stream, METH_VARARGS,
      "sim_invalidate_stream(device, stream)\n\nMake a stream of the simulated device invalid, as a "
      "destroyed one: recording an event on it fails from now on."},
+    {"sim_set_capturing", hook_sim_set_capturing, METH_VARARGS,
+     "sim_set_capturing(device, stream, on=True)\n\nPut a stream of the simulated device into graph capture "
+     "(on=False ends it): event calls and releases are refused while any stream captures."},
+    {"sim_capture_violations", hook_sim_capture_violations, METH_O,
+     "sim_capture_violations(device) -> int\n\nCalls the simulated device refused because a stream was "
+     "capturing (each would have broken a capture)."},
+    {"sim_calls", hook_sim_calls, METH_VARARGS,
+     "sim_calls(device, kind) -> int\n\nBackend calls of `kind` made so far on the simulated device."},
     {"failures_at_exit", hook_failures_at_exit, METH_NOARGS,
      "How many entry-point failures were counted silently since interpreter_exiting()."},
     {"fork_count", hook_fork_count, METH_NOARGS, "How many fork() calls cudapool's handlers saw."},

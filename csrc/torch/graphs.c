@@ -1,0 +1,337 @@
+/* graphs.c — private pools for CUDA graphs and MemPool ids (Note [Graph pools] in graphs.h).
+ * Owns: the private pools, the open allocate-to-pool windows, routing into them, and their
+ * release. */
+#include "torch/graphs.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "base/fork.h"
+#include "torch/devices.h"
+
+typedef struct cpd_gpool_s {
+  int device;
+  unsigned long long id0, id1;
+  cp_pool_t *pool;
+  unsigned uses; /* begins not released yet */
+  struct cpd_gpool_s *next;
+} cpd_gpool_t;
+
+typedef struct cpd_window_s {
+  int device;
+  cpd_gpool_t *gp;
+  cpd_filter_fn filter;
+  void *ctx;
+  cpd_filter_free_fn free_ctx;
+  struct cpd_window_s *next;
+} cpd_window_t;
+
+/* Note [Graph lock]
+ * One mutex guards both lists. It is outer to every pool lock (allocations and frees of
+ * private pools run under it, so a pool cannot be destroyed under them) and inner to the
+ * device table's lock: the table is never entered with it held (cpd_pool and cpd_config are
+ * called before taking it), and cpd_shutdown takes it with the table's held. `open[d]` and
+ * `pool_count` are written under it and read without it on the allocation and free paths. */
+static pthread_mutex_t cpd_graph_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t cpd_graph_fork_once = PTHREAD_ONCE_INIT;
+static cpd_gpool_t *cpd_gpools;   /* oldest first */
+static cpd_window_t *cpd_windows; /* oldest first */
+static atomic_int cpd_open[CP_MAX_DEVICES];
+static atomic_int cpd_pool_total;
+
+static void cpd_graph_register_for_fork(void) {
+  cpd_fork_register_table(); /* the table's lock first: it is the outer one */
+  cp_fork_register_outer(&cpd_graph_lock);
+}
+
+static void cpd_graph_lock_take(void) {
+  pthread_once(&cpd_graph_fork_once, cpd_graph_register_for_fork);
+  pthread_mutex_lock(&cpd_graph_lock);
+}
+
+static void cpd_graph_unlock(void) { pthread_mutex_unlock(&cpd_graph_lock); }
+
+static int cpd_check_device(int device, const char *who) {
+  if (device < 0 || device >= CP_MAX_DEVICES) {
+    return cp_set_error(CP_ERR_INVALID, "cudapool: %s: invalid device %d", who, device);
+  }
+  return CP_OK;
+}
+
+static cpd_gpool_t *cpd_gpool_find_locked(int device, unsigned long long id0, unsigned long long id1) {
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (gp->device == device && gp->id0 == id0 && gp->id1 == id1) return gp;
+  }
+  return NULL;
+}
+
+static int cpd_window_open_on_locked(const cpd_gpool_t *gp) {
+  for (cpd_window_t *w = cpd_windows; w != NULL; w = w->next) {
+    if (w->gp == gp) return 1;
+  }
+  return 0;
+}
+
+/* Destroy `gp` when nothing holds it any more (Note [Graph pools]); returns the status of
+ * emptying it (the pool stays when that fails). */
+static int cpd_gpool_maybe_destroy_locked(cpd_gpool_t *gp) {
+  if (gp->uses != 0 || atomic_load_explicit(&cpd_open[gp->device], memory_order_relaxed) != 0) return CP_OK;
+  size_t allocated = 0, reserved = 0;
+  cp_pool_usage(gp->pool, &allocated, &reserved);
+  if (allocated != 0) return CP_OK;
+  /* Wait for pending frees (their streams may still use the memory), give it all back. */
+  int rc = cp_empty_cache(gp->pool);
+  if (rc != CP_OK) return rc;
+  cpd_gpool_t **link = &cpd_gpools;
+  while (*link != gp) link = &(*link)->next;
+  *link = gp->next;
+  cp_pool_destroy(gp->pool);
+  free(gp);
+  atomic_fetch_sub_explicit(&cpd_pool_total, 1, memory_order_relaxed);
+  return CP_OK;
+}
+
+/* Open (delta +1) or close (-1) a capture window on the shared pool and every private pool of
+ * `device`. */
+static void cpd_device_windows_locked(int device, cp_pool_t *shared, int delta) {
+  if (shared != NULL) (void)(delta > 0 ? cp_pool_capture_begin(shared) : cp_pool_capture_end(shared));
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (gp->device == device) (void)(delta > 0 ? cp_pool_capture_begin(gp->pool) : cp_pool_capture_end(gp->pool));
+  }
+}
+
+int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, cpd_filter_fn filter, void *ctx,
+                    cpd_filter_free_fn free_ctx) {
+  int rc = cpd_check_device(device, "begin_allocate_to_pool");
+  if (rc == CP_OK && filter == NULL) rc = cp_set_error(CP_ERR_INVALID, "cudapool: begin_allocate_to_pool: no filter");
+  /* The table is entered before the graph lock (Note [Graph lock]). */
+  cp_pool_t *shared = NULL;
+  cp_config_t cfg;
+  if (rc == CP_OK) rc = cpd_pool(device, &shared);
+  cpd_window_t *w = rc == CP_OK ? calloc(1, sizeof *w) : NULL;
+  if (rc == CP_OK && w == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: begin_allocate_to_pool: no host memory");
+  if (rc != CP_OK) {
+    if (free_ctx != NULL) free_ctx(ctx);
+    return rc;
+  }
+  cpd_config(&cfg);
+  cfg.expandable_segments = 0; /* a graph's pool keeps its plain segments, as torch's does */
+
+  cpd_graph_lock_take();
+  cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  if (gp != NULL && cpd_window_open_on_locked(gp)) {
+    rc = cp_set_error(CP_ERR_STATE,
+                      "cudapool: begin_allocate_to_pool: device %d is already allocating to pool (%llu, %llu)", device,
+                      id0, id1);
+  } else if (gp == NULL) {
+    gp = calloc(1, sizeof *gp);
+    cp_backend_t backend;
+    cp_pool_backend(shared, &backend);
+    if (gp == NULL) {
+      rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: begin_allocate_to_pool: no host memory");
+    } else if ((rc = cp_pool_create(&cfg, &backend, &gp->pool)) != CP_OK) {
+      free(gp);
+      gp = NULL;
+    } else {
+      gp->device = device;
+      gp->id0 = id0;
+      gp->id1 = id1;
+      cpd_gpool_t **link = &cpd_gpools;
+      while (*link != NULL) link = &(*link)->next;
+      *link = gp;
+      atomic_fetch_add_explicit(&cpd_pool_total, 1, memory_order_relaxed);
+      /* Windows already open on the device cover the new pool too. */
+      for (int k = atomic_load_explicit(&cpd_open[device], memory_order_relaxed); k > 0; k--) {
+        cp_pool_capture_begin(gp->pool);
+      }
+    }
+  }
+  if (rc == CP_OK) {
+    gp->uses++;
+    *w = (cpd_window_t){device, gp, filter, ctx, free_ctx, NULL};
+    cpd_window_t **link = &cpd_windows;
+    while (*link != NULL) link = &(*link)->next;
+    *link = w;
+    atomic_fetch_add_explicit(&cpd_open[device], 1, memory_order_relaxed);
+    cpd_device_windows_locked(device, shared, +1);
+  }
+  cpd_graph_unlock();
+  if (rc != CP_OK) {
+    free(w);
+    if (free_ctx != NULL) free_ctx(ctx);
+  }
+  return rc;
+}
+
+int cpd_graph_end(int device, unsigned long long id0, unsigned long long id1) {
+  int rc = cpd_check_device(device, "end_allocate_to_pool");
+  if (rc != CP_OK) return rc;
+  cp_pool_t *shared = cpd_pool_if_created(device);
+  cpd_window_t *closed = NULL;
+  cpd_graph_lock_take();
+  for (cpd_window_t **link = &cpd_windows; *link != NULL; link = &(*link)->next) {
+    cpd_window_t *w = *link;
+    if (w->device == device && w->gp->id0 == id0 && w->gp->id1 == id1) {
+      *link = w->next;
+      closed = w;
+      break;
+    }
+  }
+  if (closed == NULL) {
+    rc = cp_set_error(CP_ERR_STATE, "cudapool: end_allocate_to_pool: device %d is not allocating to pool (%llu, %llu)",
+                      device, id0, id1);
+  } else {
+    cpd_device_windows_locked(device, shared, -1);
+    atomic_fetch_sub_explicit(&cpd_open[device], 1, memory_order_relaxed);
+    if (atomic_load_explicit(&cpd_open[device], memory_order_relaxed) == 0) {
+      /* Pools released while the device was capturing can go now. */
+      for (cpd_gpool_t *gp = cpd_gpools, *next; gp != NULL; gp = next) {
+        next = gp->next;
+        if (gp->device == device) (void)cpd_gpool_maybe_destroy_locked(gp);
+      }
+    }
+  }
+  cpd_graph_unlock();
+  if (closed != NULL) {
+    if (closed->free_ctx != NULL) closed->free_ctx(closed->ctx);
+    free(closed);
+  }
+  return rc;
+}
+
+int cpd_graph_release(int device, unsigned long long id0, unsigned long long id1) {
+  int rc = cpd_check_device(device, "release_pool");
+  if (rc != CP_OK) return rc;
+  cpd_graph_lock_take();
+  cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  if (gp == NULL || gp->uses == 0) {
+    rc = cp_set_error(CP_ERR_STATE, "cudapool: release_pool: device %d has no pool (%llu, %llu) in use", device, id0,
+                      id1);
+  } else {
+    gp->uses--;
+    rc = cpd_gpool_maybe_destroy_locked(gp);
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
+int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *out_routed) {
+  *out_routed = 0;
+  if (device < 0 || device >= CP_MAX_DEVICES || atomic_load_explicit(&cpd_open[device], memory_order_relaxed) == 0) {
+    return CP_OK;
+  }
+  int rc = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_window_t *w = cpd_windows; w != NULL; w = w->next) {
+    if (w->device == device && w->filter(w->ctx, stream)) {
+      *out_routed = 1;
+      rc = cp_alloc(w->gp->pool, size, (cp_stream_t)stream, out_ptr);
+      break;
+    }
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
+int cpd_graph_pools_exist(void) { return atomic_load_explicit(&cpd_pool_total, memory_order_relaxed) != 0; }
+
+int cpd_graph_free(void *ptr, size_t size, int device, int *out_handled) {
+  *out_handled = 0;
+  int rc = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (gp->device == device && cp_pool_lookup(gp->pool, ptr, NULL)) {
+      *out_handled = 1;
+      rc = cp_free_sized(gp->pool, ptr, size);
+      if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
+      break;
+    }
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
+int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled) {
+  *out_handled = 0;
+  int rc = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (cp_pool_lookup(gp->pool, ptr, NULL)) {
+      *out_handled = 1;
+      rc = cp_record_stream(gp->pool, ptr, (cp_stream_t)stream);
+      break;
+    }
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
+int cpd_graph_base_of(const void *ptr, void **out_base, size_t *out_size) {
+  int kind = CP_PTR_FOREIGN;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && kind == CP_PTR_FOREIGN; gp = gp->next) {
+    kind = cp_pool_base_of(gp->pool, ptr, out_base, out_size);
+  }
+  cpd_graph_unlock();
+  return kind;
+}
+
+int cpd_graph_collect(void) {
+  int first = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools, *next; gp != NULL; gp = next) {
+    next = gp->next;
+    int rc = cpd_gpool_maybe_destroy_locked(gp);
+    if (rc != CP_OK && first == CP_OK) first = rc;
+  }
+  cpd_graph_unlock();
+  return first;
+}
+
+size_t cpd_graph_pools(cpd_graph_info_t *out, size_t max) {
+  size_t n = 0;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next, n++) {
+    if (n >= max) continue;
+    cp_stats_t stats;
+    cp_pool_stats(gp->pool, &stats);
+    cpd_graph_info_t *info = &out[n];
+    info->device = gp->device;
+    info->id0 = gp->id0;
+    info->id1 = gp->id1;
+    info->uses = gp->uses;
+    info->window_open = cpd_window_open_on_locked(gp);
+    cp_pool_usage(gp->pool, &info->allocated, &info->reserved);
+    info->allocations = (size_t)stats.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current;
+  }
+  cpd_graph_unlock();
+  return n;
+}
+
+cp_pool_t *cpd_graph_pool(int device, unsigned long long id0, unsigned long long id1) {
+  cpd_graph_lock_take();
+  cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  cp_pool_t *pool = gp != NULL ? gp->pool : NULL;
+  cpd_graph_unlock();
+  return pool;
+}
+
+void cpd_graphs_shutdown(void) {
+  cpd_graph_lock_take();
+  for (cpd_window_t *w = cpd_windows, *next; w != NULL; w = next) {
+    next = w->next;
+    if (w->free_ctx != NULL) w->free_ctx(w->ctx);
+    free(w);
+  }
+  cpd_windows = NULL;
+  for (cpd_gpool_t *gp = cpd_gpools, *next; gp != NULL; gp = next) {
+    next = gp->next;
+    cp_pool_destroy(gp->pool);
+    free(gp);
+  }
+  cpd_gpools = NULL;
+  for (int d = 0; d < CP_MAX_DEVICES; d++) atomic_store_explicit(&cpd_open[d], 0, memory_order_relaxed);
+  atomic_store_explicit(&cpd_pool_total, 0, memory_order_relaxed);
+  cpd_graph_unlock();
+}

@@ -1,0 +1,258 @@
+/* test_graphs.c — graph capture: the pool's capture windows (no event call, no memory back,
+ * deferred frees), the simulated device's capture, and the private pools of CUDA graphs and
+ * MemPool ids behind the device table (routing, isolation, release). Runs under ASan+UBSan
+ * with the invariant check after every pool operation. */
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/sim.h"
+#include "check.h"
+#include "core/cp.h"
+#include "torch/abi.h"
+#include "torch/devices.h"
+#include "torch/graphs.h"
+
+#define MiB ((size_t)1 << 20)
+
+static uint64_t event_calls(const cp_sim_t *sim) {
+  return cp_sim_calls(sim, CP_SIM_EVENT_RECORD) + cp_sim_calls(sim, CP_SIM_EVENT_QUERY) +
+         cp_sim_calls(sim, CP_SIM_EVENT_SYNCHRONIZE);
+}
+
+static int make_pool(cp_sim_t **sim, cp_pool_t **pool, size_t capacity) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  if (cp_sim_create(capacity, 0, sim) != CP_OK) return 0;
+  cp_backend_t backend;
+  cp_sim_backend(*sim, &backend);
+  return cp_pool_create(&cfg, &backend, pool) == CP_OK;
+}
+
+TEST(capture_window_makes_no_event_call_and_gives_nothing_back) {
+  cp_sim_t *sim;
+  cp_pool_t *pool;
+  REQUIRE(make_pool(&sim, &pool, 64 * MiB));
+  void *a, *b, *c, *d;
+  REQUIRE(cp_alloc(pool, MiB, 1, &a) == CP_OK);
+  REQUIRE(cp_alloc(pool, MiB, 1, &b) == CP_OK);
+  REQUIRE(cp_record_stream(pool, a, 2) == CP_OK);
+  REQUIRE(cp_free(pool, b) == CP_OK); /* cached, reusable on stream 1 */
+  REQUIRE(cp_pool_capture_begin(pool) == CP_OK);
+  cp_sim_reset_counters(sim);
+  /* A free with a use on another stream waits for the end of the capture, allocated. */
+  CHECK(cp_free(pool, a) == CP_OK);
+  CHECK(cp_free(pool, a) == CP_ERR_INVALID); /* its second free is refused */
+  unsigned windows;
+  size_t deferred;
+  cp_pool_capture_state(pool, &windows, &deferred);
+  CHECK_EQ_U(windows, 1);
+  CHECK_EQ_U(deferred, 1);
+  CHECK(cp_pool_lookup(pool, a, NULL));
+  /* Reuse of the cache, growth, empty_cache: no event call, nothing released. */
+  CHECK(cp_alloc(pool, MiB, 1, &c) == CP_OK && c == b);
+  CHECK(cp_alloc(pool, 30 * MiB, 1, &d) == CP_OK);
+  CHECK(cp_empty_cache(pool) == CP_OK);
+  CHECK(cp_free(pool, d) == CP_OK);
+  /* Out of memory fails at once: no wait for pending frees, no cache emptied. */
+  void *e = NULL;
+  CHECK(cp_alloc(pool, 60 * MiB, 1, &e) == CP_ERR_OOM);
+  CHECK_EQ_U(event_calls(sim), 0);
+  CHECK_EQ_U(cp_sim_calls(sim, CP_SIM_RELEASE), 0);
+  CHECK_EQ_U(cp_sim_calls(sim, CP_SIM_RESERVE), 2); /* the 30 MiB segment and the refused try */
+  CHECK_EQ_U(cp_pool_check(pool, stderr), 0);
+  /* Closing the last window frees the deferred block: its event is recorded now. */
+  CHECK(cp_pool_capture_end(pool) == CP_OK);
+  CHECK(cp_pool_capture_end(pool) == CP_ERR_STATE);
+  cp_pool_capture_state(pool, &windows, &deferred);
+  CHECK_EQ_U(windows, 0);
+  CHECK_EQ_U(deferred, 0);
+  CHECK_EQ_U(cp_sim_calls(sim, CP_SIM_EVENT_RECORD), 1);
+  CHECK(!cp_pool_lookup(pool, a, NULL));
+  CHECK(cp_free(pool, c) == CP_OK);
+  cp_sim_complete_all(sim);
+  CHECK(cp_empty_cache(pool) == CP_OK);
+  size_t allocated, reserved;
+  cp_pool_usage(pool, &allocated, &reserved);
+  CHECK_EQ_U(allocated, 0);
+  CHECK_EQ_U(reserved, 0);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 0);
+  CHECK_EQ_U(cp_pool_check(pool, stderr), 0);
+  cp_pool_destroy(pool);
+  cp_sim_destroy(sim);
+}
+
+TEST(a_capturing_stream_without_a_window_is_respected) {
+  cp_sim_t *sim;
+  cp_pool_t *pool;
+  REQUIRE(make_pool(&sim, &pool, 64 * MiB));
+  void *a, *b, *c;
+  REQUIRE(cp_alloc(pool, MiB, 1, &a) == CP_OK);
+  REQUIRE(cp_alloc(pool, MiB, 1, &b) == CP_OK);
+  REQUIRE(cp_record_stream(pool, a, 2) == CP_OK);
+  REQUIRE(cp_free(pool, a) == CP_OK); /* PENDING: an event on stream 2 */
+  REQUIRE(cp_record_stream(pool, b, 2) == CP_OK);
+  /* The simulated device refuses event calls while a stream captures, as the driver does. */
+  REQUIRE(cp_sim_set_capturing(sim, 1, 1) == CP_OK);
+  cp_backend_t backend;
+  cp_sim_backend(sim, &backend);
+  int done = 0, capturing = 0;
+  CHECK(backend.event_query(sim, 1, &done) == CP_ERR_BACKEND);
+  CHECK(strstr(cp_last_error(), "capturing") != NULL);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 1);
+  CHECK(backend.stream_capturing(sim, 1, &capturing) == CP_OK && capturing == 1);
+  CHECK(backend.stream_capturing(sim, 3, &capturing) == CP_OK && capturing == 0);
+  CHECK(backend.stream_capturing(sim, 3, NULL) == CP_ERR_INVALID);
+  /* The pool asks and polls nothing: an allocation on the capturing stream grows instead of
+   * waiting for the pending block, and a free with uses is deferred. */
+  CHECK(cp_alloc(pool, MiB, 1, &c) == CP_OK && c != a);
+  CHECK(cp_free(pool, b) == CP_OK);
+  size_t deferred;
+  cp_pool_capture_state(pool, NULL, &deferred);
+  CHECK_EQ_U(deferred, 1);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 1);
+  CHECK(cp_sim_calls(sim, CP_SIM_STREAM_CAPTURING) > 0);
+  /* The capture ends: the next allocation frees the deferred block and polls again. */
+  REQUIRE(cp_sim_set_capturing(sim, 1, 0) == CP_OK);
+  void *e;
+  CHECK(cp_alloc(pool, 4096, 1, &e) == CP_OK);
+  cp_pool_capture_state(pool, NULL, &deferred);
+  CHECK_EQ_U(deferred, 0);
+  CHECK(!cp_pool_lookup(pool, b, NULL));
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 1);
+  CHECK(cp_free(pool, c) == CP_OK && cp_free(pool, e) == CP_OK);
+  CHECK(cp_sim_set_capturing(NULL, 1, 1) == CP_ERR_INVALID);
+  CHECK_EQ_U(cp_pool_check(pool, stderr), 0);
+  cp_pool_destroy(pool);
+  cp_sim_destroy(sim);
+}
+
+/* Filters as torch's: an allocation on stream `*ctx` goes to the window's pool. */
+static int filters_freed;
+static int on_stream(void *ctx, void *stream) { return (uintptr_t)stream == *(uintptr_t *)ctx; }
+static void free_filter(void *ctx) {
+  filters_freed++;
+  free(ctx);
+}
+static void *stream_ctx(uintptr_t stream) {
+  uintptr_t *p = malloc(sizeof *p);
+  *p = stream;
+  return p;
+}
+
+static size_t shared_allocated(int device) {
+  size_t allocated = 0, reserved = 0;
+  cp_pool_usage(cpd_pool_if_created(device), &allocated, &reserved);
+  return allocated;
+}
+
+TEST(graph_pools_route_isolate_and_go_when_released) {
+  REQUIRE(cpd_use_sim(64 * MiB, 2, 0) == CP_OK);
+  filters_freed = 0;
+  void *cached, *p, *q, *r;
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &cached) == CP_OK);
+  cudapool_free(cached, MiB, 0, (void *)5); /* a cached block in the shared pool */
+  CHECK(!cpd_graph_pools_exist());
+  REQUIRE(cpd_graph_begin(0, 7, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  CHECK(cpd_graph_pools_exist());
+  cp_pool_t *shared = cpd_pool_if_created(0);
+  unsigned windows;
+  cp_pool_capture_state(shared, &windows, NULL);
+  CHECK_EQ_U(windows, 1); /* the shared pool is in the capture too */
+  /* Stream 5 goes to the graph's pool (not to the shared cache), stream 6 to the shared one. */
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &p) == CP_OK);
+  REQUIRE(cpd_alloc(MiB, 0, (void *)6, &q) == CP_OK);
+  CHECK(p != cached);
+  cp_pool_t *gpool = cpd_graph_pool(0, 7, 0);
+  REQUIRE(gpool != NULL);
+  CHECK(cp_pool_lookup(gpool, p, NULL) && !cp_pool_lookup(gpool, q, NULL));
+  CHECK_EQ_U(shared_allocated(0), MiB);
+  /* Device 1 has no window: nothing is routed there. */
+  REQUIRE(cpd_alloc(MiB, 1, (void *)5, &r) == CP_OK);
+  CHECK(!cp_pool_lookup(gpool, r, NULL));
+  cudapool_free(r, MiB, 1, (void *)5);
+  /* A second window on the same pool is refused; its filter is freed. */
+  CHECK(cpd_graph_begin(0, 7, 0, on_stream, stream_ctx(5), free_filter) == CP_ERR_STATE);
+  CHECK_EQ_U(filters_freed, 1);
+  /* Frees, record_stream and base_alloc find the graph's pool. */
+  cudapool_record_stream(p, (void *)9);
+  size_t seg = 0;
+  CHECK(cudapool_base_alloc(p, &seg) == p && seg == 2 * MiB);
+  cudapool_free(p, MiB, 0, (void *)5); /* deferred: a use on stream 9, inside the window */
+  void *k;
+  REQUIRE(cpd_alloc(3 * MiB, 0, (void *)5, &k) == CP_OK);
+  CHECK(cp_pool_lookup(gpool, k, NULL));
+  cudapool_free(k, 3 * MiB, 0, (void *)5); /* cached in the graph's pool at once */
+  CHECK(cpd_graph_end(0, 7, 0) == CP_OK);
+  CHECK_EQ_U(filters_freed, 2);
+  CHECK(cpd_graph_end(0, 7, 0) == CP_ERR_STATE);
+  cp_pool_capture_state(shared, &windows, NULL);
+  CHECK_EQ_U(windows, 0);
+  /* Outside the window stream 5 is the shared pool's again; the graph's block stays its own. */
+  void *s;
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &s) == CP_OK);
+  CHECK(s == cached && !cp_pool_lookup(gpool, s, NULL));
+  /* A second capture into the same pool (a graph sharing another's pool) reuses its blocks. */
+  REQUIRE(cpd_graph_begin(0, 7, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *p2;
+  REQUIRE(cpd_alloc(3 * MiB, 0, (void *)5, &p2) == CP_OK);
+  CHECK(p2 == k);
+  CHECK(cpd_graph_end(0, 7, 0) == CP_OK);
+  cpd_graph_info_t info[4];
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 1);
+  CHECK(info[0].device == 0 && info[0].id0 == 7 && info[0].uses == 2 && !info[0].window_open);
+  CHECK_EQ_U(info[0].allocated, 3 * MiB);
+  /* Released twice (two captures), with a live output: the pool stays until it is freed. */
+  CHECK(cpd_graph_release(0, 7, 0) == CP_OK);
+  CHECK(cpd_graph_release(0, 7, 0) == CP_OK);
+  CHECK(cpd_graph_release(0, 7, 0) == CP_ERR_STATE);
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 1);
+  size_t before = cp_sim_reserved_bytes(cpd_sim(0));
+  cudapool_free(p2, 3 * MiB, 0, (void *)5); /* the pending one is waited for, then all goes */
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 0);
+  CHECK(!cpd_graph_pools_exist());
+  CHECK_EQ_U(cp_sim_reserved_bytes(cpd_sim(0)), before - 2 * MiB - 20 * MiB);
+  cudapool_free(q, MiB, 0, (void *)6);
+  cudapool_free(s, MiB, 0, (void *)5);
+  CHECK_EQ_U(shared_allocated(0), 0);
+  CHECK_EQ_U(cp_sim_capture_violations(cpd_sim(0)), 0);
+  cpd_shutdown();
+}
+
+TEST(bad_calls_are_refused_and_shutdown_frees_everything) {
+  REQUIRE(cpd_use_sim(64 * MiB, 1, 0) == CP_OK);
+  filters_freed = 0;
+  CHECK(cpd_graph_begin(-1, 1, 0, on_stream, stream_ctx(5), free_filter) == CP_ERR_INVALID);
+  CHECK(cpd_graph_begin(CP_MAX_DEVICES, 1, 0, on_stream, stream_ctx(5), free_filter) == CP_ERR_INVALID);
+  CHECK(cpd_graph_begin(3, 1, 0, on_stream, stream_ctx(5), free_filter) == CP_ERR_INVALID); /* no device 3 */
+  CHECK(cpd_graph_begin(0, 1, 0, NULL, stream_ctx(5), free_filter) == CP_ERR_INVALID);
+  CHECK_EQ_U(filters_freed, 4);
+  CHECK(cpd_graph_end(-1, 1, 0) == CP_ERR_INVALID);
+  CHECK(cpd_graph_release(0, 1, 0) == CP_ERR_STATE);
+  CHECK(strstr(cp_last_error(), "no pool (1, 0)") != NULL);
+  /* A pool released while another window is open on the device goes when that one closes. */
+  REQUIRE(cpd_graph_begin(0, 1, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  REQUIRE(cpd_graph_begin(0, 2, 0, on_stream, stream_ctx(6), free_filter) == CP_OK);
+  void *p;
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &p) == CP_OK);
+  cudapool_free(p, MiB, 0, (void *)5);
+  CHECK(cpd_graph_end(0, 1, 0) == CP_OK);
+  CHECK(cpd_graph_release(0, 1, 0) == CP_OK);
+  cpd_graph_info_t info[4];
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 2); /* device 0 is still capturing into pool 2 */
+  CHECK(cpd_graph_end(0, 2, 0) == CP_OK);
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 1);
+  /* Shutdown with a window open and pools left: everything goes (ASan checks for leaks). */
+  REQUIRE(cpd_graph_begin(0, 3, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &p) == CP_OK);
+  cpd_shutdown();
+  CHECK(!cpd_graph_pools_exist());
+  CHECK_EQ_U(cpd_graph_pools(info, 4), 0);
+}
+
+int main(void) {
+  RUN(capture_window_makes_no_event_call_and_gives_nothing_back);
+  RUN(a_capturing_stream_without_a_window_is_respected);
+  RUN(graph_pools_route_isolate_and_go_when_released);
+  RUN(bad_calls_are_refused_and_shutdown_frees_everything);
+  return check_summary("test_graphs");
+}
