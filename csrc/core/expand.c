@@ -380,14 +380,17 @@ static int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kin
  * give back plain free segments and unmap free chunks, then best fit and grow again. */
 int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                            void **out_ptr) {
-  if (pool->streams.pending_entries != 0) cp_reclaim_completed_locked(pool);
+  /* While a capture is under way: no event polled, no memory given back (Note [Capture in
+   * the pool]); growth and stitching make no event or stream call. */
+  const bool capturing = cp_capturing_locked(pool, st->handle);
+  if (pool->streams.pending_entries != 0 && !capturing) cp_reclaim_completed_locked(pool);
   const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
   for (int attempt = 0;; attempt++) {
     cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
     if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
     int rc = stitch ? cp_stitch_alloc_locked(pool, st, rounded, size, out_ptr) : CP_ERR_OOM;
     if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
-    if (rc != CP_ERR_OOM || attempt == 1) return rc;
+    if (rc != CP_ERR_OOM || attempt == 1 || capturing) return rc;
     pool->stats.num_alloc_retries++;
     cp_synchronize_pending_locked(pool);
     cp_release_free_segments_locked(pool);
