@@ -51,9 +51,9 @@
 void cp_expand_init(cp_pool_t *pool) {
   pool->paged = false;
   const cp_backend_t *be = &pool->backend;
-  if (!(pool->cfg.expandable_segments || pool->cfg.page_stitching) || be->vmm_granularity == NULL || be->va_reserve == NULL || be->va_free == NULL ||
-      be->page_create == NULL || be->page_release == NULL || be->page_map == NULL || be->page_unmap == NULL ||
-      be->page_set_access == NULL) {
+  if (!(pool->cfg.expandable_segments || pool->cfg.page_stitching) || be->vmm_granularity == NULL ||
+      be->va_reserve == NULL || be->va_free == NULL || be->page_create == NULL || be->page_release == NULL ||
+      be->page_map == NULL || be->page_unmap == NULL || be->page_set_access == NULL) {
     return;
   }
   size_t g = 0;
@@ -382,15 +382,14 @@ int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, siz
                            void **out_ptr) {
   /* While a capture is under way: no event polled, no memory given back (Note [Capture in
    * the pool]); growth and stitching make no event or stream call. */
-  const bool capturing = cp_capturing_locked(pool, st->handle);
-  if (pool->streams.pending_entries != 0 && !capturing) cp_reclaim_completed_locked(pool);
+  if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
   const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
   for (int attempt = 0;; attempt++) {
     cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
     if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
     int rc = stitch ? cp_stitch_alloc_locked(pool, st, rounded, size, out_ptr) : CP_ERR_OOM;
     if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
-    if (rc != CP_ERR_OOM || attempt == 1 || capturing) return rc;
+    if (rc != CP_ERR_OOM || attempt == 1 || cp_capturing_locked(pool, st->handle)) return rc;
     pool->stats.num_alloc_retries++;
     cp_synchronize_pending_locked(pool);
     cp_release_free_segments_locked(pool);
