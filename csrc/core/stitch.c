@@ -21,13 +21,15 @@
  *    growing one segment would; else growth as in expand.c. A request of one page or less
  *    never stitches: a free page would have fitted it.
  *  - A stitched range is an address range of exactly the pages the request needs, with one
- *    block (never split). While that block is in use (LIVE, or PENDING on other streams), the
+ *    block at its start (never split). While that block is in use (LIVE, or PENDING on other streams), the
  *    pages' bytes in their own segments are LENT blocks: out of every index, so nothing else
  *    can be placed on them. When it is freed, the LENT blocks become FREE again (and merge)
  *    and the range is kept, mapped, with its FREE block in no index.
- *  - A kept range serves a later request of the same stream whose page count it covers with
- *    at most 1/8 more, when all its pages are wholly free in their segments at that moment;
- *    the smallest such range wins, and the oldest among equals. Reuse makes no device call,
+ *  - A kept range serves a later request of the same stream that needs no more pages than it
+ *    has, when the pages behind its first bytes (as many as the request needs) are wholly
+ *    free in their segments at that moment: its block is then that prefix, and only those
+ *    pages are lent; the pages of the rest stay free in their segments, mapped behind unused
+ *    addresses. The smallest such range wins, and the oldest among equals. Reuse makes no device call,
  *    and the order of preference is what lets a training loop settle: a step that starts
  *    from the state the previous one started from makes the same choices again, because a
  *    range stitched during that step is younger than every range it could have used (it was
@@ -94,16 +96,16 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
   return found;
 }
 
-/* Lend the run `r` out of the FREE block `b` that holds it: b is cut around it and the middle
- * becomes LENT. Needs two spare nodes. */
-static void cp_stitch_lend_locked(cp_pool_t *pool, cp_stitch_run_t *r, cp_block_t *b) {
+/* Lend the first `size` bytes of the run `r` out of the FREE block `b` that holds them: b is
+ * cut around them and the middle becomes LENT. Needs two spare nodes. */
+static void cp_stitch_lend_locked(cp_pool_t *pool, cp_stitch_run_t *r, cp_block_t *b, size_t size) {
   cp_free_remove_locked(pool, b);
   cp_block_t *mid = b;
   if (b->addr < r->addr) {
     mid = cp_block_cut_locked(pool, b, r->addr - b->addr);
     cp_free_insert_locked(pool, b);
   }
-  if (mid->size > r->size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, mid, r->size));
+  if (mid->size > size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, mid, size));
   mid->state = CP_BLOCK_LENT;
   r->lent = mid;
 }
@@ -118,13 +120,16 @@ static void cp_stitch_return_locked(cp_pool_t *pool, cp_segment_t *s) {
   }
 }
 
-/* Whether every run of `s` lies in a FREE block now (two runs may share one). */
-static bool cp_stitch_available_locked(const cp_segment_t *s) {
+/* Whether the pages behind the first `bytes` of `s` all lie in FREE blocks now (two runs may
+ * share one). */
+static bool cp_stitch_available_locked(const cp_segment_t *s, size_t bytes) {
   cp_block_t *b = NULL;
-  for (size_t i = 0; i < s->run_count; i++) {
+  for (size_t i = 0; i < s->run_count && bytes > 0; i++) {
     const cp_stitch_run_t *r = &s->runs[i];
+    const size_t part = r->size < bytes ? r->size : bytes;
     b = cp_stitch_block_at(r->seg, r->addr, b);
-    if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < r->addr + r->size) return false;
+    if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < r->addr + part) return false;
+    bytes -= part;
   }
   return true;
 }
@@ -195,14 +200,18 @@ int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
   return first_rc;
 }
 
-/* Hand out the block of the kept range `s`, available: each run is lent out of the FREE
- * block that holds it at that moment (lending one run cuts blocks another may share). */
-static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t size, void **out_ptr) {
+/* Hand out the first `bytes` of the kept range `s` (available) as its block: the runs behind
+ * them are lent, each out of the FREE block that holds it at that moment (lending one run
+ * cuts blocks another may share). */
+static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t bytes, size_t size, void **out_ptr) {
   cp_block_t *at = NULL;
-  for (size_t i = 0; i < s->run_count; i++) {
+  s->head->size = bytes;
+  for (size_t i = 0; i < s->run_count && bytes > 0; i++) {
     cp_stitch_run_t *r = &s->runs[i];
-    cp_stitch_lend_locked(pool, r, cp_stitch_block_at(r->seg, r->addr, at));
+    const size_t part = r->size < bytes ? r->size : bytes;
+    cp_stitch_lend_locked(pool, r, cp_stitch_block_at(r->seg, r->addr, at), part);
     at = r->lent;
+    bytes -= part;
   }
   cp_block_make_live_locked(pool, s->head, size);
   *out_ptr = (void *)s->head->addr;
@@ -212,19 +221,18 @@ static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t size,
 static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded) {
   const size_t g = pool->vmm_granularity;
   const size_t need = cp_pages_of(pool, rounded) * g;
-  const size_t most = need + need / 8;
   /* Candidates in (size, age) order: after (above_size, above_born). */
   size_t above_size = 0;
   uint64_t above_born = 0;
   for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
     cp_segment_t *best = NULL;
     for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->size < need || s->size > most) continue;
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->size < need) continue;
       if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
       if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
     }
     if (best == NULL) return NULL;
-    if (cp_stitch_available_locked(best)) return best;
+    if (cp_stitch_available_locked(best, need)) return best;
     above_size = best->size;
     above_born = best->born;
   }
@@ -257,7 +265,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
     for (uintptr_t a = runs[i].addr; a < runs[i].addr + runs[i].size; a += g) {
       pages[p++] = runs[i].seg->pages[(a - runs[i].seg->addr) / g];
     }
-    cp_stitch_lend_locked(pool, &runs[i], blocks[i]);
+    cp_stitch_lend_locked(pool, &runs[i], blocks[i], runs[i].size);
   }
 
   const cp_backend_t *be = &pool->backend;
@@ -320,7 +328,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
   if (kept != NULL) {
     int rc = cp_reserve_metadata_locked(pool, (int)(2 * kept->run_count));
     if (rc == CP_OK) {
-      cp_stitch_take_locked(pool, kept, size, out_ptr);
+      cp_stitch_take_locked(pool, kept, want * g, size, out_ptr);
       pool->stitch_reuses++;
     }
     return rc;
@@ -363,6 +371,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_segment_t *s = b->segment;
   b->state = CP_BLOCK_FREE;
+  b->size = s->size; /* idle, the block covers the range again */
   cp_stitch_return_locked(pool, s);
   s->last_use = ++pool->stitch_clock;
 }
@@ -396,21 +405,24 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     count++;
     space += s->size;
     const cp_block_t *b = s->head;
+    bool lent = b != NULL && (b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING);
     if (!s->stitched || s->paged || b == NULL || b->segment != s || b->prev != NULL || b->next != NULL ||
-        b->addr != s->addr || b->size != s->size) {
-      CP_VIOLATION("range %#lx: not one block covering it", (unsigned long)s->addr);
+        b->addr != s->addr || b->size == 0 || b->size > s->size || (!lent && b->size != s->size)) {
+      CP_VIOLATION("range %#lx: not one block at its start (covering it when idle)", (unsigned long)s->addr);
       continue;
     }
-    size_t runs = 0;
-    bool lent = b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING;
+    /* In use, the runs behind the block's bytes are lent, in order, and no other. */
+    size_t runs = 0, to_lend = lent ? b->size : 0;
     for (size_t i = 0; i < s->run_count; i++) {
       const cp_stitch_run_t *r = &s->runs[i];
       runs += r->size;
-      if ((r->lent != NULL) != lent) {
-        CP_VIOLATION("range %#lx: run %zu is %slent while its block is in state %d", (unsigned long)s->addr, i,
-                     r->lent != NULL ? "" : "not ", b->state);
+      const size_t part = r->size < to_lend ? r->size : to_lend;
+      to_lend -= part;
+      if ((r->lent != NULL) != (part != 0)) {
+        CP_VIOLATION("range %#lx: run %zu is %slent while %zu of its bytes are in use", (unsigned long)s->addr, i,
+                     r->lent != NULL ? "" : "not ", part);
       } else if (r->lent != NULL && (r->lent->state != CP_BLOCK_LENT || r->lent->addr != r->addr ||
-                                     r->lent->size != r->size || r->lent->segment != r->seg)) {
+                                     r->lent->size != part || r->lent->segment != r->seg)) {
         CP_VIOLATION("range %#lx: run %zu does not match its LENT block", (unsigned long)s->addr, i);
       }
     }
@@ -427,7 +439,7 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
       (*active)++;
       *active_bytes += b->size;
       *requested += b->requested;
-      *lent_bytes += s->size;
+      *lent_bytes += b->size;
     }
   }
   if (count != pool->stitched_count || space != pool->stitched_space)

@@ -52,6 +52,7 @@ KINDS = (
     "page_map",
     "page_unmap",
     "page_set_access",
+    "stream_capturing",
 )
 
 _PR_172056 = (
@@ -165,6 +166,13 @@ DEFAULT_COSTS: Dict[str, Dict[str, Any]] = {
         "us_per_gib": 40.0,
         "estimate": True,
         "source": f"cuMemSetAccess: {_PR_172056}; per-call and per-GiB split: estimate",
+    },
+    "stream_capturing": {
+        "us": 0.5,
+        "us_per_gib": 0.0,
+        "estimate": True,
+        "source": "cuStreamIsCapturing: a host-side query of the stream's state, asked only where an event "
+        "call or a release would follow; no published figure: estimate, as event_query",
     },
 }
 

@@ -156,10 +156,19 @@ TEST(kept_range_is_reused_without_device_calls) {
   CHECK_EQ_U(info_of(&fx).stitches, 2);
   CHECK(cp_free(fx.pool, big2) == CP_OK);
   CHECK(cp_free(fx.pool, hole) == CP_OK);
-  /* Nor for a request it would serve with more than 1/8 to spare. */
-  char *half = must_alloc(&fx, 6 * MiB, 0);
-  CHECK(half != big && half != big2);
-  CHECK(cp_free(fx.pool, half) == CP_OK);
+  /* A smaller request takes the front of the smallest kept range: only the pages behind it
+   * are lent, the others stay free in their segment. */
+  const size_t free_before = info_of(&fx).cached_free;
+  const uint64_t calls_before = calls_of(&fx);
+  char *part = must_alloc(&fx, 6 * MiB, 0);
+  CHECK_EQ_U(calls_of(&fx), calls_before);
+  CHECK(part == big2);
+  CHECK_EQ_U(info_of(&fx).stitches, 2);
+  CHECK_EQ_U(info_of(&fx).cached_free, free_before - 6 * MiB);
+  fill(part, 6 * MiB, 8);
+  CHECK(holds(part, 6 * MiB, 8));
+  CHECK(cp_free(fx.pool, part) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).cached_free, free_before);
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
   fx_close(&fx);
 }
