@@ -150,10 +150,14 @@ typedef struct bm_env_s {
   cp_pool_t *pool;
 } bm_env_t;
 
+/* --config: a configuration on top of the defaults (the built-in allocator's rules). */
+static const char *bm_config = NULL;
+
 static void bm_env_open(bm_env_t *env) {
   cp_config_t cfg;
   cp_backend_t backend;
   cp_config_default(&cfg);
+  if (bm_config != NULL) BM_CALL(cp_config_parse(&cfg, bm_config));
   BM_CALL(cp_sim_create(BM_CAPACITY, CP_SIM_NO_TOUCH, &env->sim));
   cp_sim_backend(env->sim, &backend);
   BM_CALL(cp_pool_create(&cfg, &backend, &env->pool));
@@ -520,14 +524,15 @@ static void bm_usage(FILE *f) {
   fprintf(f,
           "usage: bench_micro [--case pair|pair_100k_live|pair_4_threads|all] [--json PATH]\n"
           "                   [--reps R] [--batch N] [--thread-reps R] [--thread-batch N]\n"
-          "                   [--size BYTES] [--pairs N]\n"
+          "                   [--size BYTES] [--pairs N] [--config TEXT]\n"
           "  --reps R          timed batches of the single-thread cases (default %d)\n"
           "  --batch N         alloc+free pairs per batch (default %ld)\n"
           "  --thread-reps R   timed batches of pair_4_threads (default %d)\n"
           "  --thread-batch N  pairs per batch and thread in pair_4_threads (default %ld)\n"
           "  --size B          bytes per measured allocation (default %zu)\n"
           "  --pairs N         counting mode: exactly N pairs after setup (spread over the\n"
-          "                    threads in pair_4_threads), untimed, no table\n",
+          "                    threads in pair_4_threads), untimed, no table\n"
+          "  --config TEXT     the pool's configuration on top of the defaults (key:value,...)\n",
           BM_DEFAULT_REPS, BM_DEFAULT_BATCH, BM_DEFAULT_THREAD_REPS, BM_DEFAULT_THREAD_BATCH, BM_DEFAULT_SIZE);
 }
 
@@ -580,6 +585,8 @@ static void bm_parse_args(int argc, char **argv, bm_options_t *o) {
       o->size = (size_t)bm_parse_long(a, v, 1);
     else if (strcmp(a, "--pairs") == 0)
       o->pairs = bm_parse_long(a, v, 0);
+    else if (strcmp(a, "--config") == 0)
+      bm_config = v;
     else {
       fprintf(stderr, "bench_micro: unknown option %s\n", a);
       bm_usage(stderr);

@@ -6,7 +6,8 @@
 2. Runs it: build/bench_micro --json build/bench-micro.json (timed cases, ns per pair).
 3. When valgrind is on PATH, counts instructions per alloc+free pair with callgrind for the
    `pair` and `pair_100k_live` cases: I(N pairs) - I(0 pairs), divided by N, so that setup
-   and teardown cancel out. Adds "pair_instr" and "pair_100k_live_instr" to the JSON.
+   and teardown cancel out. Adds "pair_instr" and "pair_100k_live_instr" to the JSON, and
+   "pair_instr_cudapool": the pair under cudapool's default policy (page-mapped, stitching).
 4. Prints a markdown table of every figure with the targets and PASS/MISS markers.
 
 The targets are figures to watch, not tests: a missed target still exits 0. A benchmark that
@@ -16,6 +17,7 @@ fails (non-zero exit, a pool check that finds a violation, missing output) exits
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -25,15 +27,30 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_policies() -> Any:
+    """cudapool/policies.py by its path: pure Python, so no build of the package is needed."""
+    spec = importlib.util.spec_from_file_location("_cudapool_policies", ROOT / "python" / "cudapool" / "policies.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+policies = _load_policies()
 BUILD = ROOT / "build"
 BINARY = BUILD / "bench_micro"
 DEFAULT_JSON = BUILD / "bench-micro.json"
 
-# Targets: pair_ns <= 100 ns; pair_ns_100k_live <= 1.5 x pair_ns.
+# Targets: pair_ns <= 100 ns; pair_ns_100k_live <= 1.5 x pair_ns; the cudapool policy's pair
+# <= 1.5 x the plain pool's in instructions.
 TARGET_PAIR_NS = 100.0
 TARGET_LIVE_RATIO = 1.5
+TARGET_POLICY_RATIO = 1.5
 
 CALLGRIND_CASES = ("pair", "pair_100k_live")
 BENCH_TIMEOUT_S = 600
@@ -149,8 +166,8 @@ def parse_callgrind_total(out_file: Path, stderr: str) -> int:
     raise BenchError("cannot find the instruction total in callgrind's output")
 
 
-def callgrind_count(valgrind: str, case: str, pairs: int, workdir: Path) -> int:
-    out_file = workdir / f"callgrind.{case}.{pairs}.out"
+def callgrind_count(valgrind: str, case: str, pairs: int, workdir: Path, config: str = "") -> int:
+    out_file = workdir / f"callgrind.{case}.{pairs}{'.config' if config else ''}.out"
     cmd = [
         valgrind,
         "--tool=callgrind",
@@ -160,6 +177,7 @@ def callgrind_count(valgrind: str, case: str, pairs: int, workdir: Path) -> int:
         case,
         "--pairs",
         str(pairs),
+        *(["--config", config] if config else []),
     ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CALLGRIND_TIMEOUT_S)
@@ -180,6 +198,7 @@ def run_callgrind(data: dict, pairs: int) -> None:
         log("valgrind is not on PATH: no instruction counts")
         for case in CALLGRIND_CASES:
             data[f"{case}_instr"] = None
+        data["pair_instr_cudapool"] = None
         details["callgrind"] = {"skipped": "valgrind not found"}
         return
     counts = {}
@@ -201,12 +220,35 @@ def run_callgrind(data: dict, pairs: int) -> None:
                 "instr_per_pair": round(per_pair, 3),
             }
             log(f"callgrind {case}: {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
+        # The same pair under cudapool's own policy (page-mapped, stitching): its hot path.
+        t0 = time.monotonic()
+        config = policies.config_for(policies.DEFAULT_POLICY)
+        base = callgrind_count(valgrind, "pair", 0, Path(tmp), config)
+        total = callgrind_count(valgrind, "pair", pairs, Path(tmp), config)
+        per_pair = (total - base) / pairs
+        data["pair_instr_cudapool"] = round(per_pair, 1)
+        counts["pair_cudapool"] = {"pairs": pairs, "config": config, "instr_per_pair": round(per_pair, 3)}
+        log(f"callgrind pair ({config}): {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
     details["callgrind"] = counts
 
 
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
+
+
+def _policy_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
+    """Instructions per pair under the cudapool policy, against the plain pool's."""
+    v, plain = data.get("pair_instr_cudapool"), data.get("pair_instr")
+    if v is None or not plain:
+        return ("pair_instr_cudapool", "n/a (no valgrind)", f"<= {TARGET_POLICY_RATIO:g} x pair_instr", "")
+    ratio = v / plain
+    return (
+        "pair_instr_cudapool",
+        f"{v:.1f} ({ratio:.2f} x pair_instr)",
+        f"<= {TARGET_POLICY_RATIO:g} x pair_instr ({TARGET_POLICY_RATIO * plain:.1f})",
+        mark(ratio <= TARGET_POLICY_RATIO),
+    )
 
 
 def report(data: dict) -> str:
@@ -233,6 +275,7 @@ def report(data: dict) -> str:
         ("pair_ns_4_threads", f"{threads:.1f} ns ({1e3 / threads:.2f} M pairs/s)" if threads > 0 else "0", "-", ""),
         ("pair_instr", instr("pair_instr"), "-", ""),
         ("pair_100k_live_instr", instr("pair_100k_live_instr"), "-", ""),
+        _policy_row(data, mark),
     ]
     lines = ["| figure | value | target | status |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
