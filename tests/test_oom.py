@@ -232,3 +232,37 @@ def test_all_ranks_table_min_max_mean_worst():
     assert all(len(line) == 77 for line in text.splitlines())
     with pytest.raises(ValueError):
         format_all_ranks([])
+
+
+def _hold_a_lot(pool):
+    """The allocation site the top-sites list must name first."""
+    held = []
+    for _ in range(4):
+        held.append(pool.alloc(9 * MiB))
+    return held
+
+
+def test_top_sites_come_from_the_pools_own_history_with_stacks():
+    _C.set_history_stacks(True)
+    try:
+        pool = _C.Pool(60 * MiB)
+        pool.set_event_log(256)
+        pool.set_history(1000)
+        held = _hold_a_lot(pool)
+        with pytest.raises(_C.OutOfMemoryError):
+            pool.alloc(40 * MiB)
+        r = oom.analyse(pool, suggest_change=False)
+        sites = r["top_sites"]
+        assert sites, r
+        assert "_hold_a_lot" in sites[0]["site"] and sites[0]["bytes"] == 36 * MiB and sites[0]["allocations"] == 4
+        assert held
+    finally:
+        _C.set_history_stacks(False)
+    # Without stacks, no sites: None, not a guess.
+    pool = _C.Pool(60 * MiB)
+    pool.set_event_log(256)
+    pool.set_history(1000)
+    _hold_a_lot(pool)
+    with pytest.raises(_C.OutOfMemoryError):
+        pool.alloc(40 * MiB)
+    assert oom.analyse(pool, suggest_change=False)["top_sites"] is None
