@@ -365,6 +365,8 @@ int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who);
 /* Make sure `n` spare block nodes and room for one more live block exist. */
 int cp_reserve_metadata_locked(cp_pool_t *pool, int n);
 cp_block_t *cp_block_new_locked(cp_pool_t *pool); /* a spare node, zeroed */
+/* Give `seg` (addr and size set) its one block, covering it, in `state`; a spare node. */
+cp_block_t *cp_segment_head_locked(cp_pool_t *pool, cp_segment_t *seg, cp_block_state_t state);
 /* Put the FREE block `b` into its index (and the free-segment list when it is unsplit). */
 void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b);
 /* A new segment of `seg_size` bytes from the backend, within the cap; the lock is dropped

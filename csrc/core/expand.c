@@ -153,12 +153,7 @@ static int cp_expand_new_segment_locked(cp_pool_t *pool, cp_stream_state_t *st, 
   seg->paged = true;
   seg->stream = st;
   seg->kind = (uint8_t)kind;
-  cp_block_t *head = cp_block_new_locked(pool);
-  head->addr = addr;
-  head->size = size;
-  head->segment = seg;
-  head->state = CP_BLOCK_UNMAPPED;
-  seg->head = head;
+  (void)cp_segment_head_locked(pool, seg, CP_BLOCK_UNMAPPED);
   cp_segment_link_locked(pool, seg); /* no stats: only mapped bytes count */
   pool->paged_segments++;
   pool->address_space += size;

@@ -49,6 +49,16 @@ cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
   return b;
 }
 
+cp_block_t *cp_segment_head_locked(cp_pool_t *pool, cp_segment_t *seg, cp_block_state_t state) {
+  cp_block_t *head = cp_block_new_locked(pool);
+  head->addr = seg->addr;
+  head->size = seg->size;
+  head->segment = seg;
+  head->state = (uint8_t)state;
+  seg->head = head;
+  return head;
+}
+
 static inline void cp_block_delete_impl(cp_pool_t *pool, cp_block_t *b) {
   if (b->uses != NULL) {
     free(b->uses);
@@ -394,12 +404,7 @@ static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
     cp_segment_unreserve_locked(pool, seg);
     return rc;
   }
-  cp_block_t *head = cp_block_new_locked(pool);
-  head->addr = seg->addr;
-  head->size = seg_size;
-  head->segment = seg;
-  head->state = CP_BLOCK_FREE;
-  seg->head = head;
+  cp_block_t *head = cp_segment_head_locked(pool, seg, CP_BLOCK_FREE);
   cp_segment_adopt_locked(pool, seg, st, kind);
   *out_ptr = cp_take_locked(pool, head, size, requested);
   return CP_OK;

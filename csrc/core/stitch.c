@@ -285,23 +285,16 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   free(pages);
   pool->device_maps += maps;
   if (rc != CP_OK) {
-    const int why = rc;
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
     if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, mapped);
     cp_stitch_return_locked(pool, s);
     cp_stitch_free_range(pool, s);
-    (void)why;
     /* Growth may still serve the request: stitching only failed to reuse pages. */
     return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
   }
   s->addr = addr;
-  cp_block_t *head = cp_block_new_locked(pool);
-  head->addr = addr;
-  head->size = bytes;
-  head->segment = s;
-  head->state = CP_BLOCK_FREE;
-  s->head = head;
+  cp_block_t *head = cp_segment_head_locked(pool, s, CP_BLOCK_FREE);
   cp_stitch_link_locked(pool, s);
   s->born = ++pool->stitches;
   cp_block_make_live_locked(pool, head, size);

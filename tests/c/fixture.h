@@ -65,6 +65,31 @@ static inline cp_stats_t stats_of(fixture_t *fx) {
   return s;
 }
 
+static inline cp_pool_info_t info_of(fixture_t *fx) {
+  cp_pool_info_t i;
+  cp_pool_info(fx->pool, &i);
+  return i;
+}
+
+static inline size_t reserved_of(fixture_t *fx) {
+  return (size_t)stats_of(fx).family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
+}
+
+/* A pattern over `n` bytes (one byte per 4 KiB and the last), and whether it is still there:
+ * for memory that must keep its bytes while the pool maps and unmaps around it. */
+static inline void fill(void *p, size_t n, unsigned char seed) {
+  unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 4096) c[i] = (unsigned char)(seed + i / 4096);
+  c[n - 1] = seed;
+}
+
+static inline int holds(const void *p, size_t n, unsigned char seed) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i += 4096)
+    if (c[i] != (unsigned char)(seed + i / 4096)) return 0;
+  return c[n - 1] == seed;
+}
+
 /* An allocation that must succeed (a failure is recorded with the pool's message). */
 static inline void *must_alloc(fixture_t *fx, size_t size, cp_stream_t stream) {
   void *p = NULL;

@@ -9,29 +9,6 @@
 
 #define ES "expandable_segments:True"
 
-static cp_pool_info_t info_of(fixture_t *fx) {
-  cp_pool_info_t i;
-  cp_pool_info(fx->pool, &i);
-  return i;
-}
-
-static size_t reserved_of(fixture_t *fx) {
-  return (size_t)stats_of(fx).family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
-}
-
-static void fill(void *p, size_t n, unsigned char seed) {
-  unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 4096) c[i] = (unsigned char)(seed + i / 4096);
-  c[n - 1] = seed;
-}
-
-static int holds(const void *p, size_t n, unsigned char seed) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 4096)
-    if (c[i] != (unsigned char)(seed + i / 4096)) return 0;
-  return c[n - 1] == seed;
-}
-
 TEST(grows_in_place) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ES) == 0);

@@ -11,33 +11,10 @@
 
 #define ST "expandable_segments:True,page_stitching:True"
 
-static cp_pool_info_t info_of(fixture_t *fx) {
-  cp_pool_info_t i;
-  cp_pool_info(fx->pool, &i);
-  return i;
-}
-
-static size_t reserved_of(fixture_t *fx) {
-  return (size_t)stats_of(fx).family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].current;
-}
-
 static uint64_t calls_of(fixture_t *fx) {
   uint64_t n = 0;
   for (int k = 0; k < CP_SIM_CALL_COUNT; k++) n += cp_sim_calls(fx->sim, (cp_sim_call_t)k);
   return n;
-}
-
-static void fill(void *p, size_t n, unsigned char seed) {
-  unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 4096) c[i] = (unsigned char)(seed + i / 4096);
-  c[n - 1] = seed;
-}
-
-static int holds(const void *p, size_t n, unsigned char seed) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; i += 4096)
-    if (c[i] != (unsigned char)(seed + i / 4096)) return 0;
-  return c[n - 1] == seed;
 }
 
 /* Four 4 MiB blocks kept live between four 4 MiB holes: 16 MiB free, no free block larger
