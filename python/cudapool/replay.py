@@ -322,12 +322,7 @@ def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str
         # A traced window (cudapool.tracer): the live storages are known, their layout is not,
         # so the policy allocates them itself, oldest first, under every mode.
         done["mode"] = "allocations"
-        buf = b"".join(EVENT.pack(0, 0, ident, size, st, -1) for ident, size, st in allocations)
-        done["events"] = len(allocations)
-        if not pool.replay_feed(buf):
-            done.update(oom=True, oom_size=pool.replay_result()["oom_size"])
-        done["result"] = pool.replay_result()
-        return done
+        return _seed_allocations(pool, allocations, done)
     if not segments or mode is None:
         return done
     done["mode"] = mode
@@ -343,10 +338,17 @@ def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str
                 raise ReplayError(f"the window's start state does not fit the pool: {exc}") from None
     else:
         live = sorted((b[0], b[3], seg["stream"]) for seg in segments for b in seg["blocks"])
-        buf = b"".join(EVENT.pack(0, 0, addr, requested, st, -1) for addr, requested, st in live)
-        done["events"] = len(live)
-        if not pool.replay_feed(buf):
-            done.update(oom=True, oom_size=pool.replay_result()["oom_size"])
+        return _seed_allocations(pool, live, done)
+    done["result"] = pool.replay_result()
+    return done
+
+
+def _seed_allocations(pool: _C.Pool, live: List[Any], done: Dict[str, Any]) -> Dict[str, Any]:
+    """Allocate each (id, bytes, stream) of ``live`` in order, as the seeding of _seed."""
+    buf = b"".join(EVENT.pack(0, 0, ident, size, st, -1) for ident, size, st in live)
+    done["events"] = len(live)
+    if not pool.replay_feed(buf):
+        done.update(oom=True, oom_size=pool.replay_result()["oom_size"])
     done["result"] = pool.replay_result()
     return done
 
