@@ -149,16 +149,21 @@ static void cp_stitch_link_locked(cp_pool_t *pool, cp_segment_t *s) {
   pool->stitched_space += s->size;
 }
 
-/* Unmap the first `mapped` bytes of a stitched range and give back its address range; with
- * the lock dropped. A range the device refuses to give back is lost to the address space
- * only (its pages are still held by their segments). */
-static int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t mapped) {
+/* Unmap the first `*mapped` bytes of a stitched range and give back its address range; with
+ * the lock dropped. *mapped becomes 0 once the unmap is done, also when giving back the
+ * address range fails after it. A range the device refuses to give back is lost to the
+ * address space only (its pages are still held by their segments). */
+static int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t *mapped) {
   const cp_backend_t *be = &pool->backend;
+  const size_t bytes = *mapped;
   pthread_mutex_unlock(&pool->lock);
-  int rc = mapped != 0 ? be->page_unmap(be->ctx, addr, mapped) : CP_OK;
-  if (rc == CP_OK) rc = be->va_free(be->ctx, addr, size);
+  int rc = bytes != 0 ? be->page_unmap(be->ctx, addr, bytes) : CP_OK;
+  if (rc == CP_OK) {
+    *mapped = 0;
+    rc = be->va_free(be->ctx, addr, size);
+  }
   pthread_mutex_lock(&pool->lock);
-  if (mapped != 0) pool->device_unmaps++;
+  if (bytes != 0) pool->device_unmaps++;
   return rc;
 }
 
@@ -171,9 +176,10 @@ static void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s) {
 /* Drop the idle range `s` (on the list, its block FREE): unmap it, give back its addresses. */
 static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   cp_stitch_unlink_locked(pool, s);
-  int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, s->size);
+  int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, &s->mapped);
   if (rc != CP_OK) {
-    /* Still mapped: keep it, as it was. */
+    /* Keep it: still mapped, as it was, or unmapped with its address range still held (it
+     * then never serves again; the next drop only gives the address range back). */
     cp_stitch_link_locked(pool, s);
     return rc;
   }
@@ -219,7 +225,9 @@ static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state
   for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
     cp_segment_t *best = NULL;
     for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->size < need || s->size > most) continue;
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->mapped != s->size || s->size < need ||
+          s->size > most)
+        continue;
       if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
       if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
     }
@@ -280,7 +288,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
     const int why = rc;
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
-    if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, mapped);
+    if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, &mapped);
     cp_stitch_return_locked(pool, s);
     cp_stitch_free_range(pool, s);
     (void)why;
@@ -288,6 +296,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
     return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
   }
   s->addr = addr;
+  s->mapped = bytes;
   cp_block_t *head = cp_block_new_locked(pool);
   head->addr = addr;
   head->size = bytes;
@@ -371,7 +380,7 @@ void cp_stitch_destroy(cp_pool_t *pool) {
   const cp_backend_t *be = &pool->backend;
   for (cp_segment_t *s = pool->stitched, *next; s != NULL; s = next) {
     next = s->next;
-    be->page_unmap(be->ctx, s->addr, s->size);
+    if (s->mapped != 0) be->page_unmap(be->ctx, s->addr, s->mapped);
     be->va_free(be->ctx, s->addr, s->size);
     free(s->head->uses);
     free(s->runs);
@@ -403,6 +412,9 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     }
     size_t runs = 0;
     bool lent = b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING;
+    if (s->mapped != s->size && (s->mapped != 0 || lent))
+      CP_VIOLATION("range %#lx: %zu of %zu bytes mapped, its block in state %d", (unsigned long)s->addr, s->mapped,
+                   s->size, b->state);
     for (size_t i = 0; i < s->run_count; i++) {
       const cp_stitch_run_t *r = &s->runs[i];
       runs += r->size;

@@ -291,6 +291,35 @@ TEST(failures_of_each_stitching_call) {
   }
 }
 
+/* Dropping an idle range whose unmap succeeds and whose address range the device refuses to
+ * give back: the range is kept, unmapped, and must never serve again (its addresses hold no
+ * memory); the next empty_cache only gives its address range back. */
+TEST(range_unmapped_but_not_given_back_never_serves) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  const size_t ranges = cp_sim_vmm_ranges(fx.sim);
+  cp_sim_fail_nth(fx.sim, CP_SIM_VA_FREE, 1, CP_ERR_BACKEND);
+  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges);                 /* its address range is still held */
+  CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), reserved_of(&fx)); /* but nothing is mapped there */
+  /* The same request again: not served by the unmapped range. */
+  char *again = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(again != big);
+  fill(again, 16 * MiB, 3);
+  CHECK(holds(again, 16 * MiB, 3));
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK); /* gives back both ranges' addresses */
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges - 1);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
 TEST(destroy_with_ranges_in_use) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -321,6 +350,7 @@ int main(void) {
   RUN(empty_cache_drops_idle_ranges_and_unmaps_free_pages);
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);
+  RUN(range_unmapped_but_not_given_back_never_serves);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
   return check_summary("test_stitch");
