@@ -310,6 +310,7 @@ struct cp_pool_s {
   size_t stitches;        /* ranges stitched so far */
   size_t stitch_reuses;   /* requests served by a kept range */
   uint64_t stitch_clock;  /* ticks at every free of a stitched block */
+  size_t stitch_inflight; /* bytes lent to ranges being stitched without the lock */
 };
 
 /* pool.c internals the seeding of replays (seed.c) builds segments with; lock held. */

@@ -269,6 +269,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
 
   const cp_backend_t *be = &pool->backend;
+  pool->stitch_inflight += bytes; /* lent, and on no list yet: the checker counts them here */
   pthread_mutex_unlock(&pool->lock);
   uintptr_t addr = 0;
   size_t mapped = 0, maps = 0;
@@ -282,6 +283,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
   if (rc == CP_OK) rc = be->page_set_access(be->ctx, addr, bytes);
   pthread_mutex_lock(&pool->lock);
+  pool->stitch_inflight -= bytes;
   free(pages);
   pool->device_maps += maps;
   if (rc != CP_OK) {

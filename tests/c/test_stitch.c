@@ -4,7 +4,9 @@
  * without device calls, streams and pending frees are respected, empty_cache and the OOM
  * retry give everything back, and every page-mapped call may fail. The ASan build runs the
  * invariant checker after every operation. */
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "fixture.h"
@@ -320,6 +322,44 @@ TEST(range_unmapped_but_not_given_back_never_serves) {
   fx_close(&fx);
 }
 
+typedef struct stitcher_s {
+  cp_pool_t *pool;
+  void *p;
+  int rc;
+} stitcher_t;
+
+static void *stitch_thread(void *arg) {
+  stitcher_t *t = arg;
+  t->rc = cp_alloc(t->pool, 16 * MiB, 0, &t->p);
+  return NULL;
+}
+
+/* While a range is being stitched (its pages mapped without the pool lock), its runs are
+ * already LENT out of their segments: the pool is whole, seen from another thread. */
+TEST(pool_is_whole_while_a_range_is_stitched) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_delay_nth(fx.sim, CP_SIM_PAGE_MAP, 2, 300); /* the second page of the range */
+  stitcher_t t = {fx.pool, NULL, -1};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, stitch_thread, &t) == 0);
+  for (int waited = 0; cp_sim_delays_entered(fx.sim) == 0 && waited < 5000; waited++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK_EQ_U(cp_sim_delays_entered(fx.sim), 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0); /* the second page is being mapped */
+  pthread_join(th, NULL);
+  CHECK(t.rc == CP_OK);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_free(fx.pool, t.p) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
 TEST(destroy_with_ranges_in_use) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -351,6 +391,7 @@ int main(void) {
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);
   RUN(range_unmapped_but_not_given_back_never_serves);
+  RUN(pool_is_whole_while_a_range_is_stitched);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
   return check_summary("test_stitch");
