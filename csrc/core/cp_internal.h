@@ -93,6 +93,7 @@ struct cp_segment_s {
   size_t run_count;
   uint64_t last_use; /* the pool's stitch clock when its block was last freed */
   uint64_t born;     /* the pool's stitch count when it was stitched (its age) */
+  bool broken;       /* never serves: kept only until it is unmapped and given back */
 };
 
 /* One run of a stitched range: `size` bytes of the page-mapped segment `seg` at `addr`,

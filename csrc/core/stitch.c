@@ -180,6 +180,7 @@ static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   if (rc != CP_OK) {
     /* Keep it: still mapped, as it was, or unmapped with its address range still held (it
      * then never serves again; the next drop only gives the address range back). */
+    if (s->mapped != s->size) s->broken = true;
     cp_stitch_link_locked(pool, s);
     return rc;
   }
@@ -225,9 +226,7 @@ static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state
   for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
     cp_segment_t *best = NULL;
     for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->mapped != s->size || s->size < need ||
-          s->size > most)
-        continue;
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->broken || s->size < need || s->size > most) continue;
       if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
       if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
     }
@@ -290,9 +289,24 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
     const int why = rc;
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
-    if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, &mapped);
+    const int undo = addr != 0 ? cp_stitch_unmap_locked(pool, addr, bytes, &mapped) : CP_OK;
     cp_stitch_return_locked(pool, s);
-    cp_stitch_free_range(pool, s);
+    if (undo != CP_OK) {
+      /* Not undone (pages still mapped there, or its address range not given back): keep it
+       * as a broken idle range, so that the next drop gives back what the device holds. */
+      cp_block_t *head = cp_block_new_locked(pool);
+      head->addr = addr;
+      head->size = bytes;
+      head->segment = s;
+      head->state = CP_BLOCK_FREE;
+      s->head = head;
+      s->addr = addr;
+      s->mapped = mapped;
+      s->broken = true;
+      cp_stitch_link_locked(pool, s);
+    } else {
+      cp_stitch_free_range(pool, s);
+    }
     (void)why;
     /* Growth may still serve the request: stitching only failed to reuse pages. */
     return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
@@ -414,9 +428,9 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     }
     size_t runs = 0;
     bool lent = b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING;
-    if (s->mapped != s->size && (s->mapped != 0 || lent))
-      CP_VIOLATION("range %#lx: %zu of %zu bytes mapped, its block in state %d", (unsigned long)s->addr, s->mapped,
-                   s->size, b->state);
+    if (s->mapped > s->size || ((s->mapped != s->size || s->broken) && (!s->broken || lent)))
+      CP_VIOLATION("range %#lx: %zu of %zu bytes mapped (%s), its block in state %d", (unsigned long)s->addr, s->mapped,
+                   s->size, s->broken ? "broken" : "whole", b->state);
     for (size_t i = 0; i < s->run_count; i++) {
       const cp_stitch_run_t *r = &s->runs[i];
       runs += r->size;

@@ -322,6 +322,40 @@ TEST(range_unmapped_but_not_given_back_never_serves) {
   fx_close(&fx);
 }
 
+/* A stitch fails midway (a page_map or page_set_access refused) and undoing it fails too (the
+ * page_unmap or the va_free refused): the range's address range, and what is still mapped
+ * there, are not lost: the next empty_cache gives them back, and the device holds nothing of
+ * it at the end. */
+static void fail_stitch_and_its_undo(cp_sim_call_t first, cp_sim_call_t undo) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_fail_nth(fx.sim, first, first == CP_SIM_PAGE_MAP ? 3 : 1, CP_ERR_BACKEND);
+  cp_sim_fail_nth(fx.sim, undo, 1, CP_ERR_BACKEND);
+  void *p = NULL;
+  int rc = cp_alloc(fx.pool, 16 * MiB, 0, &p);
+  cp_sim_fail_nth(fx.sim, first, 0, CP_OK);
+  cp_sim_fail_nth(fx.sim, undo, 0, CP_OK);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  if (rc == CP_OK) CHECK(cp_free(fx.pool, p) == CP_OK); /* served by growing */
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_mappings(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(failed_stitch_whose_undo_fails_is_given_back_later) {
+  fail_stitch_and_its_undo(CP_SIM_PAGE_MAP, CP_SIM_PAGE_UNMAP);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_MAP, CP_SIM_VA_FREE);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_SET_ACCESS, CP_SIM_PAGE_UNMAP);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_SET_ACCESS, CP_SIM_VA_FREE);
+}
+
 typedef struct stitcher_s {
   cp_pool_t *pool;
   void *p;
@@ -391,6 +425,7 @@ int main(void) {
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);
   RUN(range_unmapped_but_not_given_back_never_serves);
+  RUN(failed_stitch_whose_undo_fails_is_given_back_later);
   RUN(pool_is_whole_while_a_range_is_stitched);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
