@@ -387,6 +387,9 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b);
 /* Unmap and give back every stitched range not in use. */
 int cp_stitch_drop_idle_locked(cp_pool_t *pool);
+/* Whether a range of `st` not in use still maps pages (one the device refused to drop): their
+ * segments must not unmap them. */
+bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st);
 /* At destroy: unmap and give back every stitched range (no lock needed). */
 void cp_stitch_destroy(cp_pool_t *pool);
 /* The checker's part: count violations, tallying the live and pending stitched blocks. */

@@ -202,6 +202,13 @@ int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
   return first_rc;
 }
 
+bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st) {
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->stream == st && s->mapped != 0 && s->head->state == CP_BLOCK_FREE) return true;
+  }
+  return false;
+}
+
 /* Hand out the block of the kept range `s`, available: each run is lent out of the FREE
  * block that holds it at that moment (lending one run cuts blocks another may share). */
 static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t size, void **out_ptr) {

@@ -356,6 +356,34 @@ TEST(failed_stitch_whose_undo_fails_is_given_back_later) {
   fail_stitch_and_its_undo(CP_SIM_PAGE_SET_ACCESS, CP_SIM_VA_FREE);
 }
 
+/* Dropping an idle range fails with its pages still mapped there (page_unmap refused): the
+ * release that follows must not unmap and release those pages in their segments, or the
+ * device would hold memory the pool no longer counts (and the range would map pages its
+ * segments no longer have). The next empty_cache gives everything back. */
+TEST(pages_of_a_range_not_dropped_stay_in_their_segments) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_UNMAP, 1, CP_ERR_BACKEND); /* the range's unmap */
+  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), reserved_of(&fx)); /* every page the device holds is counted */
+  CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), reserved_of(&fx) + 16 * MiB);
+  char *again = must_alloc(&fx, 16 * MiB, 0); /* the kept range, whole again */
+  fill(again, 16 * MiB, 4);
+  CHECK(holds(again, 16 * MiB, 4));
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
 typedef struct stitcher_s {
   cp_pool_t *pool;
   void *p;
@@ -426,6 +454,7 @@ int main(void) {
   RUN(failures_of_each_stitching_call);
   RUN(range_unmapped_but_not_given_back_never_serves);
   RUN(failed_stitch_whose_undo_fails_is_given_back_later);
+  RUN(pages_of_a_range_not_dropped_stay_in_their_segments);
   RUN(pool_is_whole_while_a_range_is_stitched);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
