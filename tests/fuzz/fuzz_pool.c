@@ -426,10 +426,6 @@ static int piece_cmp(const void *a, const void *b) {
   return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* Page-mapped pools: every byte of every live block is mapped, its first byte still lies on
- * the page it lay on when it was handed out (its data was not moved, nor the memory behind it
- * replaced), and no two live blocks share a byte of physical memory, whatever addresses they
- * are mapped at. */
 static void push_piece(piece_t **pieces, size_t *n, size_t *cap, piece_t p) {
   if (*n == *cap) {
     size_t grown_cap = *cap ? 2 * *cap : 256;
@@ -456,6 +452,10 @@ static void pieces_of(const dev_t *d, uintptr_t addr, size_t len, int tag, piece
   }
 }
 
+/* Page-mapped pools: every byte of every live block is mapped, its first byte still lies on
+ * the page it lay on when it was handed out (its data was not moved, nor the memory behind it
+ * replaced), and no two live blocks share a byte of physical memory, whatever addresses they
+ * are mapped at; nor does one with a block freed with recorded streams still waited for. */
 static void check_physical(model_t *m, const dev_t *d) {
   size_t n = 0;
   for (int i = 0; i < NSLOTS; i++) {
