@@ -581,7 +581,20 @@ int cp_sim_vmm_resolve(const cp_sim_t *sim, uintptr_t addr, cp_page_t *out_page,
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_vmm_resolve: no device");
   sim_lock(sim);
   vmm_find_t f = {addr, 0, NULL};
-  cp_ptrmap_each(&sim->vmm.mappings, vmm_find_mapping, &f);
+  /* As vmm_scan_overlapping: where a mapping holding addr could start, one by one, when that
+   * takes fewer steps than there are mappings (one-page mappings: one step). */
+  const size_t g = sim->vmm.granularity;
+  const size_t back = sim->vmm.max_mapping > g ? sim->vmm.max_mapping - g : 0;
+  if (g != 0 && back / g + 1 < sim->vmm.mappings.count) {
+    const uintptr_t top = addr / g * g;
+    for (uintptr_t a = top; f.m == NULL && a + back >= top; a -= g) {
+      const sim_mapping_t *m = cp_ptrmap_get(&sim->vmm.mappings, a);
+      if (m != NULL) vmm_find_mapping(a, (void *)m, &f);
+      if (a < g) break;
+    }
+  } else {
+    cp_ptrmap_each(&sim->vmm.mappings, vmm_find_mapping, &f);
+  }
   int rc = CP_OK;
   if (f.m == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "cp_sim_vmm_resolve(0x%" PRIxPTR "): nothing is mapped there", addr);

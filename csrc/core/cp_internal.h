@@ -93,6 +93,7 @@ struct cp_segment_s {
   size_t run_count;
   uint64_t last_use; /* the pool's stitch clock when its block was last freed */
   uint64_t born;     /* the pool's stitch count when it was stitched (its age) */
+  bool broken;       /* never serves: kept only until it is unmapped and given back */
 };
 
 /* One run of a stitched range: `size` bytes of the page-mapped segment `seg` at `addr`,
@@ -345,6 +346,7 @@ struct cp_pool_s {
   cp_oom_info_t last_oom; /* sequence 0: no failure yet */
   uint64_t oom_sequence;  /* failures so far (never reset) */
   cp_capture_t capture;   /* graph capture (capture.c) */
+  size_t stitch_inflight; /* bytes lent to ranges being stitched without the lock */
 };
 
 /* Graph capture (capture.c). cp_capturing_locked: whether an event call or a release now
@@ -436,6 +438,9 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b);
 /* Unmap and give back every stitched range not in use. */
 int cp_stitch_drop_idle_locked(cp_pool_t *pool);
+/* Whether a range of `st` not in use still maps pages (one the device refused to drop): their
+ * segments must not unmap them. */
+bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st);
 /* At destroy: unmap and give back every stitched range (no lock needed). */
 void cp_stitch_destroy(cp_pool_t *pool);
 /* The checker's part: count violations, tallying the live and pending stitched blocks. */

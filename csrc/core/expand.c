@@ -483,6 +483,9 @@ int cp_expand_release_locked(cp_pool_t *pool) {
     while (seg != NULL && (!seg->paged || seg->release_stamp == stamp)) seg = seg->next;
     if (seg == NULL) break;
     seg->release_stamp = stamp;
+    /* A stitched range that could not be dropped still maps free pages of its stream's
+     * segments: unmapped and released here, they would stay on the device, uncounted. */
+    if (pool->stitch && cp_stitch_holds_pages_locked(pool, seg->stream)) continue;
     size_t n = cp_expand_carve_locked(pool, seg, &ranges, &cap);
     /* With page_stitching the pool holds the pages' handles: released after their unmap. */
     cp_page_t *handles = NULL;

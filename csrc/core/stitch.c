@@ -154,16 +154,21 @@ static void cp_stitch_link_locked(cp_pool_t *pool, cp_segment_t *s) {
   pool->stitched_space += s->size;
 }
 
-/* Unmap the first `mapped` bytes of a stitched range and give back its address range; with
- * the lock dropped. A range the device refuses to give back is lost to the address space
- * only (its pages are still held by their segments). */
-static int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t mapped) {
+/* Unmap the first `*mapped` bytes of a stitched range and give back its address range; with
+ * the lock dropped. *mapped becomes 0 once the unmap is done, also when giving back the
+ * address range fails after it. A range the device refuses to give back is lost to the
+ * address space only (its pages are still held by their segments). */
+static int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t *mapped) {
   const cp_backend_t *be = &pool->backend;
+  const size_t bytes = *mapped;
   pthread_mutex_unlock(&pool->lock);
-  int rc = mapped != 0 ? be->page_unmap(be->ctx, addr, mapped) : CP_OK;
-  if (rc == CP_OK) rc = be->va_free(be->ctx, addr, size);
+  int rc = bytes != 0 ? be->page_unmap(be->ctx, addr, bytes) : CP_OK;
+  if (rc == CP_OK) {
+    *mapped = 0;
+    rc = be->va_free(be->ctx, addr, size);
+  }
   pthread_mutex_lock(&pool->lock);
-  if (mapped != 0) pool->device_unmaps++;
+  if (bytes != 0) pool->device_unmaps++;
   return rc;
 }
 
@@ -176,9 +181,11 @@ static void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s) {
 /* Drop the idle range `s` (on the list, its block FREE): unmap it, give back its addresses. */
 static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   cp_stitch_unlink_locked(pool, s);
-  int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, s->size);
+  int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, &s->mapped);
   if (rc != CP_OK) {
-    /* Still mapped: keep it, as it was. */
+    /* Keep it: still mapped, as it was, or unmapped with its address range still held (it
+     * then never serves again; the next drop only gives the address range back). */
+    if (s->mapped != s->size) s->broken = true;
     cp_stitch_link_locked(pool, s);
     return rc;
   }
@@ -198,6 +205,13 @@ int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
     if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
   }
   return first_rc;
+}
+
+bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st) {
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->stream == st && s->mapped != 0 && s->head->state == CP_BLOCK_FREE) return true;
+  }
+  return false;
 }
 
 /* Hand out the first `bytes` of the kept range `s` (available) as its block: the runs behind
@@ -227,7 +241,7 @@ static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state
   for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
     cp_segment_t *best = NULL;
     for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->size < need) continue;
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->broken || s->size < need) continue;
       if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
       if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
     }
@@ -269,6 +283,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
 
   const cp_backend_t *be = &pool->backend;
+  pool->stitch_inflight += bytes; /* lent, and on no list yet: the checker counts them here */
   pthread_mutex_unlock(&pool->lock);
   uintptr_t addr = 0;
   size_t mapped = 0, maps = 0;
@@ -282,18 +297,30 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
   if (rc == CP_OK) rc = be->page_set_access(be->ctx, addr, bytes);
   pthread_mutex_lock(&pool->lock);
+  pool->stitch_inflight -= bytes;
   free(pages);
   pool->device_maps += maps;
   if (rc != CP_OK) {
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
-    if (addr != 0) (void)cp_stitch_unmap_locked(pool, addr, bytes, mapped);
+    const int undo = addr != 0 ? cp_stitch_unmap_locked(pool, addr, bytes, &mapped) : CP_OK;
     cp_stitch_return_locked(pool, s);
-    cp_stitch_free_range(pool, s);
+    if (undo != CP_OK) {
+      /* Not undone (pages still mapped there, or its address range not given back): keep it
+       * as a broken idle range, so that the next drop gives back what the device holds. */
+      s->addr = addr;
+      (void)cp_segment_head_locked(pool, s, CP_BLOCK_FREE);
+      s->mapped = mapped;
+      s->broken = true;
+      cp_stitch_link_locked(pool, s);
+    } else {
+      cp_stitch_free_range(pool, s);
+    }
     /* Growth may still serve the request: stitching only failed to reuse pages. */
     return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
   }
   s->addr = addr;
+  s->mapped = bytes;
   cp_block_t *head = cp_segment_head_locked(pool, s, CP_BLOCK_FREE);
   cp_stitch_link_locked(pool, s);
   s->born = ++pool->stitches;
@@ -373,7 +400,7 @@ void cp_stitch_destroy(cp_pool_t *pool) {
   const cp_backend_t *be = &pool->backend;
   for (cp_segment_t *s = pool->stitched, *next; s != NULL; s = next) {
     next = s->next;
-    be->page_unmap(be->ctx, s->addr, s->size);
+    if (s->mapped != 0) be->page_unmap(be->ctx, s->addr, s->mapped);
     be->va_free(be->ctx, s->addr, s->size);
     free(s->head->uses);
     free(s->runs);
@@ -406,6 +433,9 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     }
     /* In use, the runs behind the block's bytes are lent, in order, and no other. */
     size_t runs = 0, to_lend = lent ? b->size : 0;
+    if (s->mapped > s->size || ((s->mapped != s->size || s->broken) && (!s->broken || lent)))
+      CP_VIOLATION("range %#lx: %zu of %zu bytes mapped (%s), its block in state %d", (unsigned long)s->addr, s->mapped,
+                   s->size, s->broken ? "broken" : "whole", b->state);
     for (size_t i = 0; i < s->run_count; i++) {
       const cp_stitch_run_t *r = &s->runs[i];
       runs += r->size;

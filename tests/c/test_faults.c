@@ -4,7 +4,11 @@
  * the caller really holds, and at the end nothing may be left on the device. The sweep runs
  * twice: over plain segments, and over page-mapped ones (expandable_segments:True), where the
  * same sequence grows, unmaps and gives back ranges, so that every page-mapped call kind
- * fails once at each of its calls. */
+ * fails once at each of its calls. A third pass runs a sequence of its own on a stitching
+ * pool (page_stitching:True): checkerboards of holes stitched into large blocks, a kept range
+ * reused, a pending stitched block, the OOM retry and empty_cache dropping idle ranges, so
+ * that the calls of stitched ranges (va_reserve, page_map, page_set_access, page_unmap,
+ * va_free) fail at each of their calls too. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,7 +32,7 @@ typedef enum op_e {
   OP_RECORD,      /* record_stream(slot, stream) */
   OP_COMPLETE,    /* cp_sim_complete(stream) */
   OP_EMPTY_CACHE, /* cp_empty_cache */
-  OP_SET_CAP      /* cp_pool_set_memory_cap(size) */
+  OP_SET_CAP      /* cp_pool_set_memory_cap(size; SIZE_MAX: what is reserved now) */
 } op_t;
 
 typedef struct step_s {
@@ -80,10 +84,57 @@ static const step_t steps[] = {
     {OP_FREE, 6, 0, 0},            /* 35 */
     {OP_EMPTY_CACHE, 0, 0, 0},     /* 36: waits for the pending block */
 };
-#define NSTEPS ((int)(sizeof steps / sizeof *steps))
+#define NSTEPS_PLAIN ((int)(sizeof steps / sizeof *steps))
 
-/* Steps that fail without any injected failure: both run out of memory. */
-static int step_fails_by_design(int i) { return i == 22 || i == 27; }
+/* The stitching sequence (default granularity, 2 MiB: every request below is whole pages,
+ * so a stitched block is exactly its rounded request too). */
+static const step_t stitch_steps[] = {
+    {OP_ALLOC, 0, 4 * MiB, S1},   /*  0: S1's range, one page at a time */
+    {OP_ALLOC, 1, 4 * MiB, S1},   /*  1 */
+    {OP_ALLOC, 2, 4 * MiB, S1},   /*  2 */
+    {OP_ALLOC, 3, 4 * MiB, S1},   /*  3 */
+    {OP_ALLOC, 4, 4 * MiB, S1},   /*  4 */
+    {OP_ALLOC, 5, 4 * MiB, S1},   /*  5: 24 MiB mapped */
+    {OP_FREE, 0, 0, 0},           /*  6 */
+    {OP_FREE, 2, 0, 0},           /*  7 */
+    {OP_FREE, 4, 0, 0},           /*  8: three 4 MiB holes */
+    {OP_ALLOC, 6, 12 * MiB, S1},  /*  9: stitched from the three holes */
+    {OP_ALLOC, 7, 1000, S1},      /* 10: small, same range: the holes are lent, it grows */
+    {OP_RECORD, 6, 0, S2},        /* 11 */
+    {OP_FREE, 6, 0, 0},           /* 12: the stitched block is pending on S2 */
+    {OP_ALLOC, 8, 4 * MiB, S1},   /* 13: not from the pending block's pages: it grows */
+    {OP_COMPLETE, 0, 0, S2},      /* 14 */
+    {OP_ALLOC, 9, 12 * MiB, S1},  /* 15: the kept range, reused */
+    {OP_FREE, 9, 0, 0},           /* 16: kept again */
+    {OP_ALLOC, 10, 4 * MiB, S3},  /* 17: S3's range */
+    {OP_ALLOC, 11, 4 * MiB, S3},  /* 18 */
+    {OP_ALLOC, 12, 4 * MiB, S3},  /* 19 */
+    {OP_ALLOC, 13, 4 * MiB, S3},  /* 20 */
+    {OP_FREE, 10, 0, 0},          /* 21 */
+    {OP_FREE, 12, 0, 0},          /* 22 */
+    {OP_ALLOC, 14, 8 * MiB, S3},  /* 23: stitched from S3's holes */
+    {OP_FREE, 14, 0, 0},          /* 24: kept */
+    {OP_SET_CAP, 0, SIZE_MAX, 0}, /* 25: at what is reserved now */
+    {OP_ALLOC, 14, 10 * MiB, S3}, /* 26: served once the retry dropped the idle ranges */
+    {OP_SET_CAP, 0, 0, 0},        /* 27 */
+    {OP_FREE, 14, 0, 0},          /* 28 */
+    {OP_FREE, 1, 0, 0},           /* 29 */
+    {OP_FREE, 3, 0, 0},           /* 30 */
+    {OP_ALLOC, 15, 16 * MiB, S1}, /* 31: from S1's free pages (whole or stitched) */
+    {OP_FREE, 15, 0, 0},          /* 32 */
+    {OP_EMPTY_CACHE, 0, 0, 0},    /* 33: idle ranges dropped, free pages unmapped */
+    {OP_ALLOC, 15, 6 * MiB, S3},  /* 34 */
+    {OP_FREE, 13, 0, 0},          /* 35 */
+    {OP_EMPTY_CACHE, 0, 0, 0},    /* 36 */
+};
+#define NSTEPS_STITCH ((int)(sizeof stitch_steps / sizeof *stitch_steps))
+#define NSTEPS_MAX    (NSTEPS_PLAIN > NSTEPS_STITCH ? NSTEPS_PLAIN : NSTEPS_STITCH)
+
+static int g_paged;  /* this pass runs on page-mapped segments */
+static int g_stitch; /* and stitches (the stitching sequence) */
+
+/* Steps that fail without any injected failure: they run out of memory. */
+static int step_fails_by_design(int i) { return !g_stitch && (i == 22 || i == 27); }
 
 /* Page-mapped: the chunk a request's pool maps at a time (the default granularity, 2 MiB,
  * divides both). */
@@ -101,7 +152,8 @@ typedef struct sweep_point_s {
 typedef struct run_result_s {
   uint64_t calls[CP_SIM_CALL_COUNT];
   uint64_t faults;
-  int step_rc[NSTEPS];
+  int step_rc[NSTEPS_MAX];
+  size_t stitches, stitch_reuses; /* at the end */
 } run_result_t;
 
 typedef struct slot_s {
@@ -119,16 +171,19 @@ typedef struct slot_s {
 
 static const sweep_point_t *cur_point;
 static int cur_step;
-static int g_paged; /* this pass runs on page-mapped segments */
 
-#define FCHECK(cond)                                                                                                 \
-  do {                                                                                                               \
-    if (!(cond)) {                                                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s [%s, fault: %s #%" PRIu64 " -> %s, step %d]\n", __FILE__, __LINE__,   \
-              #cond, g_paged ? "page-mapped" : "plain", cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", \
-              cur_point->nth, cp_status_name(cur_point->status), cur_step);                                          \
-      check_failures_++;                                                                                             \
-    }                                                                                                                \
+#define FCHECK(cond)                                                                                               \
+  do {                                                                                                             \
+    if (!(cond)) {                                                                                                 \
+      fprintf(stderr, "%s:%d: CHECK failed: %s [%s, fault: %s #%" PRIu64 " -> %s, step %d]\n", __FILE__, __LINE__, \
+              #cond,                                                                                               \
+              g_stitch  ? "stitching"                                                                              \
+              : g_paged ? "page-mapped"                                                                            \
+                        : "plain",                                                                                 \
+              cur_point->nth ? cp_sim_call_name(cur_point->kind) : "none", cur_point->nth,                         \
+              cp_status_name(cur_point->status), cur_step);                                                        \
+      check_failures_++;                                                                                           \
+    }                                                                                                              \
   } while (0)
 
 /* Segment size the default configuration reserves for a request. */
@@ -152,6 +207,12 @@ static void check_pool(cp_pool_t *pool, const slot_t *slots) {
   cp_pool_stats(pool, &s);
   FCHECK(s.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current == (int64_t)held_bytes);
   FCHECK(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current == (int64_t)held);
+  /* Stitching: one range per stream serves every size, all in the large class (unless the
+   * granularity query failed at creation: plain segments then). */
+  if (g_stitch && !(cur_point->nth == 1 && cur_point->kind == CP_SIM_VMM_GRANULARITY)) {
+    FCHECK(s.family[CP_STAT_ALLOCATION][CP_KIND_SMALL].current == 0);
+    FCHECK(s.family[CP_STAT_RESERVED_BYTES][CP_KIND_SMALL].current == 0);
+  }
 }
 
 /* A failing call explains itself. */
@@ -170,7 +231,8 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   cp_pool_t *pool = NULL;
   cp_config_t cfg;
   cp_config_default(&cfg);
-  if (g_paged && cp_config_parse(&cfg, "expandable_segments:True") != CP_OK) {
+  const char *conf = g_stitch ? "expandable_segments:True,page_stitching:True" : "expandable_segments:True";
+  if (g_paged && cp_config_parse(&cfg, conf) != CP_OK) {
     FCHECK(!"cp_config_parse");
     return;
   }
@@ -190,8 +252,10 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   slot_t slots[NSLOTS];
   memset(slots, 0, sizeof slots);
   size_t cap = 0;
-  for (int i = 0; i < NSTEPS; i++) {
-    const step_t *st = &steps[i];
+  const step_t *seq = g_stitch ? stitch_steps : steps;
+  const int nsteps = g_stitch ? NSTEPS_STITCH : NSTEPS_PLAIN;
+  for (int i = 0; i < nsteps; i++) {
+    const step_t *st = &seq[i];
     cur_step = i;
     uint64_t faults_before = cp_sim_faults_injected(sim);
     cp_clear_error();
@@ -239,6 +303,10 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
       case OP_EMPTY_CACHE: rc = cp_empty_cache(pool); break;
       case OP_SET_CAP:
         cap = st->size;
+        if (cap == SIZE_MAX) {
+          size_t pool_alloc = 0;
+          cp_pool_usage(pool, &pool_alloc, &cap);
+        }
         rc = cp_pool_set_memory_cap(pool, cap);
         break;
     }
@@ -282,8 +350,8 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
          * or the device itself said OOM (an injected OOM on reserve). */
         size_t rounded = cp_round_size(&cfg, st->size);
         size_t seg = segment_for(&cfg, rounded);
-        if (g_paged) { /* at most the request in whole chunks is mapped for it */
-          size_t chunk = chunk_for(&cfg, rounded);
+        if (g_paged) { /* at most the request in whole chunks (stitching: pages) is mapped for it */
+          size_t chunk = g_stitch ? 2 * MiB : chunk_for(&cfg, rounded);
           seg = (rounded + chunk - 1) / chunk * chunk;
         }
         size_t pool_alloc = 0, pool_reserved = 0;
@@ -307,7 +375,7 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   }
 
   /* The pool keeps serving. */
-  cur_step = NSTEPS;
+  cur_step = nsteps;
   {
     void *p = NULL;
     uint64_t faults_before = cp_sim_faults_injected(sim);
@@ -323,7 +391,7 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
   }
 
   /* Give everything back. A call the device fails once must work when repeated. */
-  cur_step = NSTEPS + 1;
+  cur_step = nsteps + 1;
   for (int i = 0; i < NSLOTS; i++) {
     if (slots[i].ptr == NULL) continue;
     cp_clear_error();
@@ -355,11 +423,14 @@ static void run_sequence(const sweep_point_t *pt, run_result_t *res) {
     cp_pool_info(pool, &in);
     FCHECK(in.segments == 0 && in.live_blocks == 0 && in.pending_blocks == 0);
     FCHECK(in.page_segments == 0);
+    FCHECK(in.stitched_ranges == 0 && in.stitched_space == 0);
+    res->stitches = in.stitches;
+    res->stitch_reuses = in.stitch_reuses;
     FCHECK(in.page_mapped == (g_paged && !(pt->nth != 0 && pt->kind == CP_SIM_VMM_GRANULARITY)));
   }
 
   /* Destroy: nothing may stay on the device but what the device itself refused to free. */
-  cur_step = NSTEPS + 2;
+  cur_step = nsteps + 2;
   uint64_t faults_before = cp_sim_faults_injected(sim);
   cp_pool_destroy(pool);
   uint64_t refused = cp_sim_faults_injected(sim) - faults_before;
@@ -387,11 +458,28 @@ TEST(sequence_without_faults) {
   run_result_t res;
   run_sequence(&none, &res);
   CHECK_EQ_U(res.faults, 0);
-  CHECK(res.step_rc[17] == CP_OK); /* served after the retry */
-  CHECK(res.step_rc[22] == CP_ERR_OOM);
-  CHECK(res.step_rc[27] == CP_ERR_OOM);
+  if (g_stitch) {
+    for (int i = 0; i < NSTEPS_STITCH; i++) CHECK(res.step_rc[i] == CP_OK);
+    /* Stitched ranges are made, reused, dropped and remade. */
+    printf("test_faults: stitching: %zu ranges stitched, %zu reuses\n", res.stitches, res.stitch_reuses);
+    CHECK(res.stitches >= 2);
+    CHECK(res.stitch_reuses >= 1);
+  } else {
+    CHECK(res.step_rc[17] == CP_OK); /* served after the retry */
+    CHECK(res.step_rc[22] == CP_ERR_OOM);
+    CHECK(res.step_rc[27] == CP_ERR_OOM);
+  }
   /* The sequence reaches every path the sweep is meant to cover. */
-  if (g_paged) {
+  if (g_stitch) {
+    CHECK_EQ_U(res.calls[CP_SIM_RESERVE], 0);
+    CHECK(res.calls[CP_SIM_VA_RESERVE] >= 5); /* two streams' ranges, three stitched ones */
+    CHECK(res.calls[CP_SIM_VA_FREE] >= 5);
+    CHECK(res.calls[CP_SIM_PAGE_CREATE] >= 10);
+    CHECK(res.calls[CP_SIM_PAGE_RELEASE] >= 10);
+    CHECK(res.calls[CP_SIM_PAGE_MAP] >= 20);
+    CHECK(res.calls[CP_SIM_PAGE_UNMAP] >= 5);
+    CHECK(res.calls[CP_SIM_PAGE_SET_ACCESS] >= 10);
+  } else if (g_paged) {
     /* Page-mapped: no plain reservation, and every page-mapped call kind. */
     CHECK_EQ_U(res.calls[CP_SIM_RESERVE], 0);
     CHECK(res.calls[CP_SIM_VMM_GRANULARITY] >= 1);
@@ -413,7 +501,10 @@ TEST(sequence_without_faults) {
   CHECK(res.calls[CP_SIM_EVENT_DESTROY] >= 2);
   CHECK(res.calls[CP_SIM_MEM_INFO] >= 2);
   for (int k = 0; k < CP_SIM_CALL_COUNT; k++) {
-    printf("test_faults: %s: %-18s %" PRIu64 " calls\n", g_paged ? "page-mapped" : "plain",
+    printf("test_faults: %s: %-18s %" PRIu64 " calls\n",
+           g_stitch  ? "stitching"
+           : g_paged ? "page-mapped"
+                     : "plain",
            cp_sim_call_name((cp_sim_call_t)k), res.calls[k]);
   }
 }
@@ -443,7 +534,10 @@ TEST(one_fault_at_every_call) {
     }
   }
   printf("test_faults: %s: %" PRIu64 " faults injected over %" PRIu64 " sweep points\n",
-         g_paged ? "page-mapped" : "plain", injected, points);
+         g_stitch  ? "stitching"
+         : g_paged ? "page-mapped"
+                   : "plain",
+         injected, points);
   CHECK(points > 0);
   CHECK_EQ_U(injected, points);
 }
@@ -452,6 +546,9 @@ int main(void) {
   RUN(sequence_without_faults);
   RUN(one_fault_at_every_call);
   g_paged = 1;
+  RUN(sequence_without_faults);
+  RUN(one_fault_at_every_call);
+  g_stitch = 1;
   RUN(sequence_without_faults);
   RUN(one_fault_at_every_call);
   return check_summary("test_faults");

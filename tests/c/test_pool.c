@@ -12,19 +12,22 @@
 #define CUR(s, fam, kind)  ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
 #define PEAK(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].peak)
 
-/* The conformance checks that hold for both kinds of pool run twice (main): over plain
- * segments and over page-mapped ones (PAGED_CONF, core/expand.c). Where the kinds differ by
- * design (a page-mapped pool maps whole chunks of one range per stream and kind, counts no
- * segments in the segment stat, unmaps a free range in one call), the expectation depends on
- * g_paged and says why. */
-#define PAGED_CONF "expandable_segments:True"
+/* The conformance checks that hold for every kind of pool run three times (main): over plain
+ * segments, over page-mapped ones (PAGED_CONF, core/expand.c) and over page-mapped ones that
+ * stitch (STITCH_CONF, core/stitch.c). Where the kinds differ by design (a page-mapped pool
+ * maps whole chunks of one range per stream and kind, counts no segments in the segment stat,
+ * unmaps a free range in one call; a stitching pool maps one page at a time, of one range per
+ * stream for every size), the expectation depends on g_paged / g_stitch and says why. */
+#define PAGED_CONF  "expandable_segments:True"
+#define STITCH_CONF "expandable_segments:True,page_stitching:True"
 static int g_paged = 0;
+static int g_stitch = 0; /* with g_paged */
 
 /* fx_open with the pool kind of this pass; `paged_extra` is added for page-mapped pools. */
 static int open_kind(fixture_t *fx, size_t capacity, const char *conf, const char *paged_extra) {
   char text[512];
   snprintf(text, sizeof text, "%s%s%s%s%s", conf != NULL ? conf : "", conf != NULL && g_paged ? "," : "",
-           g_paged ? PAGED_CONF : "", g_paged && paged_extra != NULL ? "," : "",
+           g_paged ? (g_stitch ? STITCH_CONF : PAGED_CONF) : "", g_paged && paged_extra != NULL ? "," : "",
            g_paged && paged_extra != NULL ? paged_extra : "");
   if (fx_open(fx, capacity, text) != 0) return -1;
   cp_pool_info_t in;
@@ -114,8 +117,10 @@ TEST(cached_block_reused_without_reserve) {
     }
     CHECK_EQ_U(grow_calls(&fx), reserves);
   }
-  /* One small segment; one 20 MiB segment that serves both 3 MiB and, whole again, 15 MiB. */
-  CHECK_EQ_U(grow_calls(&fx), 2);
+  /* One small segment; one 20 MiB segment that serves both 3 MiB and, whole again, 15 MiB.
+   * Stitching: one range serves every size, mapped a 2 MiB page at a time; the 15 MiB block
+   * ends up on its first 8 pages. */
+  CHECK_EQ_U(grow_calls(&fx), g_stitch ? 8 : 2);
   fx_close(&fx);
 }
 
@@ -266,8 +271,12 @@ TEST(up_to_capacity_and_oom) {
   cp_stats_t s = stats_of(&fx);
   CHECK_EQ_U(s.num_ooms, 1);
   CHECK_EQ_U(s.num_alloc_retries, 1);
-  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), 0); /* the cached 64 MiB went back on the retry */
-  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  /* The cached memory went back on the retry. Stitching maps a 2 MiB page at a time, so its
+   * last attempt maps pages until the device is full before it fails, and those stay cached,
+   * free (as any page-mapped growth that fails midway leaves what it mapped). */
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), g_stitch ? 64 * MiB : 0);
+  CHECK_EQ_U(CUR(s, ALLOCATED_BYTES, ALL), 0);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), g_stitch ? 64 * MiB : 0);
   CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
   /* Still usable, and a fitting request works. */
   void *r = must_alloc(&fx, 32 * MiB, 0);
@@ -301,8 +310,12 @@ TEST(retry_releases_cached_segments) {
   cp_stats_t s = stats_of(&fx);
   CHECK_EQ_U(s.num_alloc_retries, 1);
   CHECK_EQ_U(s.num_ooms, 0);
-  CHECK_EQ_U(s.num_device_free, 1);                                       /* page-mapped: one unmap of the free range */
-  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), g_paged ? 40 * MiB : 32 * MiB); /* whole chunks */
+  /* Page-mapped: one unmap of the free range; whole chunks. Stitching maps a 2 MiB page at a
+   * time: the first attempt fills the device with stream 0's pages before it fails, the retry
+   * unmaps the free pages of both streams' ranges (two unmaps), and the request then takes
+   * exactly its 16 pages. */
+  CHECK_EQ_U(s.num_device_free, g_stitch ? 2 : 1);
+  CHECK_EQ_U(CUR(s, RESERVED_BYTES, ALL), g_stitch ? 32 * MiB : g_paged ? 40 * MiB : 32 * MiB);
   CHECK(cp_free(fx.pool, b) == CP_OK);
   fx_close(&fx);
 }
@@ -598,7 +611,9 @@ TEST(stats_resets) {
   cp_pool_reset_peak_stats(fx.pool);
   cp_stats_t s = stats_of(&fx);
   CHECK_EQ_U(PEAK(s, ALLOCATED_BYTES, ALL), 100 * KiB);
-  CHECK_EQ_U(PEAK(s, ALLOCATION, SMALL), 1);
+  /* Stitching: one range per stream serves every size, all counted in the large class. */
+  CHECK_EQ_U(PEAK(s, ALLOCATION, SMALL), g_stitch ? 0 : 1);
+  CHECK_EQ_U(PEAK(s, ALLOCATION, LARGE), g_stitch ? 1 : 0);
   cp_pool_reset_accumulated_stats(fx.pool);
   s = stats_of(&fx);
   CHECK_EQ_U(s.family[CP_STAT_ALLOCATION][CP_KIND_ALL].allocated, 0);
@@ -672,11 +687,12 @@ TEST(info_and_report) {
 }
 
 /* A failure in the page-mapped pass says so. */
-#define RUN_PAGED(name)                                                                        \
-  do {                                                                                         \
-    int failed_ = check_tests_failed_;                                                         \
-    RUN(name);                                                                                 \
-    if (check_tests_failed_ != failed_) fprintf(stderr, "  (the pass with %s)\n", PAGED_CONF); \
+#define RUN_PAGED(name)                                                               \
+  do {                                                                                \
+    int failed_ = check_tests_failed_;                                                \
+    RUN(name);                                                                        \
+    if (check_tests_failed_ != failed_)                                               \
+      fprintf(stderr, "  (the pass with %s)\n", g_stitch ? STITCH_CONF : PAGED_CONF); \
   } while (0)
 
 int main(void) {
@@ -708,6 +724,23 @@ int main(void) {
   RUN(info_and_report);
   /* The same checks over page-mapped segments. */
   g_paged = 1;
+  RUN_PAGED(size_zero);
+  RUN_PAGED(cached_block_reused_without_reserve);
+  RUN_PAGED(up_to_capacity_and_oom);
+  RUN_PAGED(sizes_near_size_max);
+  RUN_PAGED(retry_releases_cached_segments);
+  RUN_PAGED(memory_cap_and_fraction);
+  RUN_PAGED(empty_cache_returns_free_segments_only);
+  RUN_PAGED(live_ranges_never_overlap);
+  RUN_PAGED(blocks_stay_on_their_stream);
+  RUN_PAGED(record_stream_waits_for_event);
+  RUN_PAGED(record_stream_many_streams_and_event_pooling);
+  RUN_PAGED(empty_cache_waits_for_pending);
+  RUN_PAGED(oom_retry_waits_for_pending);
+  RUN_PAGED(bad_pointers);
+  RUN_PAGED(stats_resets);
+  /* And over page-mapped segments that stitch. */
+  g_stitch = 1;
   RUN_PAGED(size_zero);
   RUN_PAGED(cached_block_reused_without_reserve);
   RUN_PAGED(up_to_capacity_and_oom);

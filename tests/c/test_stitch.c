@@ -4,7 +4,9 @@
  * without device calls, streams and pending frees are respected, empty_cache and the OOM
  * retry give everything back, and every page-mapped call may fail. The ASan build runs the
  * invariant checker after every operation. */
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "fixture.h"
@@ -282,6 +284,135 @@ TEST(failures_of_each_stitching_call) {
   }
 }
 
+/* Dropping an idle range whose unmap succeeds and whose address range the device refuses to
+ * give back: the range is kept, unmapped, and must never serve again (its addresses hold no
+ * memory); the next empty_cache only gives its address range back. */
+TEST(range_unmapped_but_not_given_back_never_serves) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  const size_t ranges = cp_sim_vmm_ranges(fx.sim);
+  cp_sim_fail_nth(fx.sim, CP_SIM_VA_FREE, 1, CP_ERR_BACKEND);
+  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges);                 /* its address range is still held */
+  CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), reserved_of(&fx)); /* but nothing is mapped there */
+  /* The same request again: not served by the unmapped range. */
+  char *again = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(again != big);
+  fill(again, 16 * MiB, 3);
+  CHECK(holds(again, 16 * MiB, 3));
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK); /* gives back both ranges' addresses */
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges - 1);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+/* A stitch fails midway (a page_map or page_set_access refused) and undoing it fails too (the
+ * page_unmap or the va_free refused): the range's address range, and what is still mapped
+ * there, are not lost: the next empty_cache gives them back, and the device holds nothing of
+ * it at the end. */
+static void fail_stitch_and_its_undo(cp_sim_call_t first, cp_sim_call_t undo) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_fail_nth(fx.sim, first, first == CP_SIM_PAGE_MAP ? 3 : 1, CP_ERR_BACKEND);
+  cp_sim_fail_nth(fx.sim, undo, 1, CP_ERR_BACKEND);
+  void *p = NULL;
+  int rc = cp_alloc(fx.pool, 16 * MiB, 0, &p);
+  cp_sim_fail_nth(fx.sim, first, 0, CP_OK);
+  cp_sim_fail_nth(fx.sim, undo, 0, CP_OK);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  if (rc == CP_OK) CHECK(cp_free(fx.pool, p) == CP_OK); /* served by growing */
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_mappings(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(failed_stitch_whose_undo_fails_is_given_back_later) {
+  fail_stitch_and_its_undo(CP_SIM_PAGE_MAP, CP_SIM_PAGE_UNMAP);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_MAP, CP_SIM_VA_FREE);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_SET_ACCESS, CP_SIM_PAGE_UNMAP);
+  fail_stitch_and_its_undo(CP_SIM_PAGE_SET_ACCESS, CP_SIM_VA_FREE);
+}
+
+/* Dropping an idle range fails with its pages still mapped there (page_unmap refused): the
+ * release that follows must not unmap and release those pages in their segments, or the
+ * device would hold memory the pool no longer counts (and the range would map pages its
+ * segments no longer have). The next empty_cache gives everything back. */
+TEST(pages_of_a_range_not_dropped_stay_in_their_segments) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_UNMAP, 1, CP_ERR_BACKEND); /* the range's unmap */
+  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), reserved_of(&fx)); /* every page the device holds is counted */
+  CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), reserved_of(&fx) + 16 * MiB);
+  char *again = must_alloc(&fx, 16 * MiB, 0); /* the kept range, whole again */
+  fill(again, 16 * MiB, 4);
+  CHECK(holds(again, 16 * MiB, 4));
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+typedef struct stitcher_s {
+  cp_pool_t *pool;
+  void *p;
+  int rc;
+} stitcher_t;
+
+static void *stitch_thread(void *arg) {
+  stitcher_t *t = arg;
+  t->rc = cp_alloc(t->pool, 16 * MiB, 0, &t->p);
+  return NULL;
+}
+
+/* While a range is being stitched (its pages mapped without the pool lock), its runs are
+ * already LENT out of their segments: the pool is whole, seen from another thread. */
+TEST(pool_is_whole_while_a_range_is_stitched) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_delay_nth(fx.sim, CP_SIM_PAGE_MAP, 2, 300); /* the second page of the range */
+  stitcher_t t = {fx.pool, NULL, -1};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, stitch_thread, &t) == 0);
+  for (int waited = 0; cp_sim_delays_entered(fx.sim) == 0 && waited < 5000; waited++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK_EQ_U(cp_sim_delays_entered(fx.sim), 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0); /* the second page is being mapped */
+  pthread_join(th, NULL);
+  CHECK(t.rc == CP_OK);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_free(fx.pool, t.p) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
 TEST(destroy_with_ranges_in_use) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -312,6 +443,10 @@ int main(void) {
   RUN(empty_cache_drops_idle_ranges_and_unmaps_free_pages);
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);
+  RUN(range_unmapped_but_not_given_back_never_serves);
+  RUN(failed_stitch_whose_undo_fails_is_given_back_later);
+  RUN(pages_of_a_range_not_dropped_stay_in_their_segments);
+  RUN(pool_is_whole_while_a_range_is_stitched);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
   return check_summary("test_stitch");

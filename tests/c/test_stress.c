@@ -5,7 +5,10 @@
  * shared bytes. Ends with the invariant checker, zero allocated bytes and nothing reserved.
  * Runs twice: over plain segments, and over page-mapped ones (expandable_segments:True,
  * 256 KiB granularity), where growth maps chunks without the pool lock and empty_cache and
- * the OOM retry unmap them while other threads allocate, free and record streams.
+ * the OOM retry unmap them while other threads allocate, free and record streams. A third
+ * run stitches (page_stitching:True, 256 KiB pages): sizes of many pages, freed at random,
+ * leave scattered free pages that large requests take as stitched ranges and reuse, while
+ * other threads free, record streams and empty the cache (which drops idle ranges).
  *
  *   test_stress [--threads N] [--iters N] [--streams N] [--seed N]
  *
@@ -52,6 +55,7 @@ typedef struct shared_s {
   atomic_int workers_running;
   atomic_long errors; /* failures seen by worker threads (CHECK is not thread-safe) */
   atomic_long allocs, frees, ooms, records, zero_allocs;
+  int stitch; /* the stitching run: sizes of many pages */
 } shared_t;
 
 typedef struct worker_s {
@@ -174,8 +178,13 @@ typedef struct live_s {
 /* Mostly small (1 B – 64 KiB), some 1–4 MiB, rarely 12–24 MiB (own segments). The large
  * ones are kept few: every byte of a block is in a page the stamps touch, and under TSan
  * each fresh page costs shadow-page faults. */
-static size_t random_size(uint64_t *rs) {
+static size_t random_size(uint64_t *rs, int stitch) {
   uint64_t r = rng_below(rs, 1000);
+  if (stitch) { /* mostly small; a third 2–16 pages of 256 KiB (stitched from holes); rarely more */
+    if (r < 700) return 1 + (size_t)rng_below(rs, 64 * KiB);
+    if (r < 995) return 512 * KiB + (size_t)rng_below(rs, 3584 * KiB + 1);
+    return 4 * MiB + (size_t)rng_below(rs, 4 * MiB + 1);
+  }
   if (r < 968) return 1 + (size_t)rng_below(rs, 64 * KiB);
   if (r < 998) return 1 * MiB + (size_t)rng_below(rs, 3 * MiB + 1);
   return 12 * MiB + (size_t)rng_below(rs, 12 * MiB + 1);
@@ -229,7 +238,7 @@ static void *worker_main(void *arg) {
       atomic_fetch_add(&sh->zero_allocs, 1);
       continue;
     }
-    size_t size = random_size(&rs);
+    size_t size = random_size(&rs, sh->stitch);
     cp_stream_t stream = rng_below(&rs, 8) == 0 ? 0 : own; /* some work on the default stream */
     void *p = NULL;
     int rc = cp_alloc(sh->pool, size, stream, &p);
@@ -355,17 +364,22 @@ static int parse_options(int argc, char **argv, options_t *opt) {
 
 static options_t g_opt;
 
-static void run_threads(int paged) {
+/* mode: 0 plain segments, 1 page-mapped, 2 page-mapped with stitching. */
+static void run_threads(int mode) {
+  const int paged = mode != 0;
   shared_t sh;
   memset(&sh, 0, sizeof sh);
   sh.opt = g_opt;
+  sh.stitch = mode == 2;
   REQUIRE(cp_sim_create(SIM_CAPACITY, 0, &sh.sim) == CP_OK); /* events wait for the driver */
   if (paged) REQUIRE(cp_sim_set_vmm_granularity(sh.sim, 256 * KiB) == CP_OK);
   cp_backend_t be;
   cp_sim_backend(sh.sim, &be);
   cp_config_t cfg;
   cp_config_default(&cfg);
-  if (paged) REQUIRE(cp_config_parse(&cfg, "expandable_segments:True") == CP_OK);
+  if (paged)
+    REQUIRE(cp_config_parse(&cfg, sh.stitch ? "expandable_segments:True,page_stitching:True"
+                                            : "expandable_segments:True") == CP_OK);
   REQUIRE(cp_pool_create(&cfg, &be, &sh.pool) == CP_OK);
   {
     cp_pool_info_t in;
@@ -421,6 +435,14 @@ static void run_threads(int paged) {
   CHECK_EQ_U(info.pending_free, 0);
   CHECK_EQ_U(info.segments, 0);
   CHECK_EQ_U(info.page_segments, 0);
+  CHECK_EQ_U(info.stitched_ranges, 0); /* empty_cache dropped every idle range */
+  CHECK_EQ_U(info.stitched_space, 0);
+  if (sh.stitch) {
+    CHECK(info.stitches > 0);                                              /* the run did stitch */
+    CHECK_EQ_U(st.family[CP_STAT_ALLOCATION][CP_KIND_SMALL].allocated, 0); /* one range serves every size */
+  } else {
+    CHECK_EQ_U(info.stitches, 0);
+  }
   CHECK_EQ_U(cp_sim_reserved_bytes(sh.sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(sh.sim), 0);
   CHECK_EQ_U(cp_sim_vmm_ranges(sh.sim), 0);
@@ -437,10 +459,13 @@ static void run_threads(int paged) {
   printf(
       "test_stress: %s: threads=%d streams=%d iters=%ld: %ld ops (%ld allocs, %ld frees, %ld record_stream, "
       "%ld OOMs), %ld driver ticks, %ld empty_cache, %ld checks, %lld segments reserved, peak %.1f MiB, "
-      "%s stamps, %.2f s\n",
-      paged ? "page-mapped" : "plain", sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs),
-      atomic_load(&sh.frees), atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks,
-      (long long)st.num_device_alloc, (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB,
+      "%zu stitched ranges (%zu reuses), %s stamps, %.2f s\n",
+      sh.stitch ? "stitching"
+      : paged   ? "page-mapped"
+                : "plain",
+      sh.opt.threads, sh.opt.streams, sh.opt.iters, ops, atomic_load(&sh.allocs), atomic_load(&sh.frees),
+      atomic_load(&sh.records), atomic_load(&sh.ooms), ticks, empty_caches, checks, (long long)st.num_device_alloc,
+      (double)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak / (double)MiB, info.stitches, info.stitch_reuses,
       SPARSE_STAMPS ? "sparse" : "dense", elapsed);
 }
 
@@ -448,9 +473,12 @@ TEST(threads_on_streams) { run_threads(0); }
 
 TEST(threads_on_streams_page_mapped) { run_threads(1); }
 
+TEST(threads_on_streams_stitching) { run_threads(2); }
+
 int main(int argc, char **argv) {
   if (parse_options(argc, argv, &g_opt) != 0) return 2;
   RUN(threads_on_streams);
   RUN(threads_on_streams_page_mapped);
+  RUN(threads_on_streams_stitching);
   return check_summary("test_stress");
 }

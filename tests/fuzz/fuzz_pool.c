@@ -29,6 +29,17 @@
  *   - the pool's reserved bytes are the bytes the device has mapped, every page is mapped
  *     exactly once, and the device's address ranges are the pool's page-mapped segments;
  *   - injected failures name every call kind, the page-mapped ones included.
+ * With page stitching (page_stitching:True, the configurations of stitch_configs):
+ *   - every allocation counts in the large class; a stitched block is whole pages (a kept
+ *     range may be up to 1/8 larger than the request's pages);
+ *   - a page may be mapped at two addresses (its segment and a stitched range), so the checks
+ *     above become: the device's ranges are the pool's page-mapped segments and its stitched
+ *     ranges, the bytes mapped are the reserved bytes and the stitched ranges' bytes, the
+ *     mappings are the pages and the stitched ranges' pages;
+ *   - no two live blocks share a byte of physical memory still, and no live block shares one
+ *     with a block freed with recorded streams whose events have not completed, whatever
+ *     addresses either is mapped at (a pending stitched block's pages stay out of use, and
+ *     so do a pending block's pages out of new stitched ranges).
  * At the end of the input everything is freed and given back (or, in some inputs, the pool is
  * destroyed with allocations still live and frees still pending): the device must hold
  * nothing, no reservation, no event, no page-mapped range, page or mapping, once the pool is
@@ -312,6 +323,8 @@ typedef struct guard_s {
   size_t size;
   size_t nev;
   capture_t ev[3 * NSTREAMS];
+  piece_t *pieces; /* page-mapped pools: its physical memory (heap), while it is waited for */
+  size_t npieces;
 } guard_t;
 
 typedef struct model_s {
@@ -327,10 +340,12 @@ typedef struct model_s {
   size_t nguards;
   uintptr_t stale[8]; /* recently freed addresses, for double frees */
   size_t nstale;
-  int paged_cfg;   /* a page-mapped configuration (expandable_segments:True) */
-  int paged;       /* the pool serves from page-mapped segments (cp_pool_info) */
-  size_t chunk[2]; /* page-mapped: the chunk of the small [0] and large [1] pool */
-  piece_t *pieces; /* scratch of check_all: the physical pieces of every live block */
+  int paged_cfg;    /* a page-mapped configuration (expandable_segments:True) */
+  int paged;        /* the pool serves from page-mapped segments (cp_pool_info) */
+  int stitch;       /* and stitches pages (page_stitching:True) */
+  int unmap_failed; /* a page_unmap or va_free failure was armed (a stitched range may be kept partly mapped) */
+  size_t chunk[2];  /* page-mapped: the chunk of the small [0] and large [1] pool */
+  piece_t *pieces;  /* scratch of check_all: the physical pieces of every live block */
   size_t pieces_cap;
 } model_t;
 
@@ -379,7 +394,10 @@ static int guard_active(const dev_t *d, const guard_t *g) {
 static void prune_guards(model_t *m, const dev_t *d) {
   size_t w = 0;
   for (size_t i = 0; i < m->nguards; i++) {
-    if (guard_active(d, &m->guard[i])) m->guard[w++] = m->guard[i];
+    if (guard_active(d, &m->guard[i]))
+      m->guard[w++] = m->guard[i];
+    else
+      free(m->guard[i].pieces);
   }
   m->nguards = w;
 }
@@ -414,44 +432,67 @@ static int piece_cmp(const void *a, const void *b) {
   return x->off < y->off ? -1 : x->off > y->off;
 }
 
+static void push_piece(piece_t **pieces, size_t *n, size_t *cap, piece_t p) {
+  if (*n == *cap) {
+    size_t grown_cap = *cap ? 2 * *cap : 256;
+    piece_t *grown = realloc(*pieces, grown_cap * sizeof *grown);
+    FZ_ASSERT(grown != NULL, "no host memory for the pieces");
+    *pieces = grown;
+    *cap = grown_cap;
+  }
+  (*pieces)[(*n)++] = p;
+}
+
+/* The physical pieces of the mapped bytes [addr, addr + len), tagged `tag`, appended. */
+static void pieces_of(const dev_t *d, uintptr_t addr, size_t len, int tag, piece_t **pieces, size_t *n, size_t *cap) {
+  uintptr_t a = addr, end = addr + len;
+  while (a < end) {
+    cp_page_t page = 0;
+    size_t off = 0, psize = 0;
+    FZ_ASSERT(cp_sim_vmm_resolve(d->sim, a, &page, &off, &psize) == CP_OK,
+              "[%#" PRIxPTR ", +%zu) (slot %d, or freed and waited for when < 0): byte %#" PRIxPTR " is not mapped",
+              addr, len, tag, a);
+    size_t run = psize - off < end - a ? psize - off : end - a;
+    push_piece(pieces, n, cap, (piece_t){page, off, run, tag});
+    a += run;
+  }
+}
+
 /* Page-mapped pools: every byte of every live block is mapped, its first byte still lies on
  * the page it lay on when it was handed out (its data was not moved, nor the memory behind it
  * replaced), and no two live blocks share a byte of physical memory, whatever addresses they
- * are mapped at. */
+ * are mapped at; nor does one with a block freed with recorded streams still waited for. */
 static void check_physical(model_t *m, const dev_t *d) {
   size_t n = 0;
   for (int i = 0; i < NSLOTS; i++) {
     const slot_t *s = &m->slot[i];
     if (s->ptr == NULL) continue;
-    uintptr_t a = (uintptr_t)s->ptr, end = a + s->block;
-    while (a < end) {
-      cp_page_t page = 0;
-      size_t off = 0, psize = 0;
-      FZ_ASSERT(cp_sim_vmm_resolve(d->sim, a, &page, &off, &psize) == CP_OK,
-                "slot %d [%p, +%zu): byte %#" PRIxPTR " is not mapped", i, (void *)s->ptr, s->block, a);
-      if (a == (uintptr_t)s->ptr) {
-        FZ_ASSERT(page == s->page && off == s->page_off,
-                  "slot %d (%p): now on page %" PRIuPTR " at %zu, handed out on page %" PRIuPTR " at %zu", i,
-                  (void *)s->ptr, page, off, s->page, s->page_off);
-      }
-      size_t len = psize - off < end - a ? psize - off : end - a;
-      if (n == m->pieces_cap) {
-        size_t cap = m->pieces_cap ? 2 * m->pieces_cap : 256;
-        piece_t *grown = realloc(m->pieces, cap * sizeof *grown);
-        FZ_ASSERT(grown != NULL, "no host memory for the pieces");
-        m->pieces = grown;
-        m->pieces_cap = cap;
-      }
-      m->pieces[n++] = (piece_t){page, off, len, i};
-      a += len;
+    cp_page_t page = 0;
+    size_t off = 0;
+    FZ_ASSERT(cp_sim_vmm_resolve(d->sim, (uintptr_t)s->ptr, &page, &off, NULL) == CP_OK && page == s->page &&
+                  off == s->page_off,
+              "slot %d (%p): now on page %" PRIuPTR " at %zu, handed out on page %" PRIuPTR " at %zu", i,
+              (void *)s->ptr, page, off, s->page, s->page_off);
+    pieces_of(d, (uintptr_t)s->ptr, s->block, i, &m->pieces, &n, &m->pieces_cap);
+  }
+  /* The memory of blocks freed and still waited for: out of use (tags below 0). Such blocks
+   * are disjoint from each other too (one was in use while the other was, or handed out
+   * after the other's events had completed). */
+  for (size_t g = 0; g < m->nguards; g++) {
+    const guard_t *gd = &m->guard[g];
+    for (size_t k = 0; k < gd->npieces; k++) {
+      piece_t p = gd->pieces[k];
+      p.slot = -1 - (int)g;
+      push_piece(&m->pieces, &n, &m->pieces_cap, p);
     }
   }
   if (n > 1) qsort(m->pieces, n, sizeof m->pieces[0], piece_cmp);
   for (size_t k = 1; k < n; k++) {
     const piece_t *p = &m->pieces[k - 1], *q = &m->pieces[k];
     FZ_ASSERT(p->page != q->page || p->off + p->len <= q->off,
-              "slots %d and %d share physical memory: page %" PRIuPTR " [%zu, +%zu) and [%zu, +%zu)", p->slot, q->slot,
-              p->page, p->off, p->len, q->off, q->len);
+              "slots %d and %d share physical memory (a slot < 0 is a freed block still waited for): page %" PRIuPTR
+              " [%zu, +%zu) and [%zu, +%zu)",
+              p->slot, q->slot, p->page, p->off, p->len, q->off, q->len);
   }
 }
 
@@ -459,19 +500,33 @@ static void check_physical(model_t *m, const dev_t *d) {
 static void check_vmm(model_t *m, const dev_t *d, const cp_pool_info_t *in) {
   size_t pages = cp_sim_vmm_pages(d->sim), maps = cp_sim_vmm_mappings(d->sim);
   size_t page_bytes = cp_sim_vmm_page_bytes(d->sim), mapped = cp_sim_vmm_mapped_bytes(d->sim);
-  /* Each page is mapped exactly once while the pool holds it: none created and forgotten,
-   * none unmapped and not released. */
-  FZ_ASSERT(pages == maps && page_bytes == mapped, "the device holds %zu pages (%zu bytes) in %zu mappings (%zu bytes)",
-            pages, page_bytes, maps, mapped);
-  FZ_ASSERT(cp_sim_vmm_ranges(d->sim) == in->page_segments, "the device holds %zu ranges, the pool %zu segments",
-            cp_sim_vmm_ranges(d->sim), in->page_segments);
+  /* Each page is mapped exactly once in its segment while the pool holds it: none created
+   * and forgotten, none unmapped and not released. With stitching, each page of a stitched
+   * range is mapped once more there (one page per mapping), and nowhere else. */
+  size_t granularity = m->chunk[1];
+  /* A stitched range the device refused to unmap or give back (dropped, or undoing a failed
+   * stitch) is kept with some or none of its pages mapped; that needs such a failure. */
+  size_t stitched_mapped = mapped >= page_bytes ? mapped - page_bytes : 0;
+  FZ_ASSERT(!m->stitch || (in->stitched_space % granularity == 0 && stitched_mapped % granularity == 0),
+            "stitched ranges of %zu bytes, %zu mapped: not whole pages", in->stitched_space, stitched_mapped);
+  FZ_ASSERT(mapped >= page_bytes && stitched_mapped <= in->stitched_space &&
+                (stitched_mapped == in->stitched_space || m->unmap_failed),
+            "the device has %zu bytes of pages, %zu bytes mapped; stitched ranges hold %zu bytes", page_bytes, mapped,
+            in->stitched_space);
+  size_t stitched_pages = m->stitch ? stitched_mapped / granularity : 0;
+  FZ_ASSERT(pages + stitched_pages == maps, "the device holds %zu pages in %zu mappings, %zu pages mapped stitched",
+            pages, maps, stitched_pages);
+  FZ_ASSERT(cp_sim_vmm_ranges(d->sim) == in->page_segments + in->stitched_ranges,
+            "the device holds %zu ranges, the pool %zu segments and %zu stitched ranges", cp_sim_vmm_ranges(d->sim),
+            in->page_segments, in->stitched_ranges);
+  FZ_ASSERT(m->stitch || (in->stitched_ranges == 0 && in->stitches == 0), "a pool that does not stitch stitched");
   if (!m->paged) {
     FZ_ASSERT(pages == 0 && cp_sim_vmm_ranges(d->sim) == 0, "a pool of plain segments holds page-mapped memory");
     return;
   }
   FZ_ASSERT(in->page_mapped == 1, "the pool stopped serving page-mapped segments");
-  FZ_ASSERT(in->reserved == mapped, "the pool says %zu bytes reserved, the device has %zu bytes mapped", in->reserved,
-            mapped);
+  FZ_ASSERT(in->reserved == page_bytes, "the pool says %zu bytes reserved, the device has %zu bytes of pages",
+            in->reserved, page_bytes);
   FZ_ASSERT(cp_sim_live_reservations(d->sim) == 0, "a page-mapped pool holds %zu plain reservations",
             cp_sim_live_reservations(d->sim));
   check_physical(m, d);
@@ -485,6 +540,7 @@ static void check_all(cp_pool_t *pool, model_t *m, const dev_t *d) {
     const slot_t *s = &m->slot[i];
     if (s->ptr == NULL) continue;
     int kind = s->small ? CP_KIND_SMALL : CP_KIND_LARGE;
+    FZ_ASSERT(!m->stitch || !s->small, "a stitching pool served slot %d from the small pool", i);
     bytes[kind] += s->block;
     count[kind]++;
     verify_slot(s, i);
@@ -642,6 +698,8 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   slot_t *s = &m->slot[si];
   cp_stats_t before;
   cp_pool_stats(x->pool, &before);
+  cp_pool_info_t info_before;
+  cp_pool_info(x->pool, &info_before);
   uint64_t faults = cp_sim_faults_injected(x->dev->sim);
   void *p = (void *)(uintptr_t)1; /* must be overwritten on success */
   int rc = cp_alloc(x->pool, size, m->stream, &p);
@@ -689,12 +747,24 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   cp_stats_t after;
   cp_pool_stats(x->pool, &after);
   int64_t grew = cur(&after, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL) - cur(&before, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
-  int small = rounded <= m->cfg.small_size;
+  int small = rounded <= m->cfg.small_size && !m->stitch; /* stitching: one range serves all */
+  cp_pool_info_t info_after;
+  cp_pool_info(x->pool, &info_after);
+  int stitched = info_after.stitches != info_before.stitches || info_after.stitch_reuses != info_before.stitch_reuses;
+  FZ_ASSERT(m->stitch || !stitched, "alloc(%zu) stitched in a pool that does not stitch", size);
+  FZ_ASSERT(info_after.stitches + info_after.stitch_reuses <= info_before.stitches + info_before.stitch_reuses + 1,
+            "alloc(%zu) stitched twice", size);
   FZ_ASSERT(grew >= (int64_t)rounded, "alloc(%zu, rounded %zu) added only %" PRId64 " allocated bytes", size, rounded,
             grew);
   size_t block = (size_t)grew;
   size_t slack = block - rounded;
-  if (m->paged) {
+  if (stitched) {
+    /* A stitched range is whole pages, never split: those the request needs, or a kept range
+     * with at most 1/8 more; never for a request of one page or less. */
+    size_t g = m->chunk[1], need = (rounded + g - 1) / g * g;
+    FZ_ASSERT(need > g && block % g == 0 && block >= need && block <= need + need / 8,
+              "stitched alloc(%zu, rounded %zu): block of %zu (pages of %zu)", size, rounded, block, g);
+  } else if (m->paged) {
     /* Page-mapped segments split off any remainder of a granule or more, in both pools. */
     FZ_ASSERT(slack < m->cfg.granule, "page-mapped alloc(%zu): block of %zu for %zu rounded", size, block, rounded);
   } else if (small) {
@@ -749,6 +819,11 @@ static void do_free(ctx_t *x, int si, int sized) {
   verify_slot(s, si);
   snapshot_t before;
   take_snapshot(x->pool, &before);
+  /* Page-mapped: the physical memory a free with recorded streams keeps out of use. */
+  unsigned others = s->recorded & ~(1u << s->stream);
+  piece_t *pieces = NULL;
+  size_t npieces = 0, pieces_cap = 0;
+  if (m->paged && others != 0) pieces_of(x->dev, (uintptr_t)s->ptr, s->block, si, &pieces, &npieces, &pieces_cap);
   uint64_t faults = cp_sim_faults_injected(x->dev->sim);
   x->dev->ncaptured = 0;
   x->dev->overflow = 0;
@@ -758,9 +833,9 @@ static void do_free(ctx_t *x, int si, int sized) {
   if (rc != CP_OK) {
     FZ_ASSERT(fired, "free(%p) failed with %s without a device failure", (void *)s->ptr, cp_status_name(rc));
     expect_unchanged(x->pool, &before, "a failed free");
+    free(pieces);
     return;
   }
-  unsigned others = s->recorded & ~(1u << s->stream);
   size_t want = 0;
   for (unsigned b = 0; b < NSTREAMS; b++) want += (others >> b) & 1u;
   FZ_ASSERT(!x->dev->overflow && x->dev->ncaptured == want, "free recorded %zu events for %zu other streams",
@@ -778,7 +853,11 @@ static void do_free(ctx_t *x, int si, int sized) {
     g->size = s->block;
     g->nev = x->dev->ncaptured;
     memcpy(g->ev, x->dev->captured, g->nev * sizeof g->ev[0]);
+    g->pieces = pieces;
+    g->npieces = npieces;
+    pieces = NULL;
   }
+  free(pieces);
   remember_stale(m, (uintptr_t)s->ptr);
   memset(s, 0, sizeof *s);
 }
@@ -934,6 +1013,7 @@ static void do_fault(ctx_t *x, reader_t *r) {
   /* Page-mapped configurations name every call kind, the page-mapped ones included. */
   unsigned kinds = x->m->paged_cfg ? CP_SIM_CALL_COUNT : FZ_POOL_CALL_KINDS;
   cp_sim_call_t kind = (cp_sim_call_t)(k % kinds);
+  if (kind == CP_SIM_VA_FREE || kind == CP_SIM_PAGE_UNMAP) x->m->unmap_failed = 1;
   int status = (k / kinds) % 2 ? CP_ERR_OOM : CP_ERR_BACKEND;
   cp_sim_fail_nth(x->dev->sim, kind, 1 + n % 4, status);
 }
@@ -1016,6 +1096,25 @@ static const char *const paged_configs[] = {
 #define NPAGED (sizeof paged_configs / sizeof paged_configs[0])
 static const size_t paged_granularity[] = {4096, 64 * 1024, 512 * 1024, 2 * MiB};
 
+/* Stitching configurations (page_stitching:True), picked instead of those above when the
+ * third byte is STITCH_MARK too (no committed input of the configurations above has it); the
+ * operations then start at the fourth byte. The first byte picks one, the granularity and the
+ * rare device without page-mapped memory as for paged_configs; the granularities are small,
+ * so that a 64-96 MiB device holds many pages and large requests stitch often. */
+#define STITCH_MARK 0x53
+static const char *const stitch_configs[] = {
+    "expandable_segments:True,page_stitching:True",
+    "expandable_segments:True,page_stitching:True,min_large_alloc_mb:2,large_segment_mb:4",
+    "expandable_segments:True,page_stitching:True,memory_cap_mb:40,memory_fraction:0.7",
+    "expandable_segments:True,page_stitching:True,release_before_grow:True,min_large_alloc_mb:2",
+    "expandable_segments:True,page_stitching:True,roundup_power2_divisions:4,garbage_collection_threshold:0.5",
+    "expandable_segments:True,page_stitching:True,min_large_alloc_mb:2,large_segment_mb:4,max_split_size_mb:8",
+    "expandable_segments:True,page_stitching:True,granule_bytes:1024,small_size_mb:0.5,round_large_mb:1",
+    "expandable_segments:True,page_stitching:True,max_split_size_mb:24,roundup_power2_divisions:[1:1,2:2,8:4,>:8]",
+};
+#define NSTITCH (sizeof stitch_configs / sizeof stitch_configs[0])
+static const size_t stitch_granularity[] = {128 * 1024, 256 * 1024, 512 * 1024, 1 * MiB};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   reader_t r = {data, size};
   op_index = -1;
@@ -1027,8 +1126,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_ASSERT(m != NULL, "no host memory for the model");
   cp_config_default(&m->cfg);
   m->paged_cfg = (b1 >> 5) == 7;
-  const char *conf = m->paged_cfg ? paged_configs[b0 % NPAGED] : configs[b0 % (sizeof configs / sizeof configs[0])];
-  size_t granularity = paged_granularity[b0 / NPAGED % 4];
+  int stitch_cfg = m->paged_cfg && r.n > 0 && r.p[0] == STITCH_MARK;
+  if (stitch_cfg) (void)rd_u8(&r);
+  const char *conf = stitch_cfg     ? stitch_configs[b0 % NSTITCH]
+                     : m->paged_cfg ? paged_configs[b0 % NPAGED]
+                                    : configs[b0 % (sizeof configs / sizeof configs[0])];
+  size_t granularity = stitch_cfg ? stitch_granularity[b0 / NSTITCH % 4] : paged_granularity[b0 / NPAGED % 4];
   int no_vmm = m->paged_cfg && b0 / (4 * NPAGED) % 8 == 7;
   int gran_fails = m->paged_cfg && b0 / (4 * NPAGED) % 8 == 6;
   FZ_ASSERT(cp_config_parse(&m->cfg, conf) == CP_OK, "config '%s' refused", conf);
@@ -1060,9 +1163,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cp_pool_info(pool, &in);
     m->paged = in.page_mapped;
     FZ_ASSERT(m->paged == (m->paged_cfg && !no_vmm && !gran_fails), "page_mapped is %d", m->paged);
+    m->stitch = m->paged && m->cfg.page_stitching;
     for (int k = 0; k < 2; k++) {
       size_t base = k == 0 ? m->cfg.small_segment : m->cfg.large_segment;
-      m->chunk[k] = (base + granularity - 1) / granularity * granularity;
+      /* With stitching every mapping is one page. */
+      m->chunk[k] = m->stitch ? granularity : (base + granularity - 1) / granularity * granularity;
     }
   }
   ctx_t x = {pool, &dev, m};
@@ -1136,7 +1241,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cp_pool_info_t in;
     cp_pool_info(pool, &in);
     FZ_ASSERT(in.reserved == 0 && in.allocated == 0 && in.cached_free == 0 && in.pending_free == 0 &&
-                  in.segments == 0 && in.page_segments == 0,
+                  in.segments == 0 && in.page_segments == 0 && in.stitched_ranges == 0 && in.stitched_space == 0,
               "after freeing everything: %zu reserved in %zu segments (%zu cached, %zu pending)", in.reserved,
               in.segments, in.cached_free, in.pending_free);
     cp_pool_destroy(pool);
@@ -1149,6 +1254,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             "the device still holds %zu page-mapped ranges, %zu pages, %zu mappings", cp_sim_vmm_ranges(dev.sim),
             cp_sim_vmm_pages(dev.sim), cp_sim_vmm_mappings(dev.sim));
   cp_sim_destroy(dev.sim);
+  for (size_t g = 0; g < m->nguards; g++) free(m->guard[g].pieces);
   free(dev.events);
   free(m->pieces);
   free(m);
