@@ -441,6 +441,10 @@ int cp_stitch_drop_idle_locked(cp_pool_t *pool);
 /* Whether a range of `st` not in use still maps pages (one the device refused to drop): their
  * segments must not unmap them. */
 bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st);
+/* The first address of [lo, hi) in `seg` whose page a stitched range in use also maps past the
+ * end of its block (a kept range serving a smaller request), or hi: unmapped in `seg`, such a
+ * page would stay on the device through that mapping. */
+uintptr_t cp_stitch_alias_from_locked(const cp_pool_t *pool, const cp_segment_t *seg, uintptr_t lo, uintptr_t hi);
 /* At destroy: unmap and give back every stitched range (no lock needed). */
 void cp_stitch_destroy(cp_pool_t *pool);
 /* The checker's part: count violations, tallying the live and pending stitched blocks. */

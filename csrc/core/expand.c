@@ -425,7 +425,10 @@ static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_rang
     if (b->state != CP_BLOCK_FREE) continue;
     const size_t off = b->addr - seg->addr;
     const size_t lo = (off + seg->chunk - 1) / seg->chunk * seg->chunk;
-    const size_t hi = (off + b->size) / seg->chunk * seg->chunk;
+    size_t hi = (off + b->size) / seg->chunk * seg->chunk;
+    /* Free pages a stitched block in use still maps behind its end stay (stitch.c). */
+    if (pool->stitch && lo < hi)
+      hi = cp_stitch_alias_from_locked(pool, seg, seg->addr + lo, seg->addr + hi) - seg->addr;
     if (lo >= hi) continue;
     if (n == *cap) {
       size_t ncap = *cap != 0 ? *cap * 2 : 16;

@@ -207,6 +207,25 @@ int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
   return first_rc;
 }
 
+uintptr_t cp_stitch_alias_from_locked(const cp_pool_t *pool, const cp_segment_t *seg, uintptr_t lo, uintptr_t hi) {
+  uintptr_t first = hi;
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    const cp_block_t *b = s->head;
+    if (s->stream != seg->stream || (b->state != CP_BLOCK_LIVE && b->state != CP_BLOCK_PENDING)) continue;
+    size_t off = 0; /* the runs' bytes from the range's start */
+    for (size_t i = 0; i < s->run_count && off < s->mapped; off += s->runs[i].size, i++) {
+      const cp_stitch_run_t *r = &s->runs[i];
+      if (r->seg != seg || off + r->size <= b->size) continue; /* lent whole, or elsewhere */
+      size_t from = off >= b->size ? 0 : b->size - off;        /* the part past the block */
+      size_t to = r->size;
+      if (off + to > s->mapped) to = s->mapped - off; /* a broken range maps less */
+      const uintptr_t a = r->addr + from, e = r->addr + to;
+      if (a < hi && e > lo) first = a > lo ? (a < first ? a : first) : lo;
+    }
+  }
+  return first;
+}
+
 bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st) {
   for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     if (s->stream == st && s->mapped != 0 && s->head->state == CP_BLOCK_FREE) return true;

@@ -433,6 +433,31 @@ TEST(fallback_without_vmm) {
   fx_close(&fx);
 }
 
+TEST(empty_cache_keeps_free_pages_a_range_in_use_still_maps) {
+  /* A kept range of four holes serves a request of two: the other two holes are free in their
+   * range but still mapped behind the stitched block's end. Unmapping them there would leave
+   * their memory on the device, uncounted; empty_cache leaves them until the block is freed. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  char *part = must_alloc(&fx, 8 * MiB, 0);
+  CHECK(part == big);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), reserved_of(&fx));
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  fill(part, 8 * MiB, 5);
+  CHECK(holds(part, 8 * MiB, 5));
+  CHECK(cp_free(fx.pool, part) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), reserved_of(&fx));
+  CHECK_EQ_U(reserved_of(&fx), 16 * MiB); /* the four live blocks' pages only */
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
 int main(void) {
   RUN(config_key);
   RUN(one_range_serves_both_sizes_in_single_pages);
@@ -449,5 +474,6 @@ int main(void) {
   RUN(pool_is_whole_while_a_range_is_stitched);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
+  RUN(empty_cache_keeps_free_pages_a_range_in_use_still_maps);
   return check_summary("test_stitch");
 }
