@@ -208,6 +208,14 @@ static int cp_expand_page_release(const cp_backend_t *be, cp_page_t page) {
   return rc;
 }
 
+/* Unmap what was mapped but could not be given access, tried a second time when refused: left
+ * mapped, it counts as memory the pool cannot hand out (it has no access). */
+static int cp_expand_undo_map(const cp_backend_t *be, uintptr_t addr, size_t size) {
+  int rc = be->page_unmap(be->ctx, addr, size);
+  if (rc != CP_OK) rc = be->page_unmap(be->ctx, addr, size);
+  return rc;
+}
+
 /* Room in seg->pages for the granules below `slots` (with page_stitching). */
 static int cp_expand_page_slots_locked(cp_segment_t *seg, size_t slots) {
   if (slots <= seg->page_slots) return CP_OK;
@@ -274,7 +282,7 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
       /* Unusable without access, or its page never to be freed (release refused twice): undo
        * it. Should the device refuse that too, the chunk stays mapped (and counted) and the
        * next release unmaps it. */
-      if (be->page_unmap(be->ctx, a, chunk) != CP_OK) mapped += chunk;
+      if (cp_expand_undo_map(be, a, chunk) != CP_OK) mapped += chunk;
       break;
     }
     mapped += chunk;
@@ -283,7 +291,7 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
     /* One access call for every page mapped; refused, they are all undone as above. */
     const int access = be->page_set_access(be->ctx, base, mapped);
     if (access != CP_OK) {
-      if (be->page_unmap(be->ctx, base, mapped) == CP_OK) {
+      if (cp_expand_undo_map(be, base, mapped) == CP_OK) {
         for (size_t i = 0; i < mapped / chunk; i++) (void)cp_expand_page_release(be, kept[i]);
         memset(kept, 0, mapped / chunk * sizeof *kept);
         mapped = 0;
