@@ -6,25 +6,31 @@
 # 1. builds and installs the extension in place (pip, no build isolation, no dependencies,
 #    no index: nothing is downloaded)                                    -> $OUT/build.log
 # 2. prints what cudapool sees: `python3 -m cudapool info`, the GPU      -> $OUT/info.txt
-# 3. runs the GPU tests: pytest -m gpu                                   -> $OUT/pytest-gpu.log,
+# 2b. runs the C tests of the CUDA backend on the GPU (test_cuda_nodriver: the driver table,
+#    events, plain segments and page-mapped memory through the VMM calls, which cudapool's
+#    default policy rests on)                                             -> $OUT/c-cuda.txt
+# 2c. measures what each device call costs (benchmarks/device_call_costs.py: the driver calls
+#    of cudapool's CUDA backend, several sizes; the JSON replays price their calls with)
+#                                                                        -> $OUT/device-call-costs.txt,
+#                                                                           device-call-costs.json
+# 3. runs the GPU tests: pytest -m gpu (capped at 240 s)                 -> $OUT/pytest-gpu.log,
 #                                                                           $OUT/pytest-gpu.xml
 # 4. runs the A/B benchmark, built-in allocator vs cudapool              -> $OUT/ab.txt, ab.json
 # 5. checks the `builtin` replay policy against the real built-in allocator: records three
 #    workloads' memory snapshots under it and replays them (benchmarks/builtin_fidelity.py)
 #                                                                        -> $OUT/fidelity.txt,
 #                                                                           fidelity.json
+# 5b. records snapshots of the tracer's fidelity programs under the built-in allocator and
+#    compares them with the tracer's traces (benchmarks/tracer_fidelity.py --gpu)
+#                                                                        -> $OUT/tracer-fidelity.txt
 # 6. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
 #                                                                           bench-micro.json
-# 7. runs the C tests of the CUDA backend on the GPU (test_cuda_nodriver: the driver table,
-#    events, plain segments and page-mapped memory through the VMM calls)  -> $OUT/c-cuda.txt
-# 8. measures what each device call costs (benchmarks/device_call_costs.py: the driver calls
-#    of cudapool's CUDA backend, several sizes; the JSON replays price their calls with)
-#                                                                        -> $OUT/device-call-costs.txt,
-#                                                                           device-call-costs.json
 # 9. runs `python -m cudapool ab` on the lab's workloads (benchmarks/ab_suite.py: a GPT and a
 #    CNN of benchmarks/ab_train.py under builtin, expandable and cudapool, with the step marker
 #    and the max-batch search; capped at 120 s, the time left)       -> $OUT/ab-suite.txt,
 #                                                                           ab-suite.tgz (JSON)
+# The short stages that check what the default policy rests on come first, so that a run cut
+# short by the budget still has them.
 # then prints a summary. A failing stage does not stop the later ones. Exits non-zero when
 # the build or the GPU tests fail; a benchmark failure shows in the summary only.
 #
@@ -165,9 +171,35 @@ for i in range(torch.cuda.device_count()):
   } 2>&1 | tee "$OUT/info.txt"
   info_line=$(grep -m1 '^CUDA devices:' "$OUT/info.txt" || grep -m1 '^CUDA driver:' "$OUT/info.txt" || true)
 
+# -- 2b. C tests of the CUDA backend on the GPU (the page-mapped calls of the default policy) ---
+ccuda_status="skipped (no make)"
+if command -v make >/dev/null 2>&1; then
+  section "C tests of the CUDA backend: build/release/test_cuda_nodriver"
+  t=$(stage_time 60)
+  if [ "$t" -eq 0 ]; then
+    ccuda_status="SKIPPED (out of time)"
+  else
+    ccuda_rc=0
+    with_timeout "$t" sh -c 'make build/release/test_cuda_nodriver && ./build/release/test_cuda_nodriver' \
+      >"$OUT/c-cuda.txt" 2>&1 || ccuda_rc=$?
+    ccuda_status="$(status_of "$ccuda_rc" "$t")  $(grep -E 'passed, [0-9]+ failed' "$OUT/c-cuda.txt" | tail -n 1 || true)"
+    tail -n 5 "$OUT/c-cuda.txt"
+  fi
+fi
+
+# -- 2c. What each device call costs on this GPU (the lab's cost table) -----------------------
+section "device call costs: $PYTHON benchmarks/device_call_costs.py --json $OUT/device-call-costs.json"
+run_stage "$(stage_time 60)" "$OUT/device-call-costs.txt" \
+  "$PYTHON" benchmarks/device_call_costs.py --json "$OUT/device-call-costs.json"
+costs_status=$STAGE_STATUS
+if [ "$costs_status" = "ok" ]; then
+  costs_status="ok: $(grep -c '^| [a-z_]* |' "$OUT/device-call-costs.txt" || true) call kinds measured (us per call, us per GiB)"
+fi
+
+
   # -- 3. GPU tests -----------------------------------------------------------------------------
   section "tests: $PYTHON -m pytest -m gpu -v tests/test_gpu.py tests/"
-  t=$(stage_time 300)
+  t=$(stage_time 240)
   if [ "$t" -eq 0 ]; then
     tests_status="SKIPPED (out of time)"
   else
@@ -215,31 +247,6 @@ if command -v make >/dev/null 2>&1; then
   fi
 else
   micro_status="skipped (no make)"
-fi
-
-# -- 7. C tests of the CUDA backend on the GPU ----------------------------------------------------
-ccuda_status="skipped (no make)"
-if command -v make >/dev/null 2>&1; then
-  section "C tests of the CUDA backend: build/release/test_cuda_nodriver"
-  t=$(stage_time 60)
-  if [ "$t" -eq 0 ]; then
-    ccuda_status="SKIPPED (out of time)"
-  else
-    ccuda_rc=0
-    with_timeout "$t" sh -c 'make build/release/test_cuda_nodriver && ./build/release/test_cuda_nodriver' \
-      >"$OUT/c-cuda.txt" 2>&1 || ccuda_rc=$?
-    ccuda_status="$(status_of "$ccuda_rc" "$t")  $(grep -E 'passed, [0-9]+ failed' "$OUT/c-cuda.txt" | tail -n 1 || true)"
-    tail -n 5 "$OUT/c-cuda.txt"
-  fi
-fi
-
-# -- 8. What each device call costs on this GPU ------------------------------------------------
-section "device call costs: $PYTHON benchmarks/device_call_costs.py --json $OUT/device-call-costs.json"
-run_stage "$(stage_time 60)" "$OUT/device-call-costs.txt" \
-  "$PYTHON" benchmarks/device_call_costs.py --json "$OUT/device-call-costs.json"
-costs_status=$STAGE_STATUS
-if [ "$costs_status" = "ok" ]; then
-  costs_status="ok: $(grep -c '^| [a-z_]* |' "$OUT/device-call-costs.txt" || true) call kinds measured (us per call, us per GiB)"
 fi
 
 # -- 9. python -m cudapool ab on the lab's workloads -------------------------------------------
