@@ -322,11 +322,10 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
   /* Never join a capture under way (Note [Capture and contexts]). */
-  int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  const int relaxed = cp_cuda_fn.cuThreadExchangeStreamCaptureMode != NULL &&
-                      cp_cuda_fn.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode);
   const CUresult r = cp_cuda_fn.cuMemAlloc(&ptr, size);
-  if (relaxed) (void)cp_cuda_fn.cuThreadExchangeStreamCaptureMode(&mode);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS) {
     rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
                       "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);

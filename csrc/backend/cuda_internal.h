@@ -171,6 +171,18 @@ typedef struct cuda_driver_s {
  * an optional one is NULL when this driver does not provide it. */
 extern cuda_driver_t cp_cuda_fn;
 
+/* Around a driver call that must never join a stream capture under way (an allocation, a
+ * mapping): the thread's capture mode is relaxed, as torch's allocator does, and restored
+ * after (Note [Capture and contexts] in cuda.c). *mode carries the one to restore. */
+static inline int cp_cuda_relax(int *mode) {
+  *mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return cp_cuda_fn.cuThreadExchangeStreamCaptureMode != NULL &&
+         cp_cuda_fn.cuThreadExchangeStreamCaptureMode(mode) == CUDA_SUCCESS;
+}
+static inline void cp_cuda_unrelax(int relaxed, int *mode) {
+  if (relaxed) (void)cp_cuda_fn.cuThreadExchangeStreamCaptureMode(mode);
+}
+
 /* When a CUDA_VMM_FUNCTIONS entry could not be resolved: which, and why; "" when all were.
  * Written by the load, like cp_cuda_fn. */
 extern char cp_cuda_vmm_missing[CUDA_MESSAGE_BYTES];

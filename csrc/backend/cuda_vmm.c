@@ -62,7 +62,10 @@ static int cuda_va_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   int rc = cp_cuda_enter(d, "cuMemAddressReserve", &scope);
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode);                               /* never join a capture under way */
   const CUresult r = cp_cuda_fn.cuMemAddressReserve(&ptr, size, 0, 0, 0); /* aligned to the granularity */
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
                       "cuMemAddressReserve(%zu bytes) on device %d", size, d->ordinal);
@@ -96,7 +99,10 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
   if (rc != CP_OK) return rc;
   const CUmemAllocationProp prop = vmm_prop(d);
   CUmemGenericAllocationHandle handle = 0;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
   const CUresult r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
                       "cuMemCreate(%zu bytes, pinned, device %d)", size, d->ordinal);
@@ -124,7 +130,10 @@ static int cuda_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page)
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemMap", &scope);
   if (rc != CP_OK) return rc;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
   const CUresult r = cp_cuda_fn.cuMemMap((CUdeviceptr)addr, size, 0, (CUmemGenericAllocationHandle)page, 0);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r,
                       "cuMemMap(0x%" PRIxPTR ", %zu bytes, offset 0, page 0x%" PRIxPTR ") on device %d", addr, size,
@@ -157,7 +166,10 @@ static int cuda_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   desc.location.id = d->dev;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
   const CUresult r = cp_cuda_fn.cuMemSetAccess((CUdeviceptr)addr, size, &desc, 1);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemSetAccess(0x%" PRIxPTR ", %zu bytes, read-write for device %d)", addr,
                       size, d->ordinal);
