@@ -105,7 +105,6 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           CP_VIOLATION("block %#lx: unmapped or changing mapping but in the live map", (unsigned long)b->addr);
         if (b->state == CP_BLOCK_UNMAPPED && b->next != NULL && b->next->state == CP_BLOCK_UNMAPPED)
           CP_VIOLATION("block %#lx: two unmapped neighbours not merged", (unsigned long)b->addr);
-        if (b->state == CP_BLOCK_UNMAPPING) mapped += b->size;
         continue;
       }
       mapped += b->size;

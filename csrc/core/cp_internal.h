@@ -35,7 +35,8 @@ typedef struct cp_stream_state_s cp_stream_state_t;
  * With page_stitching (stitch.c) a fourth state lends mapped bytes to a stitched range:
  *   LENT       whole pages whose memory a stitched block in use holds (at another address).
  * FREE merges only with FREE, so mapped and unmapped blocks never merge. For each such
- *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING, UNMAPPING and LENT blocks,
+ *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING and LENT blocks (UNMAPPING
+ *   bytes are out of it, and out of reserved_bytes, from the moment they are carved out),
  * and at least one block is UNMAPPED or MAPPING (the last chunk is never mapped), so a FREE
  * block of a page-mapped segment is always split and such a segment is never on the list of
  * wholly free segments. reserved_bytes == sum(seg->size of plain) + sum(seg->mapped of paged).

@@ -514,6 +514,14 @@ int cp_expand_release_locked(cp_pool_t *pool) {
       }
     }
     if (n > 0) {
+      /* Bytes being unmapped are out of what is reserved from here on, as segments being
+       * released are: once the device has them back, another thread may map them anew, and
+       * counting both would put reserved above what the device holds. A range the device
+       * refuses to unmap comes back. */
+      for (size_t i = 0; i < n; i++) {
+        seg->mapped -= ranges[i].size;
+        cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, ranges[i].size);
+      }
       const cp_stream_t stream = seg->stream->handle;
       pthread_mutex_unlock(&pool->lock);
       if (rc == CP_OK) rc = cp_expand_sync_stream(&pool->backend, stream);
@@ -540,11 +548,11 @@ int cp_expand_release_locked(cp_pool_t *pool) {
             if (slot < seg->page_slots) seg->pages[slot] = 0;
           }
           CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
-          seg->mapped -= b->size;
-          cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
           pool->stats.num_device_free++;
           cp_expand_make_unmapped_locked(pool, b);
         } else {
+          seg->mapped += b->size;
+          cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
           cp_block_merge_free_locked(pool, b);
         }
       }
