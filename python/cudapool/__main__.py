@@ -69,7 +69,12 @@ def _print_all_ranks_summary() -> None:
 
     made = False
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        # torchrun's store, under a prefix of our own: the keys the script's own (destroyed)
+        # group left there must not meet this group's.
+        timeout = datetime.timedelta(seconds=120)
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore("cudapool-all-ranks/", store)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         made = True
     try:
         rank = dist.get_rank()
