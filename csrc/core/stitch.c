@@ -16,8 +16,9 @@
  *    request can take free pages from anywhere, and one range lets memory freed by one size
  *    serve the other (two pools each peak on their own).
  *  - Ladder: best fit in the stream's index; else a kept stitched range (below); else a new
- *    stitched range from the free whole pages of the stream's segments, when they hold
- *    enough, or when mapping the missing pages and stitching costs fewer new pages than
+ *    stitched range from the free whole pages of the stream's segments (the largest free
+ *    stretches first: best fit takes them last, so such a range is the likeliest to find its
+ *    pages free again when it is next wanted), when they hold enough, or when mapping the missing pages and stitching costs fewer new pages than
  *    growing one segment would; else growth as in expand.c. A request of one page or less
  *    never stitches: a free page would have fitted it.
  *  - A stitched range is an address range of exactly the pages the request needs, with one
@@ -62,36 +63,79 @@ static cp_block_t *cp_stitch_block_at(const cp_segment_t *seg, uintptr_t addr, c
   return b;
 }
 
-/* Whole pages of FREE blocks of (st, large) segments, in address order, as runs (one per
- * block), until `want` pages; the blocks found go to blocks[] (capacity `cap`, may be NULL).
- * Returns the pages found, *out_runs the runs written. Only pages whose handle the pool
- * holds count. */
+/* Whole pages of FREE blocks of (st, large) segments, one stretch per block (a page whose
+ * handle the pool does not hold ends it), largest stretches first, until `want` pages; the
+ * runs chosen go to runs[] in address order (capacity `cap`; runs may be NULL to count), the
+ * blocks that hold them to blocks[]. Returns the pages found, *out_runs the runs. */
+
+/* A stretch of free whole pages: a candidate run. */
+typedef struct cp_stitch_cand_s {
+  cp_segment_t *seg;
+  cp_block_t *block;
+  uintptr_t addr;
+  size_t pages;
+} cp_stitch_cand_t;
+
+static int cp_stitch_cand_by_pages_desc(const void *a, const void *b) {
+  const cp_stitch_cand_t *x = a, *y = b;
+  if (x->pages != y->pages) return x->pages > y->pages ? -1 : 1;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int cp_stitch_cand_by_addr(const void *a, const void *b) {
+  const cp_stitch_cand_t *x = a, *y = b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
 static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t want, cp_stitch_run_t *runs,
                                       cp_block_t **blocks, size_t cap, size_t *out_runs) {
   const size_t g = pool->vmm_granularity;
-  size_t found = 0, n = 0;
-  for (cp_segment_t *seg = pool->segments; seg != NULL && found < want; seg = seg->next) {
+  size_t ncand = 0, candcap = 0;
+  cp_stitch_cand_t *cand = NULL;
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
     if (!seg->paged || seg->stream != st || seg->kind != CP_KIND_LARGE) continue;
-    for (cp_block_t *b = seg->head; b != NULL && found < want; b = b->next) {
+    for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
       if (b->state != CP_BLOCK_FREE) continue;
       const uintptr_t lo = (b->addr + g - 1) / g * g, hi = (b->addr + b->size) / g * g;
       uintptr_t a = lo;
-      /* The longest stretch of held pages from lo on (a page without its handle ends it). */
-      while (a < hi && found + (a - lo) / g < want) {
+      while (a < hi) {
         const size_t slot = (a - seg->addr) / g;
         if (slot >= seg->page_slots || seg->pages[slot] == 0) break;
         a += g;
       }
       if (a == lo) continue;
-      if (runs != NULL) {
-        if (n == cap) break;
-        runs[n] = (cp_stitch_run_t){seg, lo, a - lo, NULL};
-        blocks[n] = b;
+      if (ncand == candcap) {
+        size_t nc = candcap ? candcap * 2 : 64;
+        cp_stitch_cand_t *grown = realloc(cand, nc * sizeof *grown);
+        if (grown == NULL) break;
+        cand = grown;
+        candcap = nc;
       }
-      n++;
-      found += (a - lo) / g;
+      cand[ncand++] = (cp_stitch_cand_t){seg, b, lo, (a - lo) / g};
     }
   }
+  /* Largest stretches first: best fit takes the smallest free block that fits, so the large
+   * ones stay free the longest, and a range stitched from them is the likeliest to find its
+   * pages free again when it is next wanted. */
+  if (ncand > 1) qsort(cand, ncand, sizeof *cand, cp_stitch_cand_by_pages_desc);
+  size_t found = 0, n = 0;
+  for (size_t i = 0; i < ncand && found < want; i++) {
+    size_t take = cand[i].pages;
+    if (found + take > want) take = want - found;
+    cand[n] = cand[i];
+    cand[n].pages = take;
+    n++;
+    found += take;
+  }
+  if (n > 1) qsort(cand, n, sizeof *cand, cp_stitch_cand_by_addr);
+  if (runs != NULL) {
+    if (n > cap) n = cap;
+    for (size_t i = 0; i < n; i++) {
+      runs[i] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL};
+      blocks[i] = cand[i].block;
+    }
+  }
+  free(cand);
   *out_runs = n;
   return found;
 }
