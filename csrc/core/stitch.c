@@ -128,8 +128,12 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
     found += take;
   }
   if (n > 1) qsort(cand, n, sizeof *cand, cp_stitch_cand_by_addr);
+  if (runs != NULL && n > cap) { /* more runs than counted before (the pool changed): none */
+    free(cand);
+    *out_runs = 0;
+    return 0;
+  }
   if (runs != NULL) {
-    if (n > cap) n = cap;
     for (size_t i = 0; i < n; i++) {
       runs[i] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL};
       blocks[i] = cand[i].block;
