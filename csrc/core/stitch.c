@@ -64,9 +64,10 @@ static cp_block_t *cp_stitch_block_at(const cp_segment_t *seg, uintptr_t addr, c
 }
 
 /* Whole pages of FREE blocks of (st, large) segments, one stretch per block (a page whose
- * handle the pool does not hold ends it), largest stretches first, until `want` pages; the
- * runs chosen go to runs[] in address order (capacity `cap`; runs may be NULL to count), the
- * blocks that hold them to blocks[]. Returns the pages found, *out_runs the runs. */
+ * handle the pool does not hold ends it), largest stretches first, until `want` pages: the
+ * runs chosen, in address order, in *out_runs (allocated, *out_n of them) and the blocks that
+ * hold them in *out_blocks (allocated). Returns the pages found; 0, with nothing allocated,
+ * when there is no free page or no host memory. Block pointers hold until the lock drops. */
 
 /* A stretch of free whole pages: a candidate run. */
 typedef struct cp_stitch_cand_s {
@@ -87,8 +88,11 @@ static int cp_stitch_cand_by_addr(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t want, cp_stitch_run_t *runs,
-                                      cp_block_t **blocks, size_t cap, size_t *out_runs) {
+static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t want, cp_stitch_run_t **out_runs,
+                                      cp_block_t ***out_blocks, size_t *out_n) {
+  *out_runs = NULL;
+  *out_blocks = NULL;
+  *out_n = 0;
   const size_t g = pool->vmm_granularity;
   size_t ncand = 0, candcap = 0;
   cp_stitch_cand_t *cand = NULL;
@@ -128,19 +132,22 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
     found += take;
   }
   if (n > 1) qsort(cand, n, sizeof *cand, cp_stitch_cand_by_addr);
-  if (runs != NULL && n > cap) { /* more runs than counted before (the pool changed): none */
+  cp_stitch_run_t *runs = n > 0 ? malloc(n * sizeof *runs) : NULL;
+  cp_block_t **blocks = n > 0 ? malloc(n * sizeof *blocks) : NULL;
+  if (runs == NULL || blocks == NULL) {
+    free(runs);
+    free(blocks);
     free(cand);
-    *out_runs = 0;
     return 0;
   }
-  if (runs != NULL) {
-    for (size_t i = 0; i < n; i++) {
-      runs[i] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL};
-      blocks[i] = cand[i].block;
-    }
+  for (size_t i = 0; i < n; i++) {
+    runs[i] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL};
+    blocks[i] = cand[i].block;
   }
   free(cand);
-  *out_runs = n;
+  *out_runs = runs;
+  *out_blocks = blocks;
+  *out_n = n;
   return found;
 }
 
@@ -396,9 +403,8 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   return CP_OK;
 }
 
-/* Keep at most CP_STITCH_KEEP ranges: drop the least recently used idle one. */
+/* At CP_STITCH_KEEP kept ranges: drop the least recently used idle one (the lock drops). */
 static void cp_stitch_trim_locked(cp_pool_t *pool) {
-  if (pool->stitched_count < CP_STITCH_KEEP) return;
   cp_segment_t *lru = NULL;
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     if (s->head->state == CP_BLOCK_FREE && (lru == NULL || s->last_use < lru->last_use)) lru = s;
@@ -421,9 +427,13 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     return rc;
   }
 
-  size_t nruns = 0;
-  size_t found = cp_stitch_gather_locked(pool, st, want, NULL, NULL, 0, &nruns);
+  cp_stitch_run_t *runs = NULL;
+  cp_block_t **blocks = NULL;
+  size_t n = 0;
+  size_t found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   if (found < want) {
+    free(runs);
+    free(blocks);
     /* Top up: map the missing pages when that costs fewer new pages than growing would. */
     if (found == 0) return CP_ERR_OOM;
     cp_block_t *c = cp_expand_find_locked(pool, st, CP_KIND_LARGE, rounded);
@@ -436,21 +446,21 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     cp_block_t *m = NULL;
     int rc = cp_expand_map_locked(pool, u, missing * g, &m);
     if (rc != CP_OK) return rc;
-    found = cp_stitch_gather_locked(pool, st, want, NULL, NULL, 0, &nruns);
-    if (found < want) return CP_ERR_OOM; /* others took pages meanwhile: grow instead */
+    found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
-  cp_stitch_trim_locked(pool);
-  cp_stitch_run_t *runs = malloc(nruns * sizeof *runs);
-  cp_block_t **blocks = malloc(nruns * sizeof *blocks);
-  if (runs == NULL || blocks == NULL) {
+  if (found == want && pool->stitched_count >= CP_STITCH_KEEP) {
+    /* Room for one more kept range; dropping one lets go of the lock, so gather again. */
     free(runs);
     free(blocks);
-    return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to stitch pages");
+    cp_stitch_trim_locked(pool);
+    found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
-  size_t n = 0;
-  found = cp_stitch_gather_locked(pool, st, want, runs, blocks, nruns, &n);
-  int rc = found == want ? cp_stitch_new_locked(pool, st, runs, blocks, n, size, out_ptr) : CP_ERR_OOM;
-  if (found != want) free(runs);
+  if (found < want) { /* others took pages meanwhile: grow instead */
+    free(runs);
+    free(blocks);
+    return CP_ERR_OOM;
+  }
+  int rc = cp_stitch_new_locked(pool, st, runs, blocks, n, size, out_ptr);
   free(blocks);
   return rc;
 }
