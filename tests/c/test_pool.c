@@ -695,6 +695,25 @@ TEST(info_and_report) {
       fprintf(stderr, "  (the pass with %s)\n", g_stitch ? STITCH_CONF : PAGED_CONF); \
   } while (0)
 
+/* The checks that hold for every kind of pool, as page-mapped pools run them (RUN_PAGED). */
+static void run_paged_checks(void) {
+  RUN_PAGED(size_zero);
+  RUN_PAGED(cached_block_reused_without_reserve);
+  RUN_PAGED(up_to_capacity_and_oom);
+  RUN_PAGED(sizes_near_size_max);
+  RUN_PAGED(retry_releases_cached_segments);
+  RUN_PAGED(memory_cap_and_fraction);
+  RUN_PAGED(empty_cache_returns_free_segments_only);
+  RUN_PAGED(live_ranges_never_overlap);
+  RUN_PAGED(blocks_stay_on_their_stream);
+  RUN_PAGED(record_stream_waits_for_event);
+  RUN_PAGED(record_stream_many_streams_and_event_pooling);
+  RUN_PAGED(empty_cache_waits_for_pending);
+  RUN_PAGED(oom_retry_waits_for_pending);
+  RUN_PAGED(bad_pointers);
+  RUN_PAGED(stats_resets);
+}
+
 int main(void) {
   RUN(size_zero);
   RUN(small_request_stats);
@@ -722,39 +741,10 @@ int main(void) {
   RUN(stats_resets);
   RUN(backend_failures_leave_pool_whole);
   RUN(info_and_report);
-  /* The same checks over page-mapped segments. */
+  /* The same checks over page-mapped segments, then over page-mapped segments that stitch. */
   g_paged = 1;
-  RUN_PAGED(size_zero);
-  RUN_PAGED(cached_block_reused_without_reserve);
-  RUN_PAGED(up_to_capacity_and_oom);
-  RUN_PAGED(sizes_near_size_max);
-  RUN_PAGED(retry_releases_cached_segments);
-  RUN_PAGED(memory_cap_and_fraction);
-  RUN_PAGED(empty_cache_returns_free_segments_only);
-  RUN_PAGED(live_ranges_never_overlap);
-  RUN_PAGED(blocks_stay_on_their_stream);
-  RUN_PAGED(record_stream_waits_for_event);
-  RUN_PAGED(record_stream_many_streams_and_event_pooling);
-  RUN_PAGED(empty_cache_waits_for_pending);
-  RUN_PAGED(oom_retry_waits_for_pending);
-  RUN_PAGED(bad_pointers);
-  RUN_PAGED(stats_resets);
-  /* And over page-mapped segments that stitch. */
+  run_paged_checks();
   g_stitch = 1;
-  RUN_PAGED(size_zero);
-  RUN_PAGED(cached_block_reused_without_reserve);
-  RUN_PAGED(up_to_capacity_and_oom);
-  RUN_PAGED(sizes_near_size_max);
-  RUN_PAGED(retry_releases_cached_segments);
-  RUN_PAGED(memory_cap_and_fraction);
-  RUN_PAGED(empty_cache_returns_free_segments_only);
-  RUN_PAGED(live_ranges_never_overlap);
-  RUN_PAGED(blocks_stay_on_their_stream);
-  RUN_PAGED(record_stream_waits_for_event);
-  RUN_PAGED(record_stream_many_streams_and_event_pooling);
-  RUN_PAGED(empty_cache_waits_for_pending);
-  RUN_PAGED(oom_retry_waits_for_pending);
-  RUN_PAGED(bad_pointers);
-  RUN_PAGED(stats_resets);
+  run_paged_checks();
   return check_summary("test_pool");
 }
