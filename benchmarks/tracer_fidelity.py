@@ -132,6 +132,27 @@ def peak_of(events: List[Event]) -> int:
     return peak
 
 
+def train_indexed(model: torch.nn.Sequential, device: str) -> None:
+    """A step through the operations whose backward formulas autograd switches to out-of-place
+    forms on "subclass-like" tensors: an embedding looked up by indexing (index_put into zeros),
+    a max over the last dimension (scatter into zeros) and a loss that gathers (scatter_add
+    into zeros)."""
+    table = model[0].weight  # 32 x 16: 32 rows looked up by index
+    ids = torch.randint(0, 32, (4, 8), device=device)
+    targets = torch.randint(0, 8, (4, 8, 1), device=device)
+    h = table[ids]  # 4 x 8 x 16
+    h = h - h.max(dim=-1, keepdim=True)[0]
+    logits = model[2](torch.relu(torch.cat([h, h], dim=-1)))  # 4 x 8 x 8
+    loss = -torch.gather(torch.log_softmax(logits, dim=-1), -1, targets).mean()
+    loss.backward()
+    del loss, h, logits
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+
+
 def traced(program: Callable[[torch.nn.Sequential, str], Any], device: str, **kw: Any) -> Tuple[List[Event], Tracer]:
     model = mlp(device) if device != "cuda" else None
     if device == "cuda":  # the model is made before the window, under the fake mode the tracer uses
@@ -142,7 +163,7 @@ def traced(program: Callable[[torch.nn.Sequential, str], Any], device: str, **kw
         kw_tr: Dict[str, Any] = {"fake_mode": mode}
     else:
         kw_tr = {}
-    with Tracer(device=device, window=True, **kw_tr) as tr:
+    with Tracer(device=device, window=True, **kw_tr, **kw) as tr:
         out = program(model, device)
         del out
     return [("A" if e[0] == ALLOC else "F", e[2]) for e in tr.events], tr
@@ -204,9 +225,18 @@ def rows() -> List[Dict[str, Any]]:
     ref = big(cpu_unobserved(train))
     ev, _ = traced(train, "meta")
     out.append(row("mlp train fp32, late window", "meta", "cpu-unobserved", ref, big(ev)))
+    ev, _ = traced(train, "cuda")
+    out.append(row("mlp train fp32, late window", "fake-cuda", "cpu-unobserved", ref, big(ev)))
     ref = big(cpu_unobserved(train_shared))
     ev, _ = traced(train_shared, "meta")
     out.append(row("mlp train fp32, summed gradients", "meta", "cpu-unobserved", ref, big(ev)))
+    ev, _ = traced(train_shared, "meta", backward="torch")
+    out.append(row("mlp train fp32, summed gradients", "meta, torch's engine", "cpu-unobserved", ref, big(ev)))
+    ref = big(cpu_unobserved(train_indexed))
+    ev, _ = traced(train_indexed, "meta", kernel_scratch=False)
+    out.append(row("indexing, max, gather: train fp32", "meta", "cpu-unobserved", ref, big(ev)))
+    ev, _ = traced(train_indexed, "meta", kernel_scratch=False, backward="torch")
+    out.append(row("indexing, max, gather: train fp32", "meta, torch's engine", "cpu-unobserved", ref, big(ev)))
     return out
 
 

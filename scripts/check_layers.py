@@ -61,6 +61,8 @@ PY_LAYERS: dict[str, int] = {
     "_config": 1,
     # 2: traces, the simulated pool, torch's functions
     "trace": 2,
+    "_backward": 2,
+    "_kernel_scratch": 2,
     "sim": 2,
     "_torch": 2,
     "plot": 2,

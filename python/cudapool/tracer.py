@@ -96,6 +96,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from . import _backward, _kernel_scratch
 from .trace import ALLOC, FREE, Trace
 
 __all__ = ["Tracer", "UNSEEN"]
@@ -163,17 +164,72 @@ def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:
     return by_device
 
 
+#: Out-of-place operations that backward formulas use instead of their in-place forms when
+#: tensors are "subclass-like" (meta, fake, any dispatch mode): gather's backward scatters
+#: into zeros with scatter_add instead of scatter_add_, max/min's with scatter, indexing's with
+#: index_put, select/slice's with select_scatter/slice_scatter, ...
+_IN_PLACE_STAND_INS = frozenset(
+    "aten::" + n
+    for n in (
+        "scatter",
+        "scatter_add",
+        "scatter_reduce",
+        "index_add",
+        "index_put",
+        "_unsafe_index_put",
+        "index_copy",
+        "index_fill",
+        "masked_scatter",
+        "masked_fill",
+        "slice_scatter",
+        "select_scatter",
+        "diagonal_scatter",
+        "as_strided_scatter",
+    )
+)
+
+#: index_put with accumulate=True: on CUDA it sorts the indices, with scratch buffers from the
+#: caching allocator (index_put_with_sort_kernel).
+_SORTED_INDEX_PUTS = frozenset(("aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put"))
+#: Reductions whose staging buffers are modelled (cudapool._kernel_scratch).
+_STAGED_REDUCTIONS = frozenset(("aten::sum", "aten::mean"))
+_SCRATCH_OPS = _SORTED_INDEX_PUTS | _STAGED_REDUCTIONS
+
+_COMPOSITE: Dict[Any, bool] = {}
+
+
+def _decomposes_on_cuda(func: Any) -> bool:
+    """Whether CUDA runs ``func`` through its CompositeImplicitAutograd kernel (no kernel of
+    its own for CUDA)."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        try:
+            known = bool(has(func.name(), "CompositeImplicitAutograd")) and not has(func.name(), "CUDA")
+        except RuntimeError:  # not a dispatcher operator (prim::device, ...)
+            known = False
+        _COMPOSITE[func] = known
+    return known
+
+
 class _Live:
     """One live allocation: the storage it stands for is alive."""
 
-    __slots__ = ("ident", "size", "stream", "device", "finalizer")
+    __slots__ = ("ident", "size", "stream", "device", "finalizers")
 
     def __init__(self, ident: int, size: int, stream: int, device: int) -> None:
         self.ident = ident
         self.size = size
         self.stream = stream
         self.device = device
-        self.finalizer: Optional[weakref.finalize] = None
+        #: storage key -> the callback run at that storage's death: one storage, or several when
+        #: a backward formula's out-of-place result stands for an in-place one (see _Mode).
+        self.finalizers: Dict[int, weakref.finalize] = {}
+
+    def watch(self, key: int, storage: Any, freed: Any) -> None:
+        fin = weakref.finalize(storage, freed, key, self.ident)
+        fin.atexit = False
+        self.finalizers[key] = fin
 
 
 class _Mode(TorchDispatchMode):
@@ -187,10 +243,22 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._tracer.adopt_inputs:
             self._tracer._observe((args, kwargs), "first use")
-        if self._tracer.workspace_bytes and func._schema.name in _BLAS_OPS:
-            self._tracer._workspace(args)
+        if _decomposes_on_cuda(func):
+            # Reached here only with autograd's keys excluded (inference_mode): the op's
+            # composite kernel would run below this mode and hide its own temporaries (where's
+            # scalar, einsum's copies). Run it with the mode still on, as CUDA runs it.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        into = self._tracer._in_place_stand_in(func, args)
         out = func(*args, **kwargs)
-        self._tracer._observe(out, func, (args, kwargs))
+        self._tracer._observe(out, func, (args, kwargs), into)
+        if self._tracer.workspace_bytes and func._schema.name in _BLAS_OPS:
+            # After the result: cuBLAS takes its workspace inside the call.
+            self._tracer._workspace(args)
+        if self._tracer.cuda_scratch and func._schema.name in _SCRATCH_OPS:
+            self._tracer._kernel_scratch(func, args, kwargs)
         return out
 
 
@@ -218,6 +286,9 @@ class Tracer:
         fake: Optional[bool] = None,
         workspace_bytes: Optional[int] = None,
         fake_mode: Optional[Any] = None,
+        backward: Optional[str] = None,
+        kernel_scratch: Optional[bool] = None,
+        gpu: Any = None,
     ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
@@ -232,6 +303,21 @@ class Tracer:
         if workspace_bytes is not None and workspace_bytes < 0:
             raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
         self.workspace_bytes = workspace_bytes
+        if backward is None:
+            backward = "tracer"
+        if backward not in ("tracer", "torch"):
+            raise ValueError(f"backward must be 'tracer' or 'torch', not {backward!r}")
+        #: Who runs backward passes inside the block: "tracer" (cudapool._backward, the sums a GPU
+        #: run makes) or "torch" (torch's engine).
+        self.backward = backward
+        self._saved: Optional[_backward.SavedTensors] = None
+        #: Model the scratch buffers CUDA kernels take from the caching allocator where they are
+        #: known (programs traced for CUDA: on meta or fake CUDA).
+        self.cuda_scratch = self.device_type in ("meta", "cuda") if kernel_scratch is None else bool(kernel_scratch)
+        #: (multiprocessors, threads per multiprocessor) the scratch is sized for.
+        self.gpu = _kernel_scratch.gpu_shape(gpu)
+        #: Storage keys allocated by the backward node running now (the tracer's backward).
+        self._fresh: Optional[set] = None
         #: The fake tensor mode programs build their CUDA tensors in (``fake=True``), else None.
         self.fake_mode: Optional[Any] = fake_mode
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
@@ -262,6 +348,8 @@ class Tracer:
             self._enter_fake()
         if self.window:
             self._scan_start()
+        if self.backward == "tracer":
+            self._enter_backward()
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -272,13 +360,14 @@ class Tracer:
             if mode is not None:
                 mode.__exit__(*exc)
         finally:
+            self._exit_backward(exc)
             self._exit_fake(exc)
             with self._lock:
                 self._state = "done"
                 for live in list(self._live.values()) + list(self._start.values()):
-                    if live.finalizer is not None:
-                        live.finalizer.detach()
-                        live.finalizer = None
+                    for fin in live.finalizers.values():
+                        fin.detach()
+                    live.finalizers.clear()
 
     @contextlib.contextmanager
     def stream(self, n: int) -> Iterator[None]:
@@ -303,6 +392,7 @@ class Tracer:
             "torch": torch.__version__,
             "traced_device": self.device_type,
             "fake_cuda": self.fake,
+            "backward": self.backward,
             "workspace_bytes": self.workspace_bytes,
             "unseen": list(UNSEEN if self.workspace_bytes is None else UNSEEN[1:]),
         }
@@ -370,8 +460,7 @@ class Tracer:
             self._start[key] = live
             self._start_order.append((live.ident, size, live.stream, device))
             self._live_bytes += size
-            live.finalizer = weakref.finalize(storage, self._freed, key, live.ident)
-            live.finalizer.atexit = False
+            live.watch(key, storage, self._freed)
         self._peak_bytes = max(self._peak_bytes, self._live_bytes)
 
     def _enter_fake(self) -> None:
@@ -389,6 +478,32 @@ class Tracer:
         if self.fake_mode is None:
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.fake_mode.__enter__()
+
+    def _enter_backward(self) -> None:
+        """Backward passes inside the block run on :mod:`cudapool._backward`, with every saved
+        tensor kept where it can be dropped once its node has run."""
+        import torch.autograd.graph as graph
+
+        saved = self._saved = _backward.SavedTensors()
+        saved.node_hook = self._node_boundary
+        original = graph._engine_run_backward
+
+        def engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return _backward.run_backward(saved, t_outputs, *args, **kwargs)
+            except _backward.Unsupported:
+                return original(t_outputs, *args, **kwargs)
+
+        for owner in (graph, torch.autograd):
+            if getattr(owner, "_engine_run_backward", None) is original:
+                self._patched.append((owner, "_engine_run_backward", original))
+                setattr(owner, "_engine_run_backward", engine_run_backward)
+        saved.__enter__()
+
+    def _exit_backward(self, exc: Any) -> None:
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            saved.__exit__(*exc)
 
     def _exit_fake(self, exc: Any) -> None:
         try:
@@ -443,10 +558,81 @@ class Tracer:
 
     # ---- the work ------------------------------------------------------------------------------
 
-    def _observe(self, out: Any, func: Any, inputs: Any = None) -> None:
+    def _observe(self, out: Any, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self._see(t, func, inputs)
+                self._see(t, func, inputs, into)
+
+    def _in_place_stand_in(self, func: Any, args: Any) -> Optional[_Live]:
+        """Inside a node of the tracer's backward: for an out-of-place operation that formulas
+        use instead of its in-place form on subclass-like tensors, applied to a tensor the same
+        node made (zeros to scatter into), the allocation of that tensor; a GPU run writes into
+        it instead of allocating a result."""
+        if self._fresh is None or not args or func._schema.name not in _IN_PLACE_STAND_INS:
+            return None
+        target = args[0]
+        if not isinstance(target, torch.Tensor):
+            return None
+        storage = self._storage_of(target)
+        if storage is None:
+            return None
+        key = storage._cdata
+        with self._lock:
+            return self._live.get(key) if key in self._fresh else None
+
+    def _kernel_scratch(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> None:
+        """The scratch buffers the CUDA kernel of ``func`` takes and returns inside the call,
+        where cudapool._kernel_scratch models them (programs traced for CUDA only)."""
+        if not args or not isinstance(args[0], torch.Tensor) or self._storage_of(args[0]) is None:
+            return
+        name = func._schema.name
+        x = args[0]
+        if name in _STAGED_REDUCTIONS:
+            dims = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+                dims = list(range(x.dim()))
+            elif isinstance(dims, int):
+                dims = [dims]
+            reduced = [d % x.dim() for d in dims] if x.dim() else []
+            if x.layout != torch.strided or x.numel() == 0:
+                return
+            steps = _kernel_scratch.reduction_steps(
+                tuple(x.shape), tuple(x.stride()), reduced, x.element_size(), _kernel_scratch.acc_size(x.dtype), self.gpu
+            )
+            self._temporaries(steps, "reduction staging")
+            return
+        accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+        if not accumulate or len(args) < 2:
+            return
+        index = [i for i in (args[1] or ()) if isinstance(i, torch.Tensor)]
+        if not index or any(i.dtype == torch.bool for i in index):
+            return  # boolean masks go through nonzero first: not modelled
+        n = 1
+        for size in torch.broadcast_shapes(*(tuple(i.shape) for i in index)):
+            n *= size
+        self._temporaries(_kernel_scratch.index_put_steps(n), "index_put scratch")
+
+    def _temporaries(self, steps: Tuple[int, ...], what: str) -> None:
+        with self._lock:
+            if self._state != "tracing":
+                return
+            made: List[_Live] = []
+            for step in steps:
+                if step > 0:
+                    live = _Live(self._next_id, step, self._stream, self.device_index)
+                    self._next_id += 1
+                    made.append(live)
+                    self.events.append((ALLOC, live.ident, step, live.stream, live.device, _now()))
+                    if self.record_ops:
+                        self.alloc_ops[live.ident] = what
+                    self._live_bytes += step
+                    self._peak_bytes = max(self._peak_bytes, self._live_bytes)
+                else:
+                    self._record_free(made[-step - 1])
+
+    def _node_boundary(self, starting: bool) -> None:
+        """The tracer's backward starts (True) or ends (False) running one node's formula."""
+        self._fresh = set() if starting else None
 
     def _storage_of(self, t: torch.Tensor) -> Any:
         if t.layout != torch.strided:
@@ -467,7 +653,7 @@ class Tracer:
                     keys.add(storage._cdata)
         return keys
 
-    def _see(self, t: torch.Tensor, func: Any, inputs: Any = None) -> None:
+    def _see(self, t: torch.Tensor, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
         storage = self._storage_of(t)
         if storage is None:
             return
@@ -489,6 +675,14 @@ class Tracer:
                 # A view or in-place result of a storage the operation read and the tracer
                 # does not record (adopt_inputs=False): it allocates nothing.
                 return
+            if into is not None and size == into.size and into.finalizers:
+                # The result of an in-place form's stand-in: the same allocation, now under a
+                # second storage (freed when every one of them has died).
+                self._live[key] = into
+                into.watch(key, storage, self._freed)
+                if self._fresh is not None:
+                    self._fresh.add(key)
+                return
             device = t.device.index if t.device.index is not None else self.device_index
             self._alloc(key, size, device, storage, func)
 
@@ -503,8 +697,9 @@ class Tracer:
         self._live_bytes += size
         if self._live_bytes > self._peak_bytes:
             self._peak_bytes = self._live_bytes
-        live.finalizer = weakref.finalize(storage, self._freed, key, ident)
-        live.finalizer.atexit = False
+        live.watch(key, storage, self._freed)
+        if self._fresh is not None:
+            self._fresh.add(key)
 
     def _workspace(self, args: Any) -> None:
         """The first BLAS operation on a stream: the cuBLAS workspace torch allocates for it
@@ -527,11 +722,13 @@ class Tracer:
             self._peak_bytes = max(self._peak_bytes, self._live_bytes)
 
     def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
-        if old.finalizer is not None:
-            old.finalizer.detach()
+        fin = old.finalizers.pop(key, None)
+        if fin is not None:
+            fin.detach()
         del self._live[key]
         self._alloc(key, size, old.device, storage, func)
-        self._record_free(old)
+        if not old.finalizers:  # no other storage stands for the old allocation
+            self._record_free(old)
 
     def _record_free(self, live: _Live) -> None:
         self.events.append((FREE, live.ident, live.size, live.stream, live.device, _now()))
@@ -545,8 +742,9 @@ class Tracer:
             if live is None or live.ident != ident or self._state != "tracing":
                 return
             del where[key]
-            live.finalizer = None
-            self._record_free(live)
+            live.finalizers.pop(key, None)
+            if not live.finalizers:
+                self._record_free(live)
 
     def __repr__(self) -> str:
         return (
