@@ -252,7 +252,9 @@ def gpu_rows(out_dir: Path) -> List[Dict[str, Any]]:
         ("mlp infer bf16 autocast", lambda m, d: infer(m, d, autocast=True), "cuda"),
         ("mlp train fp32, late window", train, "meta"),
         ("mlp train fp32, summed gradients", train_shared, "meta"),
+        ("indexing, max, gather: train fp32", train_indexed, "meta"),
     ]
+    props = torch.cuda.get_device_properties(0)
     rs = []
     for i, (name, program, traced_on) in enumerate(programs):
         model = mlp("cuda")
@@ -266,7 +268,7 @@ def gpu_rows(out_dir: Path) -> List[Dict[str, Any]]:
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
         real = [("A" if e[0] == ALLOC else "F", e[2]) for e in load_snapshot(path)]
-        ev, _ = traced(program, traced_on)
+        ev, _ = traced(program, traced_on, gpu=props)
         rs.append(row(name, "fake-cuda" if traced_on == "cuda" else traced_on, f"GPU snapshot {path.name}", real, ev))
     return rs
 

@@ -33,14 +33,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from cudapool.trace import ALLOC  # noqa: E402
 from cudapool.torch_snapshot import _unpickle, from_snapshot  # noqa: E402
+from cudapool.trace import ALLOC  # noqa: E402
 from cudapool.tracer import Tracer  # noqa: E402
 
 #: The model sizes of the course's table.
@@ -152,11 +152,11 @@ def _import_model(code: Path) -> Any:
     return model_mod, nn_utils, optim_mod
 
 
-def trace_run(run: Dict[str, Any], code: Path, on: str, autocast: bool) -> List[Event]:
+def trace_run(run: Dict[str, Any], code: Path, on: str, autocast: bool, backward: str = "tracer") -> List[Event]:
     """Re-enact one run on meta or fake CUDA tensors; the window's events."""
     model_mod, nn_utils, optim_mod = _import_model(code)
     device = "meta" if on == "meta" else "cuda"
-    kw: Dict[str, Any] = {}
+    kw: Dict[str, Any] = {"backward": backward}
     fake: Any = contextlib.nullcontext()
     if on == "fake-cuda":
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -237,7 +237,9 @@ def compare(real: Dict[str, Any], got: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def rows(snapshots: Path, code: Path, on: List[str], only: Optional[str] = None) -> List[Dict[str, Any]]:
+def rows(
+    snapshots: Path, code: Path, on: List[str], only: Optional[str] = None, backward: str = "tracer"
+) -> List[Dict[str, Any]]:
     out = []
     runs = [r for r in RUNS if only is None or only in r["snapshot"]]
     for i, run in enumerate(runs):
@@ -249,7 +251,7 @@ def rows(snapshots: Path, code: Path, on: List[str], only: Optional[str] = None)
         real = measure(events)
         for where in on:
             t0 = time.perf_counter()
-            got = measure(trace_run(run, code, where, autocast))
+            got = measure(trace_run(run, code, where, autocast, backward))
             row = {
                 "snapshot": run["snapshot"],
                 "program": run["program"],
@@ -260,8 +262,7 @@ def rows(snapshots: Path, code: Path, on: List[str], only: Optional[str] = None)
             row.update(compare(real, got))
             out.append(row)
             print(
-                f"[{i + 1}/{len(runs)}] {run['snapshot']} on {where}: {time.perf_counter() - t0:.1f} s",
-                file=sys.stderr,
+                f"[{i + 1}/{len(runs)}] {run['snapshot']} on {where}: {time.perf_counter() - t0:.1f} s", file=sys.stderr
             )
     return out
 
@@ -289,6 +290,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--code", required=True, type=Path, help="directory holding the cs336_basics package")
     ap.add_argument("--on", default="meta,fake-cuda", help="comma-separated: meta, fake-cuda")
     ap.add_argument("--only", help="only the runs whose snapshot path contains this")
+    ap.add_argument(
+        "--backward",
+        choices=("tracer", "torch"),
+        default="tracer",
+        help="who runs backward in the traces (Tracer(backward=))",
+    )
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args(argv)
     on = [w.strip() for w in args.on.split(",") if w.strip()]
@@ -301,7 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _import_model(args.code)
     except ImportError as exc:
         ap.error(f"--code {args.code}: cannot import cs336_basics ({exc})")
-    rs = rows(args.snapshots, args.code, on, args.only)
+    rs = rows(args.snapshots, args.code, on, args.only, args.backward)
     if not rs:
         print("no snapshot found", file=sys.stderr)
         return 1

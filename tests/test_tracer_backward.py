@@ -3,6 +3,7 @@ take the allocations a GPU run makes: the gradients it computes are torch's, its
 place where the engine's are on ordinary dense tensors, saved tensors go when their node has
 run, and it runs on fake CUDA tensors without a GPU."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -113,6 +114,50 @@ def test_backward_with_inputs_accumulates_only_those():
         loss.backward(inputs=[params[2]])
     torch.testing.assert_close(params[2].grad, ref[2])
     assert params[0].grad is None and params[1].grad is None and params[3].grad is None
+
+
+def test_custom_functions_with_non_tensor_inputs_and_missing_gradients():
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, k, x, y):
+            return x * k, y * 2
+
+        @staticmethod
+        def backward(ctx, gx, gy):
+            return None, gx * 3, gy * 2  # gy: zeros made by torch when the output was unused
+
+    def run(inside):
+        x = torch.ones(3, requires_grad=True)
+        y = torch.ones(3, requires_grad=True)
+        if inside:
+            with Tracer(device="cpu") as tr:
+                a, _ = Scale.apply(3, x, y)
+                a.sum().backward()
+            return x.grad, y.grad, tr
+        a, _ = Scale.apply(3, x, y)
+        a.sum().backward()
+        return x.grad, y.grad, None
+
+    gx, gy, _ = run(False)
+    tx, ty, tr = run(True)
+    torch.testing.assert_close(tx, gx)
+    torch.testing.assert_close(ty, gy)
+    assert float(ty.sum()) == 0.0
+
+
+def test_reentrant_checkpoint_runs_a_backward_inside_a_node():
+    def run(inside):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8)
+        x = torch.randn(4, 8, requires_grad=True)
+        ctx = Tracer(device="cpu") if inside else contextlib.nullcontext()
+        with ctx:
+            y = torch.utils.checkpoint.checkpoint(lambda t: torch.relu(lin(t)) * 2, x, use_reentrant=True)
+            (y * y).sum().backward()
+        return lin.weight.grad, x.grad
+
+    for want, got in zip(run(False), run(True)):
+        torch.testing.assert_close(got, want)
 
 
 def test_post_accumulate_grad_hooks_run():

@@ -104,9 +104,7 @@ def _obeys_layout_contract(grad: torch.Tensor, var: torch.Tensor) -> bool:
     if not (_is_dense(grad) and _is_dense(var)):
         return False
     if _non_overlapping_and_dense(var):
-        return all(
-            size == 1 or gs == vs for size, gs, vs in zip(grad.shape, grad.stride(), var.stride())
-        )
+        return all(size == 1 or gs == vs for size, gs, vs in zip(grad.shape, grad.stride(), var.stride()))
     return grad.is_contiguous()
 
 
@@ -274,6 +272,7 @@ class _Run:
             return [None] * len(getattr(fn, "next_functions", ()))
         unpacked: List[_Held] = []
         hook = self.saved.node_hook if self.saved is not None else None
+        outer = self.saved._unpacked if self.saved is not None else None  # a reentrant backward's
         if self.saved is not None:
             self.saved._unpacked = unpacked
         if hook is not None:
@@ -283,12 +282,12 @@ class _Run:
                 if callable(fn):
                     out = fn(*buf)
                 else:  # a torch.autograd.Function's backward node
-                    out = fn.apply(*buf)
+                    out = _python_function(fn, buf)
         finally:
             if hook is not None:
                 hook(False)
             if self.saved is not None:
-                self.saved._unpacked = None
+                self.saved._unpacked = outer
         outs = [out] if isinstance(out, torch.Tensor) or out is None else list(out)
         del out
         # As torch's engine: the gradients are checked against (summed to, cast to) the inputs
@@ -319,6 +318,32 @@ class _Run:
                     self.push(nxt)
                 else:
                     self.buffers.pop(nxt, None)
+
+
+def _python_function(fn: Any, buf: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
+    """A torch.autograd.Function's backward, called as torch calls it: missing gradients made
+    zeros first (unless the function turned that off), and one result per forward input cut
+    down to the graph's edges (tensors that require grad)."""
+    if getattr(fn, "materialize_grads", True):
+        for i, meta in enumerate(getattr(fn, "_input_metadata", ())):
+            if i < len(buf) and buf[i] is None:
+                buf[i] = torch.zeros(tuple(meta.shape), dtype=meta.dtype, device=meta.device)
+    out = fn.apply(*buf)
+    outs = [out] if isinstance(out, torch.Tensor) or out is None else list(out)
+    del out
+    nexts = getattr(fn, "next_functions", ())
+    needs = list(getattr(fn, "needs_input_grad", ()))
+    if len(outs) == len(nexts) or len(outs) != len(needs):
+        return outs
+    # One result per forward input, non-tensors included: keep those of the inputs that need a
+    # gradient, in order, for the edges that lead somewhere.
+    wanted = [g for g, need in zip(outs, needs) if need]
+    aligned: List[Optional[torch.Tensor]] = [None] * len(nexts)
+    slots = [i for i, (nxt, _) in enumerate(nexts) if nxt is not None]
+    for i, g in zip(slots, wanted):
+        aligned[i] = g
+    outs.clear()
+    return aligned
 
 
 def _validated(fn: Any, nr: int, grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

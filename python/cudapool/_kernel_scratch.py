@@ -67,7 +67,9 @@ def _last_pow2(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
-def _dims(shape: Sequence[int], strides: Sequence[int], reduced: Sequence[int]) -> Optional[List[Tuple[int, int, bool]]]:
+def _dims(
+    shape: Sequence[int], strides: Sequence[int], reduced: Sequence[int]
+) -> Optional[List[Tuple[int, int, bool]]]:
     """The reduction's dimensions as TensorIterator lays them out: size-1 dimensions dropped,
     fastest first, neighbours of the same kind that are contiguous with each other merged;
     then the reduced ones before the kept ones. (size, stride in elements, reduced) each, or

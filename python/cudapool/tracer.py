@@ -45,41 +45,72 @@ counters, Python scalars wrapped by ``torch.tensor``) are left out, as they shou
 program traced on ``"cpu"`` has no such distinction: those few small host tensors are
 recorded as allocations too.
 
+Observing without changing the program
+--------------------------------------
+Three things would make a traced program allocate otherwise than on a GPU, and the tracer
+undoes each:
+
+- **Backward.** Under any dispatch mode (this tracer's included), and always on meta tensors,
+  torch's autograd engine sums gradients out of place: a parameter's second gradient goes to a
+  new tensor instead of into ``.grad``, a tensor used twice gets its gradients summed into a new
+  one. On fake CUDA tensors it does not run at all without a GPU. Inside the block, backward
+  passes (``loss.backward()``, ``torch.autograd.grad``) run on the tracer's own pass
+  (:mod:`cudapool._backward`, ``backward="tracer"``, the default): torch's node formulas, in
+  the engine's order, each node's saved tensors dropped once it has run, and the two sums
+  made as the engine makes them on ordinary dense CUDA tensors. ``backward="torch"`` keeps
+  torch's engine. Hooks on non-leaf tensors and on graph nodes, ``retain_grad()`` and
+  ``create_graph=True`` are not supported by the tracer's pass (the last goes to torch's engine).
+- **Formulas that switch.** Some backward formulas write into zeros in place on CUDA but use
+  an out-of-place form on "subclass-like" tensors: indexing (``index_put``), max/min along a
+  dimension (``scatter``), gather (``scatter_add``), select and slice (``*_scatter``). Inside
+  a node of the tracer's pass, such a form applied to a tensor the same node made is recorded
+  as writing into it: no allocation.
+- **Composite operations under inference_mode.** With autograd's keys off, an operation with a
+  composite kernel (``where`` with a scalar, ``einsum``) would reach the tracer whole and run its
+  parts out of its sight; the tracer runs its parts in view, as CUDA does, so their temporaries
+  are recorded.
+
+Measured (benchmarks/tracer_public.py, benchmarks/tracer_fidelity.py, the README's tracer
+section): on ten memory snapshots recorded on GPUs for public programs, traces on fake CUDA
+have every allocation and free of the window, in order and to the byte.
+
 What the tracer cannot see
 --------------------------
-The trace holds the tensors the program makes through ATen operations, and nothing else.
-It does not see:
+The trace holds the tensors the program makes through ATen operations, and the scratch
+buffers of the kernels cudapool._kernel_scratch models (programs traced for CUDA, on meta or
+fake CUDA: the staging of large sum/mean reductions and the sort of ``index_put`` with
+``accumulate=True``; ``gpu=`` gives the GPU they are sized for, by default an H100/H200;
+``kernel_scratch=False`` leaves them out). It does not see:
 
-- library workspaces and handles: cuBLAS and cuBLASLt workspaces, cuDNN convolution and
-  batch-norm workspaces, cuFFT plans, cuSOLVER buffers;
-- temporary buffers a CUDA kernel allocates inside itself through the caching allocator
-  (multi-block reduction scratch, CUB sort/scan scratch, embedding backward, index ops), and
-  the CUDA caching allocator's own internal allocations;
+- library workspaces and handles: cuBLAS and cuBLASLt workspaces (``workspace_bytes=N`` models
+  torch's per-stream one), cuDNN convolution and batch-norm workspaces, cuFFT plans, cuSOLVER
+  buffers;
+- the scratch of other kernels (staging of other reductions, sort and top-k, scans, embedding's
+  own backward kernel) and the CUDA caching allocator's own internal allocations;
 - NCCL and other communication buffers;
 - memory that custom C++/CUDA extensions or other libraries allocate without going through
   the dispatcher (``cudaMalloc`` directly, Triton autotuning buffers, CUDA graphs' pools);
-- differences where a GPU kernel or a device-dependent code path allocates differently from
-  the CPU one: fused kernels such as scaled_dot_product_attention's flash and
-  memory-efficient backends save other buffers than the CPU math path; dropout keeps a bool
-  mask on CUDA (fused kernel) but a float mask on the CPU and meta; cuDNN batch norm may keep
-  a reserve buffer; autocast casts on CUDA differ from those on the CPU; optimizers choose
-  foreach/fused implementations by device (pass ``foreach=True`` to get the CUDA default).
+- choices a GPU makes that meta tensors do not follow: CUDA autocast (trace on fake CUDA:
+  ``Tracer(device="cuda")`` without a GPU), fused kernels such as scaled_dot_product_attention's
+  flash and memory-efficient backends (other saved buffers than the math path), dropout's bool
+  mask on CUDA, cuDNN batch norm's reserve buffer, optimizers' foreach/fused defaults by device
+  (pass ``foreach=True`` to get the CUDA default on meta).
 
-So the tensor allocations match a GPU run for ordinary dense operations only. The trace is not
-a lower bound either: on meta (and under any dispatch mode, this tracer's included) autograd
-takes out-of-place formulas (tensors are "subclass-like"), which adds allocations a GPU run does
-not make. ``meta["unseen"]`` lists what is not modelled; benchmarks/tracer_fidelity.py measures
-the error on programs of our own.
+``meta["unseen"]`` lists what a trace does not hold.
 
 Windows, fake CUDA, workspaces
 ------------------------------
 ``window=True``: storages live at ``__enter__`` (reachable from Python tensors, gradients
 included) are the window's start (``meta["window_start"]``), not allocations; their frees are
 recorded. Views and in-place results of storages the tracer does not record allocate nothing.
+A graph built before the window keeps its saved tensors until it is freed (the tracer can
+drop only those of graphs built inside it).
 ``fake=True`` (the default for ``device="cuda"`` without a GPU) or ``fake_mode=``: fake CUDA
-tensors, with ``torch.autocast("cuda")`` applying CUDA's rules; backward does not run on them
-without a GPU (the autograd engine queries the CUDA runtime). ``workspace_bytes=N``: one cuBLAS
-workspace of N bytes per stream at its first BLAS operation, never freed.
+tensors, with ``torch.autocast("cuda")`` applying CUDA's rules, forward and backward. A model
+whose initialisation needs real values (``trunc_normal_``) is built on meta and moved with
+``model.to_empty(device="cuda")`` inside the fake mode. ``workspace_bytes=N``: one cuBLAS
+workspace of N bytes per stream at its first BLAS operation, never freed (torch's default is
+``8519680`` bytes on most GPUs: ``CUBLAS_WORKSPACE_CONFIG=":4096:2:16:8"``).
 """
 
 from __future__ import annotations
@@ -132,8 +163,9 @@ UNSEEN = (
     "cublas_workspace: per stream, allocated by torch through the caching allocator at the first"
     " BLAS operation and never freed; its size depends on the GPU and CUBLAS_WORKSPACE_CONFIG"
     " (Tracer(workspace_bytes=N) models it)",
-    "kernel_scratch: staging buffers of multi-block reductions, CUB sort/scan temporaries, cuDNN"
-    " workspaces and reserve buffers, cuFFT plans: sizes depend on the kernel's launch configuration",
+    "kernel_scratch: staging of reductions other than sum/mean, sort and top-k, scans, cuDNN"
+    " workspaces and reserve buffers, cuFFT plans: sizes depend on the kernel's launch configuration"
+    " (the staging of sum/mean and index_put's sort are modelled, sized for Tracer(gpu=...))",
     "outside_dispatch: memory allocated without an ATen operation (custom extensions, NCCL, Triton"
     " autotuning, CUDA graph pools)",
 )
@@ -190,7 +222,9 @@ _IN_PLACE_STAND_INS = frozenset(
 
 #: index_put with accumulate=True: on CUDA it sorts the indices, with scratch buffers from the
 #: caching allocator (index_put_with_sort_kernel).
-_SORTED_INDEX_PUTS = frozenset(("aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put"))
+_SORTED_INDEX_PUTS = frozenset(
+    ("aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put")
+)
 #: Reductions whose staging buffers are modelled (cudapool._kernel_scratch).
 _STAGED_REDUCTIONS = frozenset(("aten::sum", "aten::mean"))
 _SCRATCH_OPS = _SORTED_INDEX_PUTS | _STAGED_REDUCTIONS
@@ -272,8 +306,17 @@ class Tracer:
     dispatcher, as ``torch.tensor(data, device="meta")`` is) is recorded as allocated at its
     first use; with False such storages are ignored (:meth:`watch` records them explicitly).
     ``record_ops``: also remember which operation made each allocation (:attr:`alloc_ops`).
+    ``window``, ``fake``, ``fake_mode``, ``workspace_bytes``: see the module notes.
+    ``backward``: "tracer" (the default: backward passes inside the block run on
+    :mod:`cudapool._backward`) or "torch" (torch's engine). ``kernel_scratch``: model the scratch
+    buffers of the CUDA kernels :mod:`cudapool._kernel_scratch` knows (default: for meta and
+    CUDA traces). ``gpu``: the GPU those are sized for: ``torch.cuda.get_device_properties(i)``,
+    a dict with ``multi_processor_count`` and ``max_threads_per_multi_processor``, or a pair
+    (default: 132 and 2048, an H100/H200).
 
-    A tracer records one ``with`` block; it cannot be entered twice.
+    A tracer records one ``with`` block; it cannot be entered twice. While it records, it
+    replaces ``torch.autograd.graph._engine_run_backward`` (process-wide) and pushes saved-tensor
+    hooks (this thread).
     """
 
     def __init__(
@@ -318,6 +361,7 @@ class Tracer:
         self.gpu = _kernel_scratch.gpu_shape(gpu)
         #: Storage keys allocated by the backward node running now (the tracer's backward).
         self._fresh: Optional[set] = None
+        self._fresh_outer: List[Optional[set]] = []
         #: The fake tensor mode programs build their CUDA tensors in (``fake=True``), else None.
         self.fake_mode: Optional[Any] = fake_mode
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
@@ -394,12 +438,23 @@ class Tracer:
             "fake_cuda": self.fake,
             "backward": self.backward,
             "workspace_bytes": self.workspace_bytes,
-            "unseen": list(UNSEEN if self.workspace_bytes is None else UNSEEN[1:]),
+            "kernel_scratch": self.cuda_scratch,
+            "gpu": {"multi_processor_count": self.gpu[0], "max_threads_per_multi_processor": self.gpu[1]},
+            "unseen": self._unseen(),
         }
         if self.window:
             full_meta["window_start"] = _window_start(start)
         full_meta.update(meta or {})
         return Trace.from_events(events, meta=full_meta)
+
+    def _unseen(self) -> List[str]:
+        unseen = list(UNSEEN)
+        if not self.cuda_scratch:
+            unseen[1] = (
+                "kernel_scratch: not modelled in this trace (a CPU trace, or kernel_scratch=False): staging of"
+                " reductions, sorts, scans, cuDNN and cuFFT workspaces"
+            )
+        return unseen if self.workspace_bytes is None else unseen[1:]
 
     @property
     def live_bytes(self) -> int:
@@ -597,7 +652,12 @@ class Tracer:
             if x.layout != torch.strided or x.numel() == 0:
                 return
             steps = _kernel_scratch.reduction_steps(
-                tuple(x.shape), tuple(x.stride()), reduced, x.element_size(), _kernel_scratch.acc_size(x.dtype), self.gpu
+                tuple(x.shape),
+                tuple(x.stride()),
+                reduced,
+                x.element_size(),
+                _kernel_scratch.acc_size(x.dtype),
+                self.gpu,
             )
             self._temporaries(steps, "reduction staging")
             return
@@ -631,8 +691,13 @@ class Tracer:
                     self._record_free(made[-step - 1])
 
     def _node_boundary(self, starting: bool) -> None:
-        """The tracer's backward starts (True) or ends (False) running one node's formula."""
-        self._fresh = set() if starting else None
+        """The tracer's backward starts (True) or ends (False) running one node's formula
+        (nested when a formula runs a backward of its own, as reentrant checkpointing does)."""
+        if starting:
+            self._fresh_outer.append(self._fresh)
+            self._fresh = set()
+        else:
+            self._fresh = self._fresh_outer.pop() if self._fresh_outer else None
 
     def _storage_of(self, t: torch.Tensor) -> Any:
         if t.layout != torch.strided:
