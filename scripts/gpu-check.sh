@@ -23,6 +23,9 @@
 # 5b. records snapshots of the tracer's fidelity programs under the built-in allocator and
 #    compares them with the tracer's traces (benchmarks/tracer_fidelity.py --gpu)
 #                                                                        -> $OUT/tracer-fidelity.txt
+# 5c. runs the lab's torch workloads (small) on the GPU untraced, records their snapshots and
+#    compares them with their meta traces (benchmarks/tracer_lab_gpu.py)  -> $OUT/tracer-lab.txt,
+#                                                                           lab-snapshots/
 # 6. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
 #                                                                           bench-micro.json
 # 9. runs `python -m cudapool ab` on the lab's workloads (benchmarks/ab_suite.py: a GPT and a
@@ -114,6 +117,7 @@ ab_status="not run"
 suite_status="not run"
 fidelity_status="not run"
 tracer_status="not run"
+tracer_lab_status="not run"
 micro_status="not run"
 tests_rc=1
 
@@ -230,6 +234,12 @@ fi
   run_stage "$(stage_time 60)" "$OUT/tracer-fidelity.txt" "$PYTHON" benchmarks/tracer_fidelity.py \
     --gpu "$OUT/tracer-snapshots" --json "$OUT/tracer-fidelity.json"
   tracer_status=$STAGE_STATUS
+
+  # -- 5c. the lab's workloads on the GPU against their traces --------------------------------
+  section "tracer vs the lab on the GPU: $PYTHON benchmarks/tracer_lab_gpu.py --out $OUT/lab-snapshots"
+  run_stage "$(stage_time 90)" "$OUT/tracer-lab.txt" "$PYTHON" benchmarks/tracer_lab_gpu.py \
+    --out "$OUT/lab-snapshots" --json "$OUT/tracer-lab.json"
+  tracer_lab_status=$STAGE_STATUS
 fi
 
 # -- 6. C micro-benchmark ---------------------------------------------------------------------
@@ -277,6 +287,7 @@ if [ -f "$OUT/ab-suite.txt" ]; then
 fi
 echo "fidelity     : $fidelity_status"
 echo "tracer       : $tracer_status"
+echo "tracer (lab) : $tracer_lab_status"
 if [ -f "$OUT/fidelity.txt" ]; then
   grep -E '^(\||largest |note: |FAILED: )' "$OUT/fidelity.txt" | sed 's/^/               /' || true
 fi

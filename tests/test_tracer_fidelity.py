@@ -125,3 +125,19 @@ def test_cublas_workspace_is_modelled_once_per_stream():
     meta = tr.trace().meta
     assert meta["workspace_bytes"] == 32 << 20 and not any(u.startswith("cublas") for u in meta["unseen"])
     assert any(u.startswith("cublas") for u in Tracer().trace().meta["unseen"])
+
+
+def test_lab_gpu_comparison_runs_the_workloads_untraced():
+    """benchmarks/tracer_lab_gpu.py (run by scripts/gpu-check.sh): without a GPU it skips; its
+    untraced run of a workload records nothing and leaves the tracer in place."""
+    import tracer_lab_gpu as lab
+
+    import cudapool.tracer as tracer_mod
+
+    real = tracer_mod.Tracer
+    lab.run_untraced("cnn", "small", "meta")
+    assert tracer_mod.Tracer is real
+    if not torch.cuda.is_available():
+        assert lab.main(["--out", "unused", "--workloads", "cnn"]) == 0
+    with pytest.raises(SystemExit):
+        lab.main(["--out", "unused", "--workloads", "rmm_random"])

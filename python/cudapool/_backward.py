@@ -184,7 +184,6 @@ class _Run:
                 self.capture.setdefault(fn, []).append((nr, i))
             # A node runs when it leads to a wanted edge (and, with accumulation, a wanted
             # accumulator runs itself).
-            needed = set()
             targets = set(self.capture)
             memo: Dict[Any, bool] = {}
             for fn in seen:
