@@ -32,9 +32,8 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "workloads"))
 
-import torch  # noqa: E402
-
 import cudapool.tracer as tracer_mod  # noqa: E402
+import torch  # noqa: E402
 from cudapool.trace import ALLOC, Trace  # noqa: E402
 from tracer_public import compare, measure, snapshot_events  # noqa: E402
 

@@ -130,9 +130,8 @@ def test_cublas_workspace_is_modelled_once_per_stream():
 def test_lab_gpu_comparison_runs_the_workloads_untraced():
     """benchmarks/tracer_lab_gpu.py (run by scripts/gpu-check.sh): without a GPU it skips; its
     untraced run of a workload records nothing and leaves the tracer in place."""
-    import tracer_lab_gpu as lab
-
     import cudapool.tracer as tracer_mod
+    import tracer_lab_gpu as lab
 
     real = tracer_mod.Tracer
     lab.run_untraced("cnn", "small", "meta")
