@@ -10,6 +10,8 @@ compared with an expectation derived without the tracer:
 - ``hand``: the allocation sequence derived by hand from the program and torch's documented
   rules (CUDA autocast: linear in lower precision, casts of leaf weights cached until the
   autocast region ends), written out below;
+- ``cpu-unobserved (CPU autocast)``: the same, for a program whose autocast region holds only
+  operations that the CPU's and CUDA's autocast treat alike (linear in bf16);
 - ``cpu-unobserved``: the program run on the CPU with no dispatch mode at all, its storage
   allocations read from the profiler's memory events (``profile_memory=True``). CPU tensors
   are not "subclass-like", so autograd takes the formulas it takes on CUDA (in-place gradient
@@ -132,6 +134,23 @@ def peak_of(events: List[Event]) -> int:
     return peak
 
 
+def train_bf16(model: torch.nn.Sequential, device: str) -> None:
+    """One step with the forward under bf16 autocast: CUDA's autocast on fake CUDA tensors,
+    the CPU's on the CPU (both run linear in bf16, with the casts of the weights cached until
+    the region ends), the loss in fp32."""
+    x = torch.randn(4, 16, device=device)
+    target = torch.randn(4, 8, device=device)
+    with torch.autocast("cpu" if device == "cpu" else "cuda", dtype=torch.bfloat16):
+        out = model(x)
+    loss = ((out.float() - target) ** 2).mean()
+    loss.backward()
+    del loss, out
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+            p.grad = None
+
+
 def train_indexed(model: torch.nn.Sequential, device: str) -> None:
     """A step through the operations whose backward formulas autograd switches to out-of-place
     forms on "subclass-like" tensors: an embedding looked up by indexing (index_put into zeros),
@@ -227,6 +246,9 @@ def rows() -> List[Dict[str, Any]]:
     out.append(row("mlp train fp32, late window", "meta", "cpu-unobserved", ref, big(ev)))
     ev, _ = traced(train, "cuda")
     out.append(row("mlp train fp32, late window", "fake-cuda", "cpu-unobserved", ref, big(ev)))
+    ref = big(cpu_unobserved(train_bf16))
+    ev, _ = traced(train_bf16, "cuda")
+    out.append(row("mlp train bf16 autocast", "fake-cuda", "cpu-unobserved (CPU autocast)", ref, big(ev)))
     ref = big(cpu_unobserved(train_shared))
     ev, _ = traced(train_shared, "meta")
     out.append(row("mlp train fp32, summed gradients", "meta", "cpu-unobserved", ref, big(ev)))

@@ -54,6 +54,16 @@ def test_training_in_a_late_window_matches_the_unobserved_cpu_run():
     assert tr.live_count == 0 and len(tr.trace().meta["window_start"]["0"]["allocations"]) == 4
 
 
+def test_bf16_autocast_training_on_fake_cuda():
+    """Backward on fake CUDA tensors with CUDA's autocast rules, against the CPU run under the
+    CPU's autocast (the same casts for linear): every allocation, in order."""
+    ref = fid.big(fid.cpu_unobserved(fid.train_bf16))
+    ev, tr = fid.traced(fid.train_bf16, "cuda")
+    r = fid.row("bf16 train", "fake-cuda", "cpu-unobserved", ref, fid.big(ev))
+    assert r["same_sizes_in_order"] and r["peak_error_pct"] == 0.0
+    assert tr.fake and tr.live_count == 0
+
+
 def test_summed_gradients_are_summed_in_place():
     ref = fid.big(fid.cpu_unobserved(fid.train_shared))
     ev, _ = fid.traced(fid.train_shared, "meta")
