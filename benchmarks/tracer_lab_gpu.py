@@ -9,12 +9,13 @@ For each torch workload of ``benchmarks/workloads`` (rmm_random is generated, no
    recorded from before the model is built (after one matrix multiply, so that the cuBLAS
    workspace is not in the window); the snapshot is kept as ``DIR/<workload>.pickle``
    (``context=None``: no stacks, small files);
-2. the same program is traced on meta, as the lab traces it (``build/traces`` is not used);
+2. the same program is traced as the lab traces it, on fake CUDA tensors (``build/traces`` is
+   not used);
 3. the table compares them as benchmarks/tracer_public.py does: the window's peak, the
    allocations, and whether every allocation and free matches in order.
 
 Without a GPU it prints "no CUDA GPU: skipped" and exits 0. Data-dependent shapes (moe's
-routing) may differ between the GPU run, which routes on real values, and the meta trace.
+routing) may differ between the GPU run, which routes on real values, and the trace.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def rows(names: List[str], scale: str, out: Path) -> List[Dict[str, Any]]:
         path = gpu_run(name, scale, out)
         events, _ = snapshot_events(path)
         real = measure(events)
-        trace = _capture(name)(scale=scale, seed=0, device="meta")
+        trace = _capture(name)(scale=scale, seed=0)  # the lab's trace: fake CUDA
         got = measure([("A" if e[0] == ALLOC else "F", e[1], e[2]) for e in trace])
         row = {"workload": name, "scale": scale, "snapshot": str(path)}
         row.update(compare(real, got))
@@ -114,7 +115,7 @@ def rows(names: List[str], scale: str, out: Path) -> List[Dict[str, Any]]:
 def table(rs: List[Dict[str, Any]]) -> str:
     mib = 1 << 20
     lines = [
-        "| workload | scale | peak GPU / traced on meta (MiB) | peak error | allocations GPU / traced | count error "
+        "| workload | scale | peak GPU / traced (MiB) | peak error | allocations GPU / traced | count error "
         "| sizes in order | all events in order |",
         "|---|---|---:|---:|---:|---:|---|---|",
     ]

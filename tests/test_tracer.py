@@ -1,7 +1,7 @@
 """The allocation tracer (cudapool.tracer) and the workload scripts (benchmarks/workloads).
 
 The tracer tests need torch (they skip without it); the rmm_random generator tests do not.
-The small captures of the torch workloads take a few seconds each on the meta device.
+The small captures of the torch workloads take a few seconds each on fake CUDA tensors.
 """
 
 import gzip

@@ -94,6 +94,13 @@ def make_optimizer(kind: str, params: Any, lr: float, weight_decay: float = 0.0)
     return makers[kind]()
 
 
+def tracer_kw(device: str) -> Dict[str, Any]:
+    """The Tracer's options for a workload's device: "cuda" is always fake CUDA tensors (CUDA's
+    kernel choices, such as the fused RMSNorm and autocast's rules, without using a GPU even
+    where there is one); "meta" and "cpu" trace those devices."""
+    return {"fake": True} if device == "cuda" else {}
+
+
 def capture_training(
     name: str,
     scale: str,
@@ -110,7 +117,8 @@ def capture_training(
     returns, unless autograd saved them), backward, the gradients clipped to norm ``clip`` when
     it is given (``clip_grad_norm_``), the optimizer's step, gradients set to None.
 
-    Runs under ``Tracer(device=cfg["device"])`` with ``torch.manual_seed(seed)``; the model and
+    Runs under ``Tracer(device=cfg["device"])`` (fake CUDA for "cuda": see :func:`tracer_kw`)
+    with ``torch.manual_seed(seed)``; the model and
     the optimizer are built inside, so their allocations are in the trace, and dropped at the
     end. The trace's meta: workload, scale, seed, config and ``meta``.
     """
@@ -118,7 +126,7 @@ def capture_training(
     from cudapool.tracer import Tracer
 
     torch.manual_seed(seed)
-    with Tracer(device=cfg["device"]) as tr:
+    with Tracer(device=cfg["device"], **tracer_kw(cfg["device"])) as tr:
         model, opt = build(cfg["device"])
         for item in batches:
             loss = loss_of(model, item)
@@ -149,7 +157,11 @@ def main(
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="PATH", help="write the trace there (.cptrace)")
     if torch_device:
-        p.add_argument("--device", choices=["meta", "cpu"], help="run on meta (fast, no math; default) or cpu")
+        p.add_argument(
+            "--device",
+            choices=["cuda", "meta", "cpu"],
+            help="fake CUDA tensors (CUDA's kernel choices, no GPU used; default), meta (no math) or cpu (real math)",
+        )
     sample = scales["small"]
     for key, value in sample.items():
         if key == "device":

@@ -10,8 +10,8 @@ this is the steady, repetitive pattern of vision training.
     python benchmarks/workloads/cnn.py --out build/traces/cnn-small.cptrace
     python benchmarks/workloads/cnn.py --batch 128 --image 224 --width 64 --blocks 2,2,2,2
 
-Scales: ``small`` (batch 16, 64x64 images, widths 32-64-128, 4 steps; seconds on the meta
-device), ``medium`` (ResNet-18 layout: batch 64, 224x224, widths 64..512, 10 steps),
+Scales: ``small`` (batch 16, 64x64 images, widths 32-64-128, 4 steps; seconds to capture on
+fake CUDA), ``medium`` (ResNet-18 layout: batch 64, 224x224, widths 64..512, 10 steps),
 ``large`` (ResNet-34 layout: batch 128, 224x224, 20 steps).
 """
 
@@ -28,7 +28,7 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 # What every scale shares; the model and the batch grow with the scale.
-_TRAINING = dict(lr=0.1, weight_decay=5e-4, device="meta")
+_TRAINING = dict(lr=0.1, weight_decay=5e-4, device="cuda")
 SCALES = {
     "small": dict(batch=16, image=64, width=32, blocks=(2, 2, 2), classes=10, steps=4, **_TRAINING),
     "medium": dict(batch=64, image=224, width=64, blocks=(2, 2, 2, 2), classes=1000, steps=10, **_TRAINING),

@@ -16,8 +16,8 @@ and optimizer state are in the trace.
     python benchmarks/workloads/gpt.py --scale medium --steps 100 --out gpt.cptrace
     python benchmarks/workloads/gpt.py --layers 12 --d-model 768 --max-seq 1024 --device cpu
 
-Scales: ``small`` (4 layers, d_model 256, 20 steps, seq 32..512: seconds on the meta
-device; for CI), ``medium`` (GPT-2 small: 12 layers, d_model 768, 50 steps, seq up to 1024),
+Scales: ``small`` (4 layers, d_model 256, 20 steps, seq 32..512: seconds to capture on
+fake CUDA; for CI), ``medium`` (GPT-2 small: 12 layers, d_model 768, 50 steps, seq up to 1024),
 ``large`` (24 layers, d_model 1024, 100 steps, seq up to 2048).
 """
 
@@ -36,7 +36,7 @@ except ImportError:  # run as a script
 from cudapool.trace import Trace
 
 # What every scale shares; the model and the shapes grow with the scale.
-_TRAINING = dict(lr=3e-4, weight_decay=0.1, optimizer="adamw", device="meta")
+_TRAINING = dict(lr=3e-4, weight_decay=0.1, optimizer="adamw", device="cuda")
 # fmt: off
 SCALES = {
     "small": dict(layers=4, d_model=256, heads=4, vocab=8192, steps=20, min_seq=32, max_seq=512,

@@ -19,7 +19,7 @@ Cache policies (``cache``):
     python benchmarks/workloads/kvcache.py --cache chunked --chunk 128 --requests 20
 
 Scales: ``small`` (4 layers, d_model 256, 5 requests, prompts 16..256, 8..48 new tokens;
-seconds on the meta device), ``medium`` (12 layers, d_model 768, 16 requests), ``large``
+seconds to capture), ``medium`` (12 layers, d_model 768, 16 requests), ``large``
 (24 layers, d_model 1024, 32 requests, prompts up to 1536).
 """
 
@@ -40,11 +40,11 @@ from cudapool.trace import Trace
 # fmt: off
 SCALES = {
     "small": dict(layers=4, d_model=256, heads=4, vocab=8192, requests=5, min_prompt=16, max_prompt=256,
-                  min_new=8, max_new=48, min_batch=1, max_batch=8, cache="cat", chunk=64, device="meta"),
+                  min_new=8, max_new=48, min_batch=1, max_batch=8, cache="cat", chunk=64, device="cuda"),
     "medium": dict(layers=12, d_model=768, heads=12, vocab=50304, requests=16, min_prompt=32, max_prompt=768,
-                   min_new=32, max_new=256, min_batch=1, max_batch=16, cache="cat", chunk=128, device="meta"),
+                   min_new=32, max_new=256, min_batch=1, max_batch=16, cache="cat", chunk=128, device="cuda"),
     "large": dict(layers=24, d_model=1024, heads=16, vocab=50304, requests=32, min_prompt=64, max_prompt=1536,
-                  min_new=64, max_new=512, min_batch=1, max_batch=32, cache="cat", chunk=256, device="meta"),
+                  min_new=64, max_new=512, min_batch=1, max_batch=32, cache="cat", chunk=256, device="cuda"),
 }
 # fmt: on
 
@@ -127,7 +127,7 @@ def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     requests = draw_requests(seed, cfg)
     max_seq = max(p + n for _, p, n in requests)
     torch.manual_seed(seed)
-    with Tracer(device=device) as tr, torch.no_grad():
+    with Tracer(device=device, **_common.tracer_kw(device)) as tr, torch.no_grad():
         model = gpt.build_model(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["vocab"], max_seq, device)
         model.eval()
         for batch, prompt_len, new_tokens in requests:

@@ -23,8 +23,8 @@ bucketing, as translation batches are made), from a generator seeded with ``seed
     python benchmarks/workloads/lstm.py --out build/traces/lstm-small.cptrace
     python benchmarks/workloads/lstm.py --scale medium --optimizer rmsprop --lr 1e-3
 
-Scales: ``small`` (2 layers, hidden 256, batch 32, lengths 8..32, 4 steps; seconds on the meta
-device), ``medium`` (4 layers, hidden 1024, batch 64, lengths 16..80, 6 steps), ``large``
+Scales: ``small`` (2 layers, hidden 256, batch 32, lengths 8..32, 4 steps; seconds to capture on
+fake CUDA), ``medium`` (4 layers, hidden 1024, batch 64, lengths 16..80, 6 steps), ``large``
 (4 layers, hidden 2048, batch 128, lengths 16..128, 10 steps).
 """
 
@@ -41,7 +41,7 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
-_TRAINING = dict(lr=0.05, weight_decay=0.0, clip=5.0, optimizer="adagrad", device="meta")
+_TRAINING = dict(lr=0.05, weight_decay=0.0, clip=5.0, optimizer="adagrad", device="cuda")
 # fmt: off
 SCALES = {
     "small": dict(layers=2, embed=128, hidden=256, vocab=8000, batch=32, min_len=8, max_len=32, steps=4,

@@ -9,8 +9,8 @@ slice, weights the results by their gates and scatters them back (``index_add_``
 dropped. A load-balancing loss (Switch Transformer's) is added to the cross-entropy.
 
 Each expert's batch is the number of tokens routed to it, which changes from step to step
-and from layer to layer: the shape pattern of MoE training. On the meta device a tensor has
-no values, so the routing counts come from a generator seeded with ``seed``: every (step,
+and from layer to layer: the shape pattern of MoE training. A traced tensor (fake CUDA or meta)
+has no values, so the routing counts come from a generator seeded with ``seed``: every (step,
 layer) draws expert popularities from a Dirichlet(``router_alpha``) distribution (smaller is
 more skewed) and splits the ``tokens x top_k`` assignments accordingly, at most one per token
 and expert. The sort, gather, split and scatter then run with those sizes.
@@ -23,7 +23,7 @@ host synchronisation (scalars stay on the device); ``sgd`` is SGD with momentum.
     python benchmarks/workloads/moe.py --experts 16 --top-k 1 --router-alpha 0.3
 
 Scales: ``small`` (4 layers, d_model 256, 8 experts, top-2, batch 8 x 256 tokens, 6 steps;
-seconds on the meta device), ``medium`` (12 layers, d_model 768, 8 experts, batch 8 x 1024,
+seconds to capture), ``medium`` (12 layers, d_model 768, 8 experts, batch 8 x 1024,
 20 steps), ``large`` (24 layers, d_model 1024, 16 experts, batch 16 x 2048, 40 steps).
 """
 
@@ -41,7 +41,7 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
-_TRAINING = dict(router_alpha=1.0, aux_weight=0.01, lr=1e-2, weight_decay=0.0, optimizer="adafactor", device="meta")
+_TRAINING = dict(router_alpha=1.0, aux_weight=0.01, lr=1e-2, weight_decay=0.0, optimizer="adafactor", device="cuda")
 # fmt: off
 SCALES = {
     "small": dict(layers=4, d_model=256, heads=4, experts=8, top_k=2, hidden=512, vocab=8192, batch=8, seq=256,

@@ -20,8 +20,8 @@ from a generator seeded with ``seed``.
     python benchmarks/workloads/unet.py --out build/traces/unet-small.cptrace
     python benchmarks/workloads/unet.py --scale medium --mults 1,2,4 --max-image 128
 
-Scales: ``small`` (32 channels x (1, 2, 2), 32..64 px, batch 8, 8 steps; seconds on the meta
-device), ``medium`` (128 channels x (1, 2, 2, 4), 64..256 px, batch 16, 12 steps), ``large``
+Scales: ``small`` (32 channels x (1, 2, 2), 32..64 px, batch 8, 8 steps; seconds to capture on
+fake CUDA), ``medium`` (128 channels x (1, 2, 2, 4), 64..256 px, batch 16, 12 steps), ``large``
 (128 channels x (1, 2, 3, 4), two blocks a level, 128..512 px, batch 16, 20 steps).
 """
 
@@ -39,7 +39,7 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
-_TRAINING = dict(timesteps=1000, lr=2e-4, weight_decay=0.0, optimizer="adam", device="meta")
+_TRAINING = dict(timesteps=1000, lr=2e-4, weight_decay=0.0, optimizer="adam", device="cuda")
 # fmt: off
 SCALES = {
     "small": dict(channels=32, mults=(1, 2, 2), blocks=1, groups=8, heads=4, min_image=32, max_image=64,

@@ -10,15 +10,15 @@ label smoothing and AdamW (``foreach=True``).
 Every step draws the image height and width independently (multiples of ``patch`` in
 ``min_image..max_image``) from a generator seeded with ``seed``, so the number of patches, and
 with it every activation and the attention maps (quadratic in it), changes from step to step:
-the shape pattern that fragments a caching allocator most. On the meta device
-``nn.MultiheadAttention`` takes scaled_dot_product_attention's math path, which keeps the
+the shape pattern that fragments a caching allocator most. Traced without a GPU (fake CUDA
+or meta), ``nn.MultiheadAttention`` takes scaled_dot_product_attention's math path, which keeps the
 attention map for backward; CUDA's flash kernel would keep less.
 
     python benchmarks/workloads/vit.py --out build/traces/vit-small.cptrace
     python benchmarks/workloads/vit.py --scale medium --steps 40 --max-image 512
 
-Scales: ``small`` (4 blocks, dim 192, patch 8, images 32..96 px, batch 16, 12 steps; seconds on
-the meta device), ``medium`` (ViT-B/16: 12 blocks, dim 768, images 128..384 px, batch 32, 20
+Scales: ``small`` (4 blocks, dim 192, patch 8, images 32..96 px, batch 16, 12 steps; seconds to
+capture), ``medium`` (ViT-B/16: 12 blocks, dim 768, images 128..384 px, batch 32, 20
 steps), ``large`` (ViT-L/16: 24 blocks, dim 1024, images 160..512 px, batch 32, 40 steps).
 """
 
@@ -35,7 +35,7 @@ except ImportError:  # run as a script
 
 from cudapool.trace import Trace
 
-_TRAINING = dict(lr=1e-3, weight_decay=0.05, label_smoothing=0.1, optimizer="adamw", device="meta")
+_TRAINING = dict(lr=1e-3, weight_decay=0.05, label_smoothing=0.1, optimizer="adamw", device="cuda")
 # fmt: off
 SCALES = {
     "small": dict(depth=4, dim=192, heads=3, patch=8, min_image=32, max_image=96, batch=16, classes=100,
