@@ -52,6 +52,15 @@ def mlp(device: str) -> torch.nn.Sequential:
     )
 
 
+def sgd_step(model: torch.nn.Sequential) -> None:
+    """SGD through ``p.data`` (a view of a storage made before the window), gradients dropped."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.data.add_(p.grad, alpha=-0.1)
+                p.grad = None
+
+
 def infer(model: torch.nn.Sequential, device: str, autocast: bool) -> torch.Tensor:
     """Inference on a batch of 4, made inside the window."""
     x = torch.randn(4, 16, device=device)
@@ -71,10 +80,7 @@ def train(model: torch.nn.Sequential, device: str) -> None:
     loss = ((model(x) - target) ** 2).mean()
     loss.backward()
     del loss
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data.add_(p.grad, alpha=-0.1)
-            p.grad = None
+    sgd_step(model)
 
 
 def train_shared(model: torch.nn.Sequential, device: str) -> None:
@@ -88,10 +94,7 @@ def train_shared(model: torch.nn.Sequential, device: str) -> None:
     loss = ((model[2](h) - target) ** 2).mean()
     loss.backward()
     del loss, h
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data.add_(p.grad, alpha=-0.1)
-            p.grad = None
+    sgd_step(model)
 
 
 # The expectations derived by hand (sizes in bytes; fp32 = 4 B, bf16 = 2 B).
@@ -145,10 +148,7 @@ def train_bf16(model: torch.nn.Sequential, device: str) -> None:
     loss = ((out.float() - target) ** 2).mean()
     loss.backward()
     del loss, out
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data.add_(p.grad, alpha=-0.1)
-            p.grad = None
+    sgd_step(model)
 
 
 def train_indexed(model: torch.nn.Sequential, device: str) -> None:
@@ -165,11 +165,7 @@ def train_indexed(model: torch.nn.Sequential, device: str) -> None:
     loss = -torch.gather(torch.log_softmax(logits, dim=-1), -1, targets).mean()
     loss.backward()
     del loss, h, logits
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p.data.add_(p.grad, alpha=-0.1)
-                p.grad = None
+    sgd_step(model)
 
 
 def traced(program: Callable[[torch.nn.Sequential, str], Any], device: str, **kw: Any) -> Tuple[List[Event], Tracer]:

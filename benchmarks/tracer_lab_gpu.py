@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 import cudapool.tracer as tracer_mod  # noqa: E402
 import torch  # noqa: E402
 from cudapool.trace import ALLOC, Trace  # noqa: E402
-from tracer_public import compare, measure, snapshot_events  # noqa: E402
+from tracer_public import compare, comparison_cells, measure, snapshot_events  # noqa: E402
 
 PROGRAMS = ("gpt", "cnn", "kvcache", "vit", "unet", "moe", "lstm")
 
@@ -113,19 +113,13 @@ def rows(names: List[str], scale: str, out: Path) -> List[Dict[str, Any]]:
 
 
 def table(rs: List[Dict[str, Any]]) -> str:
-    mib = 1 << 20
     lines = [
         "| workload | scale | peak GPU / traced (MiB) | peak error | allocations GPU / traced | count error "
         "| sizes in order | all events in order |",
         "|---|---|---:|---:|---:|---:|---|---|",
     ]
     for r in rs:
-        lines.append(
-            f"| {r['workload']} | {r['scale']} | {r['real_peak'] / mib:,.1f} / {r['traced_peak'] / mib:,.1f} | "
-            f"{r['peak_error_pct']:+.2f} % | {r['real_allocs']:,} / {r['traced_allocs']:,} | "
-            f"{r['count_error_pct']:+.2f} % | {'same' if r['same_sizes_in_order'] else 'differ'} | "
-            f"{'same' if r['same_events_in_order'] else 'differ'} |"
-        )
+        lines.append(f"| {r['workload']} | {r['scale']} | {comparison_cells(r)} |")
     return "\n".join(lines)
 
 

@@ -267,8 +267,18 @@ def rows(
     return out
 
 
-def table(rs: List[Dict[str, Any]]) -> str:
+def comparison_cells(r: Dict[str, Any]) -> str:
+    """The table cells of one compare() result: peaks (MiB), peak error, allocations, count
+    error, sizes in order, all events in order."""
     mib = 1 << 20
+    return (
+        f"{r['real_peak'] / mib:,.1f} / {r['traced_peak'] / mib:,.1f} | {r['peak_error_pct']:+.2f} % | "
+        f"{r['real_allocs']:,} / {r['traced_allocs']:,} | {r['count_error_pct']:+.2f} % | "
+        f"{'same' if r['same_sizes_in_order'] else 'differ'} | {'same' if r['same_events_in_order'] else 'differ'}"
+    )
+
+
+def table(rs: List[Dict[str, Any]]) -> str:
     lines = [
         "| snapshot | program | model | precision | traced on | window peak GPU / traced (MiB) | peak error | "
         "allocations GPU / traced | count error | sizes in order | all events in order |",
@@ -277,9 +287,7 @@ def table(rs: List[Dict[str, Any]]) -> str:
     for r in rs:
         lines.append(
             f"| {r['snapshot']} | {r['program']} | {r['model']} | {r['precision']} | {r['traced_on']} | "
-            f"{r['real_peak'] / mib:,.1f} / {r['traced_peak'] / mib:,.1f} | {r['peak_error_pct']:+.2f} % | "
-            f"{r['real_allocs']:,} / {r['traced_allocs']:,} | {r['count_error_pct']:+.2f} % | "
-            f"{'same' if r['same_sizes_in_order'] else 'differ'} | {'same' if r['same_events_in_order'] else 'differ'} |"
+            f"{comparison_cells(r)} |"
         )
     return "\n".join(lines)
 
