@@ -127,17 +127,11 @@ class _Run:
     """One backward call: the graph from the roots, the dependencies, the ready queue."""
 
     def __init__(
-        self,
-        saved: Optional[SavedTensors],
-        keep_graph: bool,
-        accumulate_grad: bool,
-        inputs: Sequence[torch.Tensor],
-        allow_unused: bool,
+        self, saved: Optional[SavedTensors], keep_graph: bool, accumulate_grad: bool, inputs: Sequence[torch.Tensor]
     ) -> None:
         self.saved = saved
         self.keep_graph = keep_graph
         self.accumulate_grad = accumulate_grad
-        self.allow_unused = allow_unused
         self.inputs = list(inputs)
         self.deps: Dict[Any, int] = {}
         self.buffers: Dict[Any, List[Optional[torch.Tensor]]] = {}
@@ -426,7 +420,7 @@ def run_backward(
         raise Unsupported("create_graph=True")
     if any(not isinstance(t, torch.Tensor) for t in list(t_outputs) + list(inputs or ())):
         raise Unsupported("GradientEdge roots or inputs")
-    run = _Run(saved, keep_graph, accumulate_grad, list(inputs or ()), allow_unreachable)
+    run = _Run(saved, keep_graph, accumulate_grad, list(inputs or ()))
     roots = []
     grads = []
     for t, g in zip(t_outputs, grad_tensors):

@@ -679,14 +679,7 @@ class Tracer:
             made: List[_Live] = []
             for step in steps:
                 if step > 0:
-                    live = _Live(self._next_id, step, self._stream, self.device_index)
-                    self._next_id += 1
-                    made.append(live)
-                    self.events.append((ALLOC, live.ident, step, live.stream, live.device, _now()))
-                    if self.record_ops:
-                        self.alloc_ops[live.ident] = what
-                    self._live_bytes += step
-                    self._peak_bytes = max(self._peak_bytes, self._live_bytes)
+                    made.append(self._record_alloc(step, self.device_index, what))
                 else:
                     self._record_free(made[-step - 1])
 
@@ -751,17 +744,21 @@ class Tracer:
             device = t.device.index if t.device.index is not None else self.device_index
             self._alloc(key, size, device, storage, func)
 
-    def _alloc(self, key: int, size: int, device: int, storage: Any, func: Any) -> None:
-        ident = self._next_id
+    def _record_alloc(self, size: int, device: int, what: Any) -> _Live:
+        """A new allocation of ``size`` bytes on the current stream: its event, its operation's
+        name (with ``record_ops``), the live and peak bytes. The caller holds the lock."""
+        live = _Live(self._next_id, size, self._stream, device)
         self._next_id += 1
-        live = _Live(ident, size, self._stream, device)
-        self._live[key] = live
-        self.events.append((ALLOC, ident, size, live.stream, device, _now()))
+        self.events.append((ALLOC, live.ident, size, live.stream, device, _now()))
         if self.record_ops:
-            self.alloc_ops[ident] = str(func)
+            self.alloc_ops[live.ident] = str(what)
         self._live_bytes += size
         if self._live_bytes > self._peak_bytes:
             self._peak_bytes = self._live_bytes
+        return live
+
+    def _alloc(self, key: int, size: int, device: int, storage: Any, func: Any) -> None:
+        live = self._live[key] = self._record_alloc(size, device, func)
         live.watch(key, storage, self._freed)
         if self._fresh is not None:
             self._fresh.add(key)
@@ -774,17 +771,9 @@ class Tracer:
                 return
             if not any(self._storage_of(t) is not None for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)):
                 return  # not on the traced device
-            ident = self._next_id
-            self._next_id += 1
-            self._workspace_streams[self._stream] = ident
-            size = int(self.workspace_bytes or 0)
-            live = _Live(ident, size, self._stream, self.device_index)
+            live = self._record_alloc(int(self.workspace_bytes or 0), self.device_index, "cublas workspace")
+            self._workspace_streams[self._stream] = live.ident
             self._live[-1 - self._stream] = live  # a key no storage has
-            self.events.append((ALLOC, ident, size, live.stream, live.device, _now()))
-            if self.record_ops:
-                self.alloc_ops[ident] = "cublas workspace"
-            self._live_bytes += size
-            self._peak_bytes = max(self._peak_bytes, self._live_bytes)
 
     def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
         fin = old.finalizers.pop(key, None)
