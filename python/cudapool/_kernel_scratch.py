@@ -35,7 +35,16 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["DEFAULT_GPU", "acc_size", "gpu_shape", "index_put_steps", "reduction_steps"]
+__all__ = ["DEFAULT_GPU", "OPS", "acc_size", "gpu_shape", "index_put_steps", "op_steps", "reduction_steps"]
+
+#: index_put with accumulate=True: on CUDA it sorts the indices (index_put_with_sort_kernel).
+SORTED_INDEX_PUTS = frozenset(
+    ("aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put")
+)
+#: Reductions whose staging is modelled.
+STAGED_REDUCTIONS = frozenset(("aten::sum", "aten::mean"))
+#: Every operation (schema name) some model here applies to.
+OPS = SORTED_INDEX_PUTS | STAGED_REDUCTIONS
 
 #: Multiprocessors and threads per multiprocessor of the GPU the scratch is sized for when the
 #: caller names none: an H100 SXM / H200.
@@ -184,3 +193,32 @@ def acc_size(dtype: torch.dtype) -> int:
     if dtype.is_floating_point:
         return 8
     return 8  # integers and bool accumulate in int64
+
+
+def op_steps(name: str, args: Any, kwargs: Any, gpu: Tuple[int, int] = DEFAULT_GPU) -> Tuple[Tuple[int, ...], str]:
+    """The scratch steps of one call of the operation ``name`` (a schema name such as
+    "aten::sum") with its arguments, and what they are: ((), "") where no model applies."""
+    x = args[0]
+    if name in STAGED_REDUCTIONS:
+        if x.layout != torch.strided or x.numel() == 0:
+            return (), ""
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(x.dim()))
+        elif isinstance(dims, int):
+            dims = [dims]
+        reduced = [d % x.dim() for d in dims] if x.dim() else []
+        steps = reduction_steps(tuple(x.shape), tuple(x.stride()), reduced, x.element_size(), acc_size(x.dtype), gpu)
+        return steps, "reduction staging"
+    if name in SORTED_INDEX_PUTS:
+        accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+        if not accumulate or len(args) < 2:
+            return (), ""
+        index = [i for i in (args[1] or ()) if isinstance(i, torch.Tensor)]
+        if not index or any(i.dtype == torch.bool for i in index):
+            return (), ""  # boolean masks go through nonzero first: not modelled
+        n = 1
+        for size in torch.broadcast_shapes(*(tuple(i.shape) for i in index)):
+            n *= size
+        return index_put_steps(n), "index_put scratch"
+    return (), ""

@@ -220,15 +220,6 @@ _IN_PLACE_STAND_INS = frozenset(
     )
 )
 
-#: index_put with accumulate=True: on CUDA it sorts the indices, with scratch buffers from the
-#: caching allocator (index_put_with_sort_kernel).
-_SORTED_INDEX_PUTS = frozenset(
-    ("aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put")
-)
-#: Reductions whose staging buffers are modelled (cudapool._kernel_scratch).
-_STAGED_REDUCTIONS = frozenset(("aten::sum", "aten::mean"))
-_SCRATCH_OPS = _SORTED_INDEX_PUTS | _STAGED_REDUCTIONS
-
 _COMPOSITE: Dict[Any, bool] = {}
 
 
@@ -291,7 +282,7 @@ class _Mode(TorchDispatchMode):
         if self._tracer.workspace_bytes and func._schema.name in _BLAS_OPS:
             # After the result: cuBLAS takes its workspace inside the call.
             self._tracer._workspace(args)
-        if self._tracer.cuda_scratch and func._schema.name in _SCRATCH_OPS:
+        if self._tracer.cuda_scratch and func._schema.name in _kernel_scratch.OPS:
             self._tracer._kernel_scratch(func, args, kwargs)
         return out
 
@@ -640,37 +631,8 @@ class Tracer:
         where cudapool._kernel_scratch models them (programs traced for CUDA only)."""
         if not args or not isinstance(args[0], torch.Tensor) or self._storage_of(args[0]) is None:
             return
-        name = func._schema.name
-        x = args[0]
-        if name in _STAGED_REDUCTIONS:
-            dims = args[1] if len(args) > 1 else kwargs.get("dim")
-            if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-                dims = list(range(x.dim()))
-            elif isinstance(dims, int):
-                dims = [dims]
-            reduced = [d % x.dim() for d in dims] if x.dim() else []
-            if x.layout != torch.strided or x.numel() == 0:
-                return
-            steps = _kernel_scratch.reduction_steps(
-                tuple(x.shape),
-                tuple(x.stride()),
-                reduced,
-                x.element_size(),
-                _kernel_scratch.acc_size(x.dtype),
-                self.gpu,
-            )
-            self._temporaries(steps, "reduction staging")
-            return
-        accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
-        if not accumulate or len(args) < 2:
-            return
-        index = [i for i in (args[1] or ()) if isinstance(i, torch.Tensor)]
-        if not index or any(i.dtype == torch.bool for i in index):
-            return  # boolean masks go through nonzero first: not modelled
-        n = 1
-        for size in torch.broadcast_shapes(*(tuple(i.shape) for i in index)):
-            n *= size
-        self._temporaries(_kernel_scratch.index_put_steps(n), "index_put scratch")
+        steps, what = _kernel_scratch.op_steps(func._schema.name, args, kwargs, self.gpu)
+        self._temporaries(steps, what)
 
     def _temporaries(self, steps: Tuple[int, ...], what: str) -> None:
         with self._lock:
