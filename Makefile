@@ -75,6 +75,7 @@ test-c: $(ASAN_TESTS)
 	  echo "== $$t"; \
 	  $(ASAN_ENV) ./$$t || { echo "test-c: $$t FAILED" >&2; exit 1; }; \
 	done
+	@$(MAKE) --no-print-directory test-c-standin
 	@$(MAKE) --no-print-directory fuzz-corpus
 
 # ---- ThreadSanitizer: the threaded stress test ----------------------------------------------
@@ -102,6 +103,45 @@ test-tsan: $(TSAN_TESTS)
 	$(TSAN_ENV):report_thread_leaks=0 ./build/tsan/test_fork
 	@echo "== build/tsan/test_devices"
 	$(TSAN_ENV) ./build/tsan/test_devices
+	@$(MAKE) --no-print-directory test-tsan-standin
+
+# ---- The CUDA backend against a stand-in for libcuda ------------------------------------------
+# build/<flavour>/libcudapool-standin.so (csrc/standin/, Note [The stand-in] in standin/standin.h):
+# a driver backed by host memory, built from the driver API reference, that the CUDA backend
+# loads when CUDAPOOL_CUDA_DRIVER names it. test-c-standin runs the backend's tests against it
+# under ASan+UBSan (and test_cuda_nodriver once more, with a library that does not exist);
+# test-tsan-standin runs them under TSan. Part of test-c and test-tsan.
+STANDIN_SRC := $(sort $(wildcard csrc/standin/*.c))
+STANDIN_TESTS := test_cuda_nodriver $(patsubst tests/c/%.c,%,$(sort $(wildcard tests/c/test_cuda_standin*.c)))
+STANDIN_CFLAGS_asan := $(ASAN_CFLAGS)
+STANDIN_CFLAGS_tsan := $(TSAN_CFLAGS)
+STANDIN_CFLAGS_release := $(RELEASE_CFLAGS)
+STANDIN_TSAN_TESTS := $(addprefix build/tsan/,$(STANDIN_TESTS))
+standin_driver = CUDAPOOL_CUDA_DRIVER=$(abspath build/$(1)/libcudapool-standin.so)
+.PHONY: test-c-standin test-tsan-standin
+
+build/%/libcudapool-standin.so: $(STANDIN_SRC) $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(STANDIN_CFLAGS_$*) $(CFLAGS) -fPIC -fvisibility=hidden -shared $(LDFLAGS) $(STANDIN_SRC) -o $@
+
+$(STANDIN_TSAN_TESTS): build/tsan/%: build/tsan/obj/tests/c/%.o $(call lib_objs,tsan)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
+
+test-c-standin: build/asan/libcudapool-standin.so $(addprefix build/asan/,$(STANDIN_TESTS))
+	@for t in $(STANDIN_TESTS); do \
+	  echo "== build/asan/$$t against build/asan/libcudapool-standin.so"; \
+	  $(ASAN_ENV) $(call standin_driver,asan) ./build/asan/$$t || { echo "test-c-standin: $$t FAILED" >&2; exit 1; }; \
+	done
+	@echo "== build/asan/test_cuda_nodriver with CUDAPOOL_CUDA_DRIVER naming no library"
+	@$(ASAN_ENV) CUDAPOOL_CUDA_DRIVER=$(abspath build)/no-such-libcuda.so ./build/asan/test_cuda_nodriver || \
+	  { echo "test-c-standin: test_cuda_nodriver (no library) FAILED" >&2; exit 1; }
+
+test-tsan-standin: build/tsan/libcudapool-standin.so $(STANDIN_TSAN_TESTS)
+	@for t in $(STANDIN_TESTS); do \
+	  echo "== build/tsan/$$t against build/tsan/libcudapool-standin.so"; \
+	  $(TSAN_ENV) $(call standin_driver,tsan) ./build/tsan/$$t || { echo "test-tsan-standin: $$t FAILED" >&2; exit 1; }; \
+	done
 
 # ---- Release: optimised, no sanitizer, no per-op check --------------------------------------
 build/release/obj/%.o: %.c $(HEADERS) Makefile

@@ -7,12 +7,14 @@
 For each workload of ``benchmarks/workloads`` (``WORKLOADS``): load its trace from
 ``build/traces/<workload>-<scale>.cptrace``, capturing and saving it first when it is missing
 (or unreadable, or with --recapture); replay it through the pool on a simulated device under
-the ``builtin``, ``expandable`` (expandable_segments:True) and ``cudapool`` policies; then print one markdown table, write the
+the ``builtin``, ``expandable`` (expandable_segments:True) and ``cudapool`` policies; then print two markdown tables
+(the memory, and the device calls' estimated time), write the
 results as JSON (default ``build/replay-all.json``:
 ``{"scale": ..., "device_costs": {"source", "costs"}, "rows": [{"workload", "events",
 "policies": {"builtin": {...}, "cudapool": {...}}, "targets": {...}}], "errors": [...]}``,
 the policies' dicts holding cudapool.replay's keys less the curve, among them the device
-calls per kind, all and after warm-up, and their estimated milliseconds) and draw the gpt workload's allocated and reserved
+calls per kind, all and after warm-up, their estimated milliseconds, during and after warm-up, and the
+counts of the calls that wait for the device) and draw the gpt workload's allocated and reserved
 memory over the trace under both policies (default ``build/replay-gpt.png``; needs
 matplotlib: ``pip install -e '.[bench]'``).
 
@@ -21,13 +23,18 @@ the ``builtin`` policy on the simulator, written as the snapshot the built-in al
 have dumped, and its history cut at WINDOW_CUT (``benchmarks/window_snapshot.py``). Each such
 snapshot is replayed as ``python -m cudapool replay`` would, from the reconstructed state at
 the window's start, under every policy, and from an empty pool (what replays did before they
-reconstructed the start). The second table puts those peaks beside the recorded built-in peak
+reconstructed the start). The last table puts those peaks beside the recorded built-in peak
 over the window (the truth); the JSON holds them under ``"windows"``.
 
 Beside the memory, the table shows what each policy costs in device calls: their estimated
 milliseconds (``dev call ms``: calls x per-call cost, from ``cudapool.device_costs`` or the
 JSON of ``benchmarks/device_call_costs.py`` given with --device-costs) and how many calls
-come after warm-up (the second half of the events: 0 for a loop that is warm).
+come after warm-up (the second half of the events: 0 for a loop that is warm). A second,
+narrower table (printed after it) splits the estimate into warm-up and after warm-up, and counts the calls after
+warm-up that wait for the device's queued work (``device_costs.SYNC_KINDS``: cudaFree,
+cudaEventSynchronize, cuMemUnmap, cuMemSetAccess; the wait is in no estimate), each cell
+"builtin / expandable / cudapool". Every figure of both tables is the simulator's, and the
+headers say so.
 
 The targets are checked and reported, not enforced: cudapool reserves no more than the
 built-in rules, and strictly less where those use less than 95 % of what they reserve;
@@ -184,6 +191,30 @@ _COLUMNS = (
     ("dev call ms", lambda r: f"{r['device_call_ms']:.2f}"),
     ("calls after warm-up", lambda r: f"{r['device_calls_after_warmup_total']:,}"),
 )
+
+
+#: The second table's figures, one column each, the policies' in POLICIES order in every cell:
+#: (header, cell from a replay's result). All come from the simulated device's counters; the
+#: milliseconds are those counts priced by the cost table (cudapool.device_costs).
+_DEVICE_COLUMNS = (
+    ("sim warm-up device ms (est.)", lambda r: f"{r['device_ms_warmup']:.2f}"),
+    ("sim device ms after warm-up (est.)", lambda r: f"{r['device_ms_after_warmup']:.2f}"),
+    ("sim calls after warm-up", lambda r: f"{r['device_calls_after_warmup_total']:,}"),
+    ("sim sync calls after warm-up", lambda r: f"{r['sync_calls_after_warmup']:,}"),
+)
+
+
+def format_device_table(rows: List[Dict[str, Any]]) -> str:
+    """The device-time table: one column per figure, each cell "builtin / expandable /
+    cudapool" (narrow enough to paste as it is)."""
+    head = ["workload", "events"] + [label for label, _ in _DEVICE_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        cells = [row["workload"], f"{row['events']:,}"]
+        for _, cell in _DEVICE_COLUMNS:
+            cells.append(" / ".join(cell(row["policies"][p]) for p in POLICIES))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def compare_expandable(c: Dict[str, Any], e: Dict[str, Any]) -> Dict[str, Any]:
@@ -387,12 +418,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             errors.append({"workload": name, "error": f"{exc.__class__.__name__}: {exc}"})
 
     print(
-        f"replay of the {args.scale} workloads on a simulated device "
-        f"(peak reserved: lower is better; util = peak allocated / peak reserved; dev call ms = the device "
-        f"calls' estimated milliseconds, costs from {args.device_costs or 'cudapool.device_costs'}; calls after "
-        f"warm-up = device calls in the second half of the events)\n"
+        f"replay of the {args.scale} workloads on a simulated device: every figure below is the simulator's "
+        f"(peak reserved: lower is better; util = peak allocated / peak reserved; ns/op = host time of the replay, "
+        f"the simulated device's work included; dev call ms = the device calls' estimated milliseconds, costs "
+        f"from {args.device_costs or 'cudapool.device_costs'}; calls after warm-up = device calls in the second "
+        f"half of the events)\n"
     )
     print(format_table(rows))
+    print(
+        f"device calls and their estimated time, per policy (each cell: {' / '.join(POLICIES)}; sim = counted "
+        "on the simulated device, not measured on a GPU; est. ms = those calls priced by the cost table, "
+        "without the waits; warm-up = the first half of the events, calls of the pool's start-up included; "
+        "sync calls = calls that wait for the device's queued work: "
+        f"{', '.join(device_costs.SYNC_KINDS)}):\n"
+    )
+    print(format_device_table(rows))
     met = sum(1 for r in rows if r["targets"]["ok"])
     print(
         f"targets met on {met} of {len(rows)} workload(s); replay speed (min over policies): "

@@ -188,6 +188,7 @@ def test_row_non_integer_sizes_are_type_errors(pool):
             pool.free(bad)
         with pytest.raises(TypeError):
             pool.record_stream(p, bad)
+            pool.launch(p, bad)  # work there uses it
         with pytest.raises(TypeError):
             pool.set_memory_cap(bad)
     with pytest.raises(TypeError):
@@ -485,6 +486,7 @@ def test_row_invalid_stream_sim_pool_free_after_record_stream_raises(pool):
     pool.free(q)
     p = pool.alloc(1000)
     pool.record_stream(p, 7)
+    pool.launch(p, 7)  # work there uses it
     pool.invalidate_stream(7)
     before = pool.memory_stats()
     for _ in range(2):

@@ -132,6 +132,7 @@ def test_fork_while_another_thread_holds_the_pool_lock_does_not_deadlock_the_chi
         ptr, rc, msg = alloc(4 * MiB, 0, 1)
         assert rc == 0, msg
         lib.cudapool_record_stream(ptr, 2)
+        _testhooks.sim_launch(0, 2, ptr, 4 * MiB)  # work on stream 2 uses it
         # The free records an event on stream 2 with the pool lock held; that call lasts 300 ms.
         _testhooks.sim_delay_nth(0, "event_record", 1, 300)
         t = threading.Thread(target=free, args=(ptr, 4 * MiB, 0, 1))

@@ -491,6 +491,101 @@ def test_report_shows_device_calls():
     assert "0 calls" in rp.format_report(replay(periodic_loop(), policy="builtin"))
 
 
+NEW_DEVICE_KEYS = ("sync_calls", "sync_calls_after_warmup", "device_ms_warmup", "device_ms_after_warmup")
+
+
+def test_sync_kinds_and_their_count():
+    assert set(device_costs.SYNC_KINDS) <= set(device_costs.KINDS)
+    assert device_costs.SYNC_KINDS == ("release", "event_synchronize", "page_unmap", "page_set_access")
+    calls = {k: i + 1 for i, k in enumerate(device_costs.KINDS)}
+    assert device_costs.sync_calls(calls) == sum(calls[k] for k in device_costs.SYNC_KINDS)
+    assert device_costs.sync_calls({"page_map": 7, "reserve": 3}) == 0
+    assert device_costs.sync_calls({}) == 0
+    assert device_costs.sync_calls({"release": 2, "page_unmap": 3, "event_query": 9}) == 5
+
+
+def test_default_costs_are_the_published_figures():
+    t = device_costs.DEFAULT_COSTS
+    # kvcached's benchmarks/bench_vmm (A100, one 2 MiB page per call): 193, 1.5, 36, 26 us; 19 us
+    # for one cuMemAddressReserve of 8 GiB.
+    per_page = {"page_create": 193.0, "page_map": 1.5, "page_set_access": 36.0, "page_unmap": 26.0}
+    for kind, us in per_page.items():
+        row = t[kind]
+        assert row["us"] + row["us_per_gib"] * 2 * MiB / GiB == pytest.approx(us)
+        assert row["estimate"] is False and "kvcached" in row["source"]
+    assert t["va_reserve"]["us"] == 19.0 and t["va_reserve"]["us_per_gib"] == 0.0
+    assert "kvcached" in t["va_reserve"]["source"]
+    # page_create mostly per call (Note [Expandable Segments]): ten 2 MiB pages cost far more
+    # than one 20 MiB chunk, not the same as they would were the cost per byte.
+    create = t["page_create"]
+    ten_pages = 10 * (create["us"] + create["us_per_gib"] * 2 * MiB / GiB)
+    one_chunk = create["us"] + create["us_per_gib"] * 20 * MiB / GiB
+    assert ten_pages / one_chunk > 8
+    assert "Expandable Segments" in create["source"]
+    for kind, row in t.items():
+        if row["estimate"]:
+            assert "estimate" in row["source"], kind
+    for kind in device_costs.SYNC_KINDS:
+        assert "SYNC_KINDS" in t[kind]["source"], kind
+
+
+@pytest.mark.parametrize("policy", ["builtin", "expandable", "cudapool"])
+def test_replay_sync_calls_are_the_sync_kinds_of_the_sims_counters(policy):
+    # A capacity below what the trace needs: memory is given back (cudaFree, or unmapped after
+    # an event synchronize) on the way to the out of memory that stops the replay.
+    trace = synthetic(3000, seed=3)
+    r = replay(trace, policy=policy, capacity="240MiB")
+    for key in NEW_DEVICE_KEYS:
+        assert key in r
+    assert r["oom"] and r["device_calls"]["release"] + r["device_calls"]["page_unmap"] > 0
+    # The same events on a pool of our own, as the replay makes its pool.
+    pool = _C.Pool(240 * MiB, config_text(policy), True, False)
+    try:
+        pool.replay_start(-1)
+        assert not pool.replay_feed(trace.data)  # out of memory, at the same event
+        calls = pool.backend_calls()
+        pool.replay_stop()
+    finally:
+        pool.close()
+    assert r["device_calls"] == calls
+    assert r["sync_calls"] == sum(calls[k] for k in device_costs.SYNC_KINDS)
+    after = r["device_calls_after_warmup"]
+    assert r["sync_calls_after_warmup"] == sum(after[k] for k in device_costs.SYNC_KINDS)
+    assert 0 <= r["sync_calls_after_warmup"] <= r["sync_calls"]
+
+
+@pytest.mark.parametrize("policy", ["builtin", "expandable", "cudapool"])
+def test_warm_up_and_after_warm_up_device_ms_add_up(policy):
+    for trace in (growing_loop(), periodic_loop(), synthetic(2000, seed=5)):
+        r = replay(trace, policy=policy)
+        assert r["device_ms_after_warmup"] == r["device_call_ms_after_warmup"]
+        assert r["device_ms_warmup"] + r["device_ms_after_warmup"] == pytest.approx(r["device_call_ms"])
+        assert r["device_ms_warmup"] > 0  # the pool's start-up and its first growth
+        json.dumps(r)
+    # several devices: each device's, and the totals of the top level
+    r = replay(synthetic(3000, devices=(0, 1)), policy=policy)
+    for res in (r, *r["devices"].values()):
+        assert res["device_ms_warmup"] + res["device_ms_after_warmup"] == pytest.approx(res["device_call_ms"])
+    for key in NEW_DEVICE_KEYS:
+        assert r[key] == pytest.approx(sum(d[key] for d in r["devices"].values()))
+
+
+def test_a_pool_that_must_give_memory_back_makes_sync_calls():
+    # 40 MiB cached after the first free; 50 MiB more does not fit in 64 MiB, so the
+    # out-of-memory ladder gives the cached segment back (cudaFree) and reserves again.
+    events = [(ALLOC, 1, 40 * MiB), (FREE, 1, 0), (ALLOC, 2, 50 * MiB), (FREE, 2, 0)]
+    unlimited = replay(Trace.from_events(events), policy="builtin")
+    assert unlimited["sync_calls"] == 0 and unlimited["device_calls"]["release"] == 0
+    r = replay(Trace.from_events(events), policy="builtin", capacity=64 * MiB)
+    assert not r["oom"] and r["device_frees"] >= 1
+    assert r["device_calls"]["release"] >= 1
+    assert r["sync_calls"] >= r["device_calls"]["release"] > 0
+    assert r["sync_calls_after_warmup"] > 0  # the give-back comes with the third event
+    text = rp.format_report(r)
+    waiting = next(line for line in text.splitlines() if line.startswith("waiting calls"))
+    assert f"{r['sync_calls']:,} ({r['sync_calls_after_warmup']:,} after warm-up)" in waiting
+
+
 def test_sim_counts_the_bytes_of_each_call():
     pool = _C.Pool(1 << 30, "expandable_segments:True", True, False)
     try:
@@ -1152,6 +1247,7 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     main_part, _, window_part = out.partition("the same runs as windowed torch snapshots")
+    main_part, _, device_part = main_part.partition("device calls and their estimated time")
     table = [line for line in main_part.splitlines() if line.startswith("|")]
     assert table[0].startswith(
         "| workload | events | builtin peak reserved | expandable peak reserved | cudapool peak reserved | "
@@ -1184,6 +1280,34 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
         assert gpt_cells[f"{policy} calls after warm-up"] == "0"
         assert gpt_cells[f"{policy} dev call ms"] == f"{res['device_call_ms']:.2f}"
         assert res["device_call_ms"] > 0 and res["device_calls"]["reserve"] + res["device_calls"]["page_create"] > 0
+    # The device table: every header names the simulator; each cell is builtin / expandable /
+    # cudapool, the figures of the JSON.
+    assert "every figure below is the simulator's" in main_part
+    assert "sim = counted on the simulated device" in device_part
+    dev_table = [line for line in device_part.splitlines() if line.startswith("|")]
+    dev_head = [c.strip() for c in dev_table[0].strip("|").split("|")]
+    assert dev_head == [
+        "workload",
+        "events",
+        "sim warm-up device ms (est.)",
+        "sim device ms after warm-up (est.)",
+        "sim calls after warm-up",
+        "sim sync calls after warm-up",
+    ]
+    assert len(dev_table) == 4 and dev_table[2].startswith("| gpt | 200 |")
+    for line in dev_table[2:]:
+        cells = dict(zip(dev_head, (c.strip() for c in line.strip("|").split("|"))))
+        pol = rows[cells["workload"]]["policies"]
+        order = ("builtin", "expandable", "cudapool")
+        assert cells["sim warm-up device ms (est.)"] == " / ".join(f"{pol[p]['device_ms_warmup']:.2f}" for p in order)
+        assert cells["sim device ms after warm-up (est.)"] == " / ".join(
+            f"{pol[p]['device_ms_after_warmup']:.2f}" for p in order
+        )
+        assert cells["sim sync calls after warm-up"] == " / ".join(
+            f"{pol[p]['sync_calls_after_warmup']:,}" for p in order
+        )
+        for res in pol.values():
+            assert {"sync_calls", "sync_calls_after_warmup", "device_ms_warmup", "device_ms_after_warmup"} <= set(res)
     assert rows["tiny"]["policies"]["builtin"]["peak_reserved"] == 2 * MiB + 20 * MiB
     # 1000 B: a 2 MiB small chunk; 9 MiB: one 20 MiB large chunk.
     assert rows["tiny"]["policies"]["expandable"]["peak_reserved"] == 2 * MiB + 20 * MiB

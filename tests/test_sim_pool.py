@@ -340,6 +340,7 @@ def test_same_stream_reuse_is_immediate(pool):
 def test_record_stream_delays_reuse_until_complete(pool):
     p = pool.alloc(1000, stream=0)
     pool.record_stream(p, 7)
+    pool.launch(p, 7)  # work there uses it
     pool.free(p)
     assert pool.info()["pending_blocks"] == 1
     q = pool.alloc(1000, stream=0)
@@ -355,6 +356,7 @@ def test_auto_complete_pool_reuses_at_once():
     with Pool(16 * MiB, auto_complete=True) as pool:
         p = pool.alloc(1000)
         pool.record_stream(p, 5)
+        pool.launch(p, 5)  # work there uses it
         pool.free(p)
         assert pool.alloc(1000) == p
 
@@ -370,7 +372,9 @@ def test_blocks_are_per_stream(pool):
 def test_complete_all(pool):
     p = pool.alloc(1000)
     pool.record_stream(p, 3)
+    pool.launch(p, 3)  # work there uses it
     pool.record_stream(p, 4)
+    pool.launch(p, 4)  # work there uses it
     pool.free(p)
     pool.complete_all()
     assert pool.alloc(1000) == p

@@ -202,6 +202,7 @@ class SimPoolMachine(RuleBasedStateMachine):
         if stream == blk.stream:
             stream = (stream + 1) % 6
         self.pool.record_stream(ptr, stream)
+        self.pool.launch(ptr, stream)  # work there uses it
         blk.uses.add(stream)
 
     @rule(stream=st.integers(min_value=0, max_value=5))

@@ -33,6 +33,7 @@ def _workload(pool, stacks=True):
     c = make(5 * MiB, stream=7)
     d = make(200_000)
     pool.record_stream(d, 9)
+    pool.launch(d, 9)  # work there uses it
     pool.free(d)  # waits on stream 9: active_pending_free
     pool.free(a)
     return b, c

@@ -14,6 +14,7 @@
 
 #include "backend/cuda_internal.h"
 #include "base/fork.h"
+#include "base/ptrmap.h"
 
 /* The driver's types, the function table (CUDA_DRIVER_FUNCTIONS, CUDA_VMM_FUNCTIONS) and the
  * device slot are in cuda_internal.h, shared with cuda_vmm.c. */
@@ -144,9 +145,23 @@ static int cuda_resolve(const cuda_get_proc_t *gp, const cuda_symbol_t *sym, cha
   return 0;
 }
 
+/* Note [Which libcuda]
+ * The driver is libcuda.so.1 (libcuda.so, the toolkit's development link, as a fallback). When
+ * the environment variable CUDAPOOL_CUDA_DRIVER is set and not empty, the library it names (a
+ * path, or a name for dlopen's search) is loaded instead, with no fallback: the C tests point it
+ * at the stand-in for libcuda of csrc/standin/ (make test-c-standin), so that this backend's own
+ * code runs without a GPU. It is read once, by the first cp_cuda_load. */
+
 /* Everything cp_cuda_load promises; on failure the thread's last error says why. Runs once. */
 static int cuda_load_driver(void) {
-  void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  const char *named = getenv("CUDAPOOL_CUDA_DRIVER"); /* Note [Which libcuda] */
+  const int use_named = named != NULL && named[0] != '\0';
+  void *library = dlopen(use_named ? named : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == NULL && use_named) {
+    const char *reason = dlerror();
+    return cp_set_error(CP_ERR_BACKEND, "cudapool: no CUDA driver: CUDAPOOL_CUDA_DRIVER=%s: %s", named,
+                        reason != NULL ? reason : "dlopen failed");
+  }
   if (library == NULL) {
     /* Keep the first reason: libcuda.so.1 is the driver's real name, the other a dev link. */
     char first[CUDA_MESSAGE_BYTES];
@@ -206,62 +221,6 @@ int cp_cuda_load(void) {
   if (pthread_once(&cuda_load_once, cuda_load_once_routine) != 0)
     return cp_set_error(CP_ERR_BACKEND, "cudapool: loading the CUDA driver: pthread_once failed");
   if (cuda_load_status != CP_OK) return cp_set_error(cuda_load_status, "%s", cuda_load_error);
-  return CP_OK;
-}
-
-/* ------------------------------------------------------------------------------------------
- * Queries
- * ---------------------------------------------------------------------------------------- */
-
-int cp_cuda_driver_version(int *out) {
-  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_driver_version: out is NULL");
-  int rc = cp_cuda_load();
-  if (rc != CP_OK) return rc;
-  int version = 0;
-  const CUresult r = cp_cuda_fn.cuDriverGetVersion(&version);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDriverGetVersion");
-  *out = version;
-  return CP_OK;
-}
-
-/* CP_OK when `device` names a visible device; the driver is loaded. */
-static int cuda_check_ordinal(int device) {
-  int count = 0;
-  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
-  if (device < 0 || device >= count)
-    return cp_set_error(CP_ERR_INVALID,
-                        "cudapool: CUDA device %d does not exist (%d CUDA "
-                        "device%s visible)",
-                        device, count, count == 1 ? "" : "s");
-  return CP_OK;
-}
-
-int cp_cuda_device_count(int *out) {
-  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_count: out is NULL");
-  int rc = cp_cuda_load();
-  if (rc != CP_OK) return rc;
-  int count = 0;
-  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
-  *out = count;
-  return CP_OK;
-}
-
-int cp_cuda_device_name(int device, char *buf, size_t n) {
-  if (buf == NULL || n == 0)
-    return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_name: %s", buf == NULL ? "buf is NULL" : "n must be > 0");
-  int rc = cp_cuda_load();
-  if (rc == CP_OK) rc = cuda_check_ordinal(device);
-  if (rc != CP_OK) return rc;
-  CUdevice dev = 0;
-  CUresult r = cp_cuda_fn.cuDeviceGet(&dev, device);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
-  char name[CUDA_NAME_BYTES];
-  r = cp_cuda_fn.cuDeviceGetName(name, (int)sizeof name, dev);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetName(device %d)", device);
-  name[sizeof name - 1] = '\0';
-  snprintf(buf, n, "%s", name);
   return CP_OK;
 }
 
@@ -348,7 +307,10 @@ static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemFree", &scope);
   if (rc != CP_OK) return rc;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
   const CUresult r = cp_cuda_fn.cuMemFree((CUdeviceptr)addr);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
   (void)cp_cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
@@ -368,14 +330,52 @@ static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
  *
  * During a graph capture the pool makes no event call (Note [Capture in the pool]); a device
  * allocation then must not join the capture, so cuMemAlloc runs in the relaxed capture mode
- * (cuThreadExchangeStreamCaptureMode), as torch's allocator does. Each of these driver
- * functions is optional: without cuStreamIsCapturing no stream counts as capturing (the
- * capture windows torch opens still hold), without cuStreamGetCtx every stream is taken for
- * this device's. */
+ * (cuThreadExchangeStreamCaptureMode), as torch's allocator does, and so do cuMemFree and
+ * every VMM call (cuda_vmm.c): made in the global mode while another thread captures, such a
+ * call would fail and invalidate that capture (the driver API reference). cuStreamIsCapturing
+ * on the legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream of
+ * its context captures: using it would break that capture, so it counts as capturing. Each of
+ * these driver functions is optional: without cuStreamIsCapturing no stream counts as
+ * capturing (the capture windows torch opens still hold), without cuStreamGetCtx every stream
+ * is taken for this device's. */
 typedef struct cuda_event_s {
   CUevent event;
   CUcontext ctx; /* the context `event` was created in */
 } cuda_event_t;
+
+/* Note [Event handles]
+ * A cp_event_t of this backend is a number, never reused, that cuda_events maps to its
+ * cuda_event_t; only a handle found there reaches the driver. event_destroy takes the handle
+ * out first and frees the record whatever cuEventDestroy answers (after a sticky error it
+ * fails, and a caller could not do anything better with the handle than try again): the
+ * handle is gone either way, and a second destroy, or any other use, is refused with
+ * CP_ERR_INVALID without a driver call and without touching freed memory. A handle must not be
+ * destroyed while another call is using it (the pool never does). */
+static pthread_mutex_t cuda_events_lock = PTHREAD_MUTEX_INITIALIZER;
+static cp_ptrmap_t cuda_events; /* handle -> cuda_event_t *, set up by the first event_create */
+static int cuda_events_ready;
+static uintptr_t cuda_events_last; /* the last handle handed out */
+
+static cuda_event_t *cuda_event_find(cp_event_t event) {
+  pthread_mutex_lock(&cuda_events_lock);
+  cuda_event_t *ev = cuda_events_ready && event != 0 ? cp_ptrmap_get(&cuda_events, event) : NULL;
+  pthread_mutex_unlock(&cuda_events_lock);
+  return ev;
+}
+
+/* A new handle for `ev`: CP_OK, or CP_ERR_HOST_OOM. */
+static int cuda_event_publish(cuda_event_t *ev, cp_event_t *out) {
+  int rc = CP_OK;
+  pthread_mutex_lock(&cuda_events_lock);
+  if (!cuda_events_ready) {
+    rc = cp_ptrmap_init(&cuda_events, 64);
+    cuda_events_ready = rc == CP_OK;
+  }
+  if (rc == CP_OK) rc = cp_ptrmap_insert(&cuda_events, cuda_events_last + 1, ev);
+  if (rc == CP_OK) *out = ++cuda_events_last;
+  pthread_mutex_unlock(&cuda_events_lock);
+  return rc;
+}
 
 /* Default streams of other contexts (Note [Capture and contexts]): a token is the address of
  * an entry, which no driver stream handle can equal; entries are never removed. */
@@ -447,18 +447,22 @@ static int cuda_event_create(void *ctx, cp_event_t *out_event) {
   if (ev == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda event_create: no host memory");
   ev->ctx = d->ctx;
   rc = cuda_event_new(d, d->ctx, &ev->event);
-  if (rc != CP_OK) {
-    free(ev);
-    return rc;
+  if (rc == CP_OK && cuda_event_publish(ev, out_event) != CP_OK) {
+    (void)cuda_event_free(d, ev->event, ev->ctx);
+    rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda event_create: no host memory for the handle");
   }
-  *out_event = (cp_event_t)ev;
-  return CP_OK;
+  if (rc != CP_OK) free(ev);
+  return rc;
 }
 
+/* Note [Event handles]: the handle is gone when this returns, whatever the driver said. */
 static int cuda_event_destroy(void *ctx, cp_event_t event) {
   cuda_device_t *d = ctx;
-  cuda_event_t *ev = (cuda_event_t *)event;
-  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_destroy: no event");
+  pthread_mutex_lock(&cuda_events_lock);
+  cuda_event_t *ev = cuda_events_ready && event != 0 ? cp_ptrmap_remove(&cuda_events, event) : NULL;
+  pthread_mutex_unlock(&cuda_events_lock);
+  if (ev == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_destroy: 0x%" PRIxPTR " is not a live event", event);
   int rc = cuda_event_free(d, ev->event, ev->ctx);
   free(ev);
   return rc;
@@ -480,8 +484,9 @@ static void cuda_stream_target(cuda_device_t *d, cp_stream_t stream, CUcontext *
 
 static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   cuda_device_t *d = ctx;
-  cuda_event_t *ev = (cuda_event_t *)event;
-  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_record: no event");
+  cuda_event_t *ev = cuda_event_find(event);
+  if (ev == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_record: 0x%" PRIxPTR " is not a live event", event);
   CUcontext target;
   CUstream handle;
   cuda_stream_target(d, stream, &target, &handle);
@@ -504,9 +509,10 @@ static int cuda_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
 
 static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
   cuda_device_t *d = ctx;
-  cuda_event_t *ev = (cuda_event_t *)event;
+  cuda_event_t *ev = cuda_event_find(event);
   if (out_done == NULL || ev == NULL)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_query: %s is NULL", ev == NULL ? "event" : "out_done");
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_query: %s",
+                        ev == NULL ? "not a live event" : "out_done is NULL");
   cuda_scope_t scope;
   int rc = cuda_enter_ctx(ev->ctx, "cuEventQuery", &scope);
   if (rc != CP_OK) return rc;
@@ -523,8 +529,9 @@ static int cuda_event_query(void *ctx, cp_event_t event, int *out_done) {
 
 static int cuda_event_synchronize(void *ctx, cp_event_t event) {
   cuda_device_t *d = ctx;
-  cuda_event_t *ev = (cuda_event_t *)event;
-  if (ev == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_synchronize: no event");
+  cuda_event_t *ev = cuda_event_find(event);
+  if (ev == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: cuda event_synchronize: 0x%" PRIxPTR " is not a live event", event);
   cuda_scope_t scope;
   int rc = cuda_enter_ctx(ev->ctx, "cuEventSynchronize", &scope);
   if (rc != CP_OK) return rc;
@@ -545,7 +552,9 @@ static int cuda_stream_capturing(void *ctx, cp_stream_t stream, int *out_capturi
   if (rc != CP_OK) return rc;
   int status = CU_STREAM_CAPTURE_STATUS_NONE;
   const CUresult r = cp_cuda_fn.cuStreamIsCapturing((CUstream)stream, &status);
-  if (r != CUDA_SUCCESS)
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    status = CU_STREAM_CAPTURE_STATUS_ACTIVE; /* the legacy stream during a capture: Note [Capture and contexts] */
+  else if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuStreamIsCapturing(0x%" PRIxPTR ") on device %d", stream, d->ordinal);
   rc = cp_cuda_leave(d, "cuStreamIsCapturing", &scope, rc);
   if (rc == CP_OK) *out_capturing = status != CU_STREAM_CAPTURE_STATUS_NONE; /* active or invalidated */
@@ -600,10 +609,21 @@ static int cuda_mem_info(void *ctx, size_t *out_free, size_t *out_total) {
  * Lifetime
  * ---------------------------------------------------------------------------------------- */
 
+/* The backend's own locks, taken under a pool's lock (event handles, default-stream tokens,
+ * page handles), are held across fork() as backend locks (Note [Locks across fork]). */
+static pthread_once_t cuda_fork_once = PTHREAD_ONCE_INIT;
+static cp_fork_lock_t cuda_events_fork_node, cuda_tokens_fork_node;
+
+static void cuda_register_for_fork(void) {
+  cp_fork_register(&cuda_events_fork_node, &cuda_events_lock, CP_FORK_LEVEL_BACKEND);
+  cp_fork_register(&cuda_tokens_fork_node, &cuda_tokens_lock, CP_FORK_LEVEL_BACKEND);
+  cp_cuda_vmm_register_for_fork();
+}
+
 int cp_cuda_backend(int device, cp_backend_t *out) {
   if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_backend: out is NULL");
   int rc = cp_cuda_load();
-  if (rc == CP_OK) rc = cuda_check_ordinal(device);
+  if (rc == CP_OK) rc = cp_cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
   if (device >= CP_MAX_DEVICES)
     return cp_set_error(CP_ERR_INVALID,
@@ -611,8 +631,11 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
                         "cudapool serves",
                         device, CP_MAX_DEVICES);
 
+  int device_count = 0;
+  if (cp_cuda_fn.cuDeviceGetCount(&device_count) != CUDA_SUCCESS) device_count = device + 1;
   cuda_device_t *d = &cuda_devices[device];
   cp_fork_register_outer(&cuda_devices_lock); /* after the device table's: it nests inside */
+  (void)pthread_once(&cuda_fork_once, cuda_register_for_fork);
   pthread_mutex_lock(&cuda_devices_lock);
   if (!atomic_load_explicit(&d->live, memory_order_relaxed)) {
     CUdevice dev = 0;
@@ -628,6 +651,7 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
       d->ordinal = device;
       d->dev = dev;
       d->ctx = primary;
+      cp_cuda_vmm_probe_device(d, device_count);
       atomic_store_explicit(&d->live, 1, memory_order_release);
     }
   }

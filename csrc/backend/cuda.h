@@ -11,11 +11,12 @@
  * (cp_last_error), naming the driver call that failed and the driver's error name.
  * All of them are thread-safe. */
 
-/* Load the driver: dlopen libcuda, resolve every driver function it needs through
- * cuGetProcAddress, then cuInit(0). Idempotent: the first call does the work, later ones
- * return its outcome, a failure included (CP_ERR_BACKEND, "cudapool: no CUDA driver: ..." or
- * "cudapool: cuInit failed: ..."), with the same message every time. Every other function
- * below calls it first. */
+/* Load the driver: dlopen libcuda (libcuda.so.1, or the library the environment variable
+ * CUDAPOOL_CUDA_DRIVER names: Note [Which libcuda] in cuda.c), resolve every driver function
+ * it needs through cuGetProcAddress, then cuInit(0). Idempotent: the first call does the
+ * work, later ones return its outcome, a failure included (CP_ERR_BACKEND, "cudapool: no CUDA
+ * driver: ..." or "cudapool: cuInit failed: ..."), with the same message every time. Every
+ * other function below calls it first. */
 int cp_cuda_load(void);
 
 /* The driver's CUDA version, 1000 * major + 10 * minor (12040 for 12.4). */
@@ -34,7 +35,11 @@ int cp_cuda_device_name(int device, char *buf, size_t n);
  * operation makes that context current for its duration and restores the calling thread's
  * previous context before returning, so it may be called from any thread with any (or no)
  * current context. Streams are CUstream / cudaStream_t values; 0 is the legacy default
- * stream. Events are created with timing disabled. */
+ * stream. Events are created with timing disabled. An event is gone once event_destroy
+ * returns, whatever it returns, and a page once page_release has handed it to the driver: a
+ * second call of either is refused with CP_ERR_INVALID, no driver call made. With several
+ * devices, page-mapped memory is made accessible to each device that can reach this one
+ * (cuDeviceCanAccessPeer). */
 int cp_cuda_backend(int device, cp_backend_t *out);
 
 /* Whether device `device` gets the page-mapped entries of the operation table (Note

@@ -25,7 +25,12 @@ typedef unsigned long long CUdeviceptr; /* 64-bit builds */
 typedef uint64_t cuuint64_t;
 typedef int CUdriverProcAddressQueryResult;
 
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_NOT_READY = 600 };
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906 /* cuStreamIsCapturing on the legacy stream during a capture */
+};
 
 enum { CU_GET_PROC_ADDRESS_SUCCESS = 0 };
 
@@ -42,7 +47,8 @@ enum {
   CU_MEM_LOCATION_TYPE_DEVICE = 1,
   CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
   CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
-  CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+  CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+  CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 };
 
 typedef struct CUmemLocation_st {
@@ -139,16 +145,18 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function addr
   X(cuMemUnmap, CUresult, (CUdeviceptr ptr, size_t size))                                                             \
   X(cuMemSetAccess, CUresult, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count))
 
-/* Optional too, each on its own (Note [Capture and contexts] in cuda.c): a driver without one
- * leaves its entry NULL and the backend does without. */
+/* Optional too, each on its own (Note [Capture and contexts] in cuda.c, Note [Peers] in
+ * cuda_vmm.c): a driver without one leaves its entry NULL and the backend does without. */
 #define CUDA_OPTIONAL_FUNCTIONS(X)                                        \
   X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status)) \
   X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))       \
-  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))
+  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))  \
+  X(cuDeviceCanAccessPeer, CUresult, (int *out_can, CUdevice dev, CUdevice peer_dev))
 
 enum {
   CU_STREAM_CAPTURE_STATUS_NONE = 0,
   CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+  CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
   CUDA_STREAM_HANDLE_SPECIAL_MAX = 2 /* 0 the default stream, 1 CU_STREAM_LEGACY, 2 CU_STREAM_PER_THREAD */
 };
 
@@ -171,9 +179,12 @@ typedef struct cuda_driver_s {
  * an optional one is NULL when this driver does not provide it. */
 extern cuda_driver_t cp_cuda_fn;
 
-/* Around a driver call that must never join a stream capture under way (an allocation, a
- * mapping): the thread's capture mode is relaxed, as torch's allocator does, and restored
- * after (Note [Capture and contexts] in cuda.c). *mode carries the one to restore. */
+/* Around a driver call that must never join, nor break, a stream capture under way (an
+ * allocation, a mapping, and every call that gives memory back: cuMemFree, cuMemUnmap,
+ * cuMemRelease, cuMemAddressFree): the thread's capture mode is relaxed, as torch's allocator
+ * does, and restored after (Note [Capture and contexts] in cuda.c). Made in the global mode
+ * while another thread captures, such a call would fail and invalidate that capture (the
+ * driver API reference, cuThreadExchangeStreamCaptureMode). *mode carries the one to restore. */
 static inline int cp_cuda_relax(int *mode) {
   *mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   return cp_cuda_fn.cuThreadExchangeStreamCaptureMode != NULL &&
@@ -194,13 +205,20 @@ extern char cp_cuda_vmm_missing[CUDA_MESSAGE_BYTES];
 /* One slot per device ordinal; the backend's ctx points at it.
  * Invariants:
  *  - live == 1  <=>  this process holds exactly one retain of dev's primary context, ctx;
- *  - ordinal, dev and ctx are written under cuda_devices_lock while live == 0, before the
- *    release store of live = 1; operations read them only after an acquire load saw live == 1. */
+ *  - ordinal, dev, ctx, rdma and the peers are written under cuda_devices_lock while
+ *    live == 0, before the release store of live = 1; operations read them only after an
+ *    acquire load saw live == 1. */
 typedef struct cuda_device_s {
   atomic_int live;
   int ordinal;
   CUdevice dev;
   CUcontext ctx; /* the device's primary context */
+  /* Page-mapped memory (cuda_vmm.c), found once when the slot goes live: whether the device
+   * takes gpuDirectRDMACapable in cuMemCreate, and the other devices that can reach its memory
+   * (cuDeviceCanAccessPeer), which every cuMemSetAccess grants access too (Note [Peers]). */
+  int rdma;
+  int peer_count;
+  CUdevice peers[CP_MAX_DEVICES];
 } cuda_device_t;
 
 typedef struct cuda_scope_s {
@@ -213,6 +231,10 @@ int cp_cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope);
 /* Put the previous context back. Returns `rc` when the operation already failed (its message
  * stands), else CP_OK or the failure to restore. */
 int cp_cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc);
+
+/* CP_OK when `device` names a visible device, else the last error set (cuda_vmm.c); the driver is
+ * loaded. */
+int cp_cuda_check_ordinal(int device);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)", or the bare number when the driver cannot name it.
  * Returns `buf`. */
@@ -236,5 +258,12 @@ int cp_cuda_vmm_probe(int ordinal, CUdevice dev, char *why, size_t why_bytes, CU
 
 /* Fill the page-mapped entries of `out` (its ctx is the device's slot). */
 void cp_cuda_vmm_table(cp_backend_t *out);
+
+/* Find the slot's rdma flag and peers (`count` devices visible; the driver is loaded). Called
+ * under cuda_devices_lock before the slot goes live; a failed query means "no": never an error. */
+void cp_cuda_vmm_probe_device(cuda_device_t *d, int count);
+
+/* Hold cuda_vmm.c's lock across fork() (base/fork.h); called once, by cuda.c. */
+void cp_cuda_vmm_register_for_fork(void);
 
 #endif /* CP_CUDA_INTERNAL_H */

@@ -1,22 +1,72 @@
-/* cuda_vmm.c — page-mapped memory on CUDA: the VMM entries of the operation table through
- * cuMemAddressReserve, cuMemCreate, cuMemMap and friends, and whether a device supports them. */
+/* cuda_vmm.c — the CUDA devices: the queries of cuda.h, what each device supports, and page-mapped memory
+ * (the VMM entries of the operation table through cuMemAddressReserve, cuMemCreate, cuMemMap and friends). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backend/cuda_internal.h"
+#include "base/fork.h"
+#include "base/ptrmap.h"
 
 /* Note [VMM support]
  * A device gets the page-mapped entries when the driver provides every CUDA_VMM_FUNCTIONS entry
  * (the loader resolves them as optional, so an old driver still serves plain segments) and the
  * device reports CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED. Otherwise the entries
  * stay NULL and the pool uses cuMemAlloc segments; cp_cuda_vmm_support says which and why.
- * Memory is always pinned device memory on the device itself, without export handles: the
- * allocation properties are the same for the granularity query and for cuMemCreate. Every
- * call runs in the device's primary context (Note [Context scope] in cuda.c): one that
- * acquires (va_reserve, page_create, page_map) gives it back when the previous context cannot
- * be restored; those that give back (va_free, page_release, page_unmap) report their own
- * outcome. */
+ * Memory is always pinned device memory on the device itself, without export handles, marked
+ * GPUDirect RDMA capable when the device reports
+ * CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (asked once per device, as
+ * torch's expandable segments do, so that memory handed to a NIC works): the allocation
+ * properties are the same for the granularity query and for cuMemCreate. Every call runs in
+ * the device's primary context (Note [Context scope] in cuda.c): one that acquires
+ * (va_reserve, page_create, page_map) gives it back when the previous context cannot be
+ * restored; those that give back (va_free, page_release, page_unmap) report their own
+ * outcome. Every call that changes the address space runs in the relaxed capture mode (Note
+ * [Capture and contexts] in cuda.c). Out of memory from cuMemMap (page tables) and
+ * cuMemSetAccess is CP_ERR_OOM, as from cuMemCreate: the pool's out-of-memory ladder may free
+ * cached memory and try again.
+ *
+ * Note [Page handles]
+ * The driver API reference leaves cuMemRelease of a handle that is no longer valid undefined,
+ * and after a failed cuMemRelease the handle may be released already. So page_release hands a
+ * handle to the driver at most once: the handles page_create made are kept in vmm_pages, and
+ * page_release takes the handle out before calling cuMemRelease, whatever it answers. A
+ * second page_release of it (a caller's retry) is refused with CP_ERR_INVALID and no driver
+ * call. */
+
+static pthread_mutex_t vmm_pages_lock = PTHREAD_MUTEX_INITIALIZER;
+static cp_ptrmap_t vmm_pages; /* live handle -> its device slot */
+static int vmm_pages_ready;
+static cp_fork_lock_t vmm_pages_fork_node;
+
+void cp_cuda_vmm_register_for_fork(void) {
+  cp_fork_register(&vmm_pages_fork_node, &vmm_pages_lock, CP_FORK_LEVEL_BACKEND);
+}
+
+/* Remember `handle` as live: CP_OK or CP_ERR_HOST_OOM. */
+static int vmm_page_keep(cuda_device_t *d, CUmemGenericAllocationHandle handle) {
+  int rc = CP_OK;
+  pthread_mutex_lock(&vmm_pages_lock);
+  if (!vmm_pages_ready) {
+    rc = cp_ptrmap_init(&vmm_pages, 64);
+    vmm_pages_ready = rc == CP_OK;
+  }
+  /* A driver hands a value out again only once it was released; a value still here was lost
+   * with its device (a driver reset), and the new handle takes its place. */
+  if (rc == CP_OK) (void)cp_ptrmap_remove(&vmm_pages, (uintptr_t)handle);
+  if (rc == CP_OK) rc = cp_ptrmap_insert(&vmm_pages, (uintptr_t)handle, d);
+  pthread_mutex_unlock(&vmm_pages_lock);
+  return rc;
+}
+
+/* Forget `handle`: 1 when it was live. */
+static int vmm_page_forget(cp_page_t handle) {
+  pthread_mutex_lock(&vmm_pages_lock);
+  const int live = vmm_pages_ready && cp_ptrmap_remove(&vmm_pages, handle) != NULL;
+  pthread_mutex_unlock(&vmm_pages_lock);
+  return live;
+}
 
 static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
   CUmemAllocationProp prop;
@@ -25,7 +75,33 @@ static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d->dev;
+  prop.allocFlags.gpuDirectRDMACapable = d->rdma ? 1 : 0;
   return prop;
+}
+
+/* Note [Peers]
+ * A mapping is usable only from the devices cuMemSetAccess granted. Memory of one device is
+ * reached from others in a process with several (a peer copy, NCCL), so, as torch's
+ * expandable segments do, every cuMemSetAccess grants read-write access to the device itself
+ * and to each other device that can reach it: cuDeviceCanAccessPeer(&can, peer, device) == 1,
+ * asked once per device when its slot goes live. Without cuDeviceCanAccessPeer, or when a
+ * query fails, there are no peers. */
+void cp_cuda_vmm_probe_device(cuda_device_t *d, int count) {
+  d->rdma = 0;
+  d->peer_count = 0;
+  int value = 0;
+  if (cp_cuda_vmm_missing[0] == '\0' &&
+      cp_cuda_fn.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, d->dev) ==
+          CUDA_SUCCESS)
+    d->rdma = value != 0;
+  if (cp_cuda_fn.cuDeviceCanAccessPeer == NULL) return;
+  for (int i = 0; i < count && i < CP_MAX_DEVICES; i++) {
+    CUdevice peer = 0;
+    int can = 0;
+    if (i == d->ordinal || cp_cuda_fn.cuDeviceGet(&peer, i) != CUDA_SUCCESS) continue;
+    if (cp_cuda_fn.cuDeviceCanAccessPeer(&can, peer, d->dev) == CUDA_SUCCESS && can == 1)
+      d->peers[d->peer_count++] = peer;
+  }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -81,7 +157,10 @@ static int cuda_va_free(void *ctx, uintptr_t addr, size_t size) {
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemAddressFree", &scope);
   if (rc != CP_OK) return rc;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
   const CUresult r = cp_cuda_fn.cuMemAddressFree((CUdeviceptr)addr, size);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemAddressFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size,
                       d->ordinal);
@@ -108,17 +187,30 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
                       "cuMemCreate(%zu bytes, pinned, device %d)", size, d->ordinal);
   const int acquired = rc == CP_OK;
   rc = cp_cuda_leave(d, "cuMemCreate", &scope, rc);
-  if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemRelease(handle);
+  if (rc == CP_OK && vmm_page_keep(d, handle) != CP_OK)
+    rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda page_create: no host memory to keep the page's handle");
+  if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemRelease(handle); /* once: it was never handed out */
   if (rc == CP_OK) *out_page = (cp_page_t)handle;
   return rc;
 }
 
+/* Note [Page handles]: the handle is handed to cuMemRelease at most once. */
 static int cuda_page_release(void *ctx, cp_page_t page) {
   cuda_device_t *d = ctx;
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemRelease", &scope);
-  if (rc != CP_OK) return rc;
+  if (rc != CP_OK) return rc; /* no driver call was made: the handle is still live */
+  if (!vmm_page_forget(page)) {
+    rc = cp_set_error(CP_ERR_INVALID,
+                      "cudapool: cuda page_release(page 0x%" PRIxPTR
+                      ") on device %d: not a live page (released already, or a failed release, which is not retried)",
+                      page, d->ordinal);
+    return cp_cuda_leave(d, "cuMemRelease", &scope, rc);
+  }
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
   const CUresult r = cp_cuda_fn.cuMemRelease((CUmemGenericAllocationHandle)page);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemRelease(page 0x%" PRIxPTR ") on device %d", page, d->ordinal);
   (void)cp_cuda_leave(d, "cuMemRelease", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
@@ -135,7 +227,7 @@ static int cuda_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page)
   const CUresult r = cp_cuda_fn.cuMemMap((CUdeviceptr)addr, size, 0, (CUmemGenericAllocationHandle)page, 0);
   cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r,
+    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
                       "cuMemMap(0x%" PRIxPTR ", %zu bytes, offset 0, page 0x%" PRIxPTR ") on device %d", addr, size,
                       page, d->ordinal);
   const int acquired = rc == CP_OK;
@@ -149,7 +241,10 @@ static int cuda_page_unmap(void *ctx, uintptr_t addr, size_t size) {
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemUnmap", &scope);
   if (rc != CP_OK) return rc;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
   const CUresult r = cp_cuda_fn.cuMemUnmap((CUdeviceptr)addr, size);
+  cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemUnmap(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
   (void)cp_cuda_leave(d, "cuMemUnmap", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
@@ -161,19 +256,78 @@ static int cuda_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemSetAccess", &scope);
   if (rc != CP_OK) return rc;
-  CUmemAccessDesc desc;
-  memset(&desc, 0, sizeof desc);
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = d->dev;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  /* The device itself, then its peers (Note [Peers]). */
+  CUmemAccessDesc desc[1 + CP_MAX_DEVICES];
+  memset(desc, 0, sizeof desc);
+  const size_t count = 1 + (size_t)d->peer_count;
+  for (size_t i = 0; i < count; i++) {
+    desc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[i].location.id = i == 0 ? d->dev : d->peers[i - 1];
+    desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
   int mode;
   const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemSetAccess((CUdeviceptr)addr, size, &desc, 1);
+  const CUresult r = cp_cuda_fn.cuMemSetAccess((CUdeviceptr)addr, size, desc, count);
   cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemSetAccess(0x%" PRIxPTR ", %zu bytes, read-write for device %d)", addr,
-                      size, d->ordinal);
+    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+                      "cuMemSetAccess(0x%" PRIxPTR ", %zu bytes, read-write for device %d and %d peer%s)", addr, size,
+                      d->ordinal, d->peer_count, d->peer_count == 1 ? "" : "s");
   return cp_cuda_leave(d, "cuMemSetAccess", &scope, rc);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Queries (cuda.h)
+ * ---------------------------------------------------------------------------------------- */
+
+int cp_cuda_driver_version(int *out) {
+  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_driver_version: out is NULL");
+  int rc = cp_cuda_load();
+  if (rc != CP_OK) return rc;
+  int version = 0;
+  const CUresult r = cp_cuda_fn.cuDriverGetVersion(&version);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDriverGetVersion");
+  *out = version;
+  return CP_OK;
+}
+
+/* cuda_internal.h */
+int cp_cuda_check_ordinal(int device) {
+  int count = 0;
+  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  if (device < 0 || device >= count)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d does not exist (%d CUDA device%s visible)", device,
+                        count, count == 1 ? "" : "s");
+  return CP_OK;
+}
+
+int cp_cuda_device_count(int *out) {
+  if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_count: out is NULL");
+  int rc = cp_cuda_load();
+  if (rc != CP_OK) return rc;
+  int count = 0;
+  const CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
+  *out = count;
+  return CP_OK;
+}
+
+int cp_cuda_device_name(int device, char *buf, size_t n) {
+  if (buf == NULL || n == 0)
+    return cp_set_error(CP_ERR_INVALID, "cp_cuda_device_name: %s", buf == NULL ? "buf is NULL" : "n must be > 0");
+  int rc = cp_cuda_load();
+  if (rc == CP_OK) rc = cp_cuda_check_ordinal(device);
+  if (rc != CP_OK) return rc;
+  CUdevice dev = 0;
+  CUresult r = cp_cuda_fn.cuDeviceGet(&dev, device);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
+  char name[CUDA_NAME_BYTES];
+  r = cp_cuda_fn.cuDeviceGetName(name, (int)sizeof name, dev);
+  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetName(device %d)", device);
+  name[sizeof name - 1] = '\0';
+  snprintf(buf, n, "%s", name);
+  return CP_OK;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -211,15 +365,10 @@ int cp_cuda_vmm_support(int device, int *out_supported, char *why, size_t why_si
   if (out_supported == NULL) return cp_set_error(CP_ERR_INVALID, "cp_cuda_vmm_support: out_supported is NULL");
   if (why == NULL && why_size != 0) return cp_set_error(CP_ERR_INVALID, "cp_cuda_vmm_support: why is NULL");
   int rc = cp_cuda_load();
+  if (rc == CP_OK) rc = cp_cuda_check_ordinal(device);
   if (rc != CP_OK) return rc;
-  int count = 0;
-  CUresult r = cp_cuda_fn.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGetCount");
-  if (device < 0 || device >= count)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: CUDA device %d does not exist (%d CUDA device%s visible)", device,
-                        count, count == 1 ? "" : "s");
   CUdevice dev = 0;
-  r = cp_cuda_fn.cuDeviceGet(&dev, device);
+  CUresult r = cp_cuda_fn.cuDeviceGet(&dev, device);
   if (r != CUDA_SUCCESS) return cp_cuda_fail(CP_ERR_BACKEND, r, "cuDeviceGet(%d)", device);
   char text[CUDA_MESSAGE_BYTES];
   const int supported = cp_cuda_vmm_probe(device, dev, text, sizeof text, &r);

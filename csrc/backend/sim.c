@@ -26,19 +26,14 @@ _Static_assert(sizeof(uintptr_t) >= 8, "sim.c assumes 64-bit addresses");
  * streams and events own a small heap struct each, freed when the entry goes.
  * ---------------------------------------------------------------------------------------- */
 
-typedef struct sim_stream_s {
-  uint64_t recorded_seq;  /* sequence number of the last event_record on this stream */
-  uint64_t completed_seq; /* every record with seq <= this has completed */
-  int invalid;            /* cp_sim_invalidate_stream: records on it fail */
-  int capturing;          /* cp_sim_set_capturing: being captured (Note [Simulated capture]) */
-} sim_stream_t;
-
 typedef struct sim_event_s {
-  cp_stream_t stream; /* stream of the last record (meaningless while seq == 0) */
-  uint64_t seq;       /* position on that stream; 0 = never recorded */
+  cp_stream_t stream; /* stream of the last record (meaningless until recorded) */
+  uint64_t seq;       /* the launches of that stream it waits for: those numbered <= seq */
+  int recorded;       /* event_record was called on it */
 } sim_event_t;
 
-/* The device itself (struct cp_sim_s) is in sim_internal.h, shared with sim_vmm.c. */
+/* The device itself (struct cp_sim_s) and its streams are in sim_internal.h, shared with
+ * sim_vmm.c and sim_work.c. */
 
 static const char *const sim_call_names[CP_SIM_CALL_COUNT] = {
 #define CP_X(id, name) name,
@@ -82,9 +77,8 @@ static sim_stream_t *sim_stream_find(const cp_sim_t *sim, cp_stream_t stream) {
 
 static sim_event_t *sim_event_find(const cp_sim_t *sim, cp_event_t event) { return cp_ptrmap_get(&sim->events, event); }
 
-/* The stream's state, created on first use. NULL when host memory for it is short; the
- * stream map is unchanged then. */
-static sim_stream_t *sim_stream_get_or_add(cp_sim_t *sim, cp_stream_t stream) {
+/* sim_internal.h. The stream map is unchanged when host memory is short. */
+sim_stream_t *cp_sim_stream_get_locked(cp_sim_t *sim, cp_stream_t stream) {
   sim_stream_t *st = sim_stream_find(sim, stream);
   if (st != NULL) return st;
   st = calloc(1, sizeof *st);
@@ -96,17 +90,41 @@ static sim_stream_t *sim_stream_get_or_add(cp_sim_t *sim, cp_stream_t stream) {
   return st;
 }
 
+/* sim_internal.h */
+uint64_t cp_sim_submit_locked(cp_sim_t *sim, sim_stream_t *st) {
+  const uint64_t seq = ++st->submitted_seq;
+  if (sim->lag == 0) {
+    st->completed_seq = seq;
+  } else if (sim->lag != UINT64_MAX && seq > sim->lag && st->completed_seq < seq - sim->lag) {
+    st->completed_seq = seq - sim->lag;
+  }
+  return seq;
+}
+
+/* An unknown event handle: a device fault when it was handed out once (used after its
+ * destroy), CP_ERR_INVALID either way. */
+static int sim_event_unknown_locked(cp_sim_t *sim, cp_sim_call_t kind, cp_event_t event) {
+  if (event != 0 && event < sim->next_event_id) {
+    cp_sim_fault_locked(sim, "event handle used after it was destroyed", sim_call_names[kind], event, 0, 0);
+    return cp_set_error(CP_ERR_INVALID, "sim: %s(0x%" PRIxPTR "): the event was destroyed", sim_call_names[kind],
+                        event);
+  }
+  return cp_set_error(CP_ERR_INVALID, "sim: %s(0x%" PRIxPTR "): unknown event", sim_call_names[kind], event);
+}
+
 /* Whether a known event has completed; a never-recorded one has (CUDA semantics). */
 static int sim_event_done(const cp_sim_t *sim, const sim_event_t *ev) {
-  if (ev->seq == 0) return 1;
+  if (!ev->recorded) return 1;
   const sim_stream_t *st = sim_stream_find(sim, ev->stream);
   return st != NULL && st->completed_seq >= ev->seq;
 }
 
 /* Refuse a call the driver refuses while a stream is captured (Note [Simulated capture]). */
-static int sim_refuse_if_capturing_locked(cp_sim_t *sim, cp_sim_call_t kind) {
+int cp_sim_refuse_if_capturing_locked(cp_sim_t *sim, cp_sim_call_t kind) {
   if (sim->capturing_streams == 0) return CP_OK;
   sim->capture_violations++;
+  cp_sim_fault_locked(sim, "call the driver refuses while a stream captures (the capture is invalidated)",
+                      sim_call_names[kind], 0, 0, 0);
   return cp_set_error(CP_ERR_BACKEND, "sim: %s: operation not permitted when stream is capturing",
                       sim_call_names[kind]);
 }
@@ -180,7 +198,7 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   sim_lock(sim);
   sim->bytes[CP_SIM_RELEASE] += size;
   int rc = cp_sim_enter_locked(sim, CP_SIM_RELEASE);
-  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_RELEASE);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_RELEASE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->reservations, addr);
   if (value == NULL) {
@@ -195,9 +213,12 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
                       addr, size, sim_value_size(value));
     goto out;
   }
+  /* cudaFree waits for the device: every stream's queued work completes first. */
+  cp_sim_drain_locked(sim);
   if (!(sim->flags & CP_SIM_NO_TOUCH)) free((void *)addr);
   sim->used_bytes -= size;
   cp_ptrmap_remove(&sim->reservations, addr);
+  if (sim->last_reservation == addr) sim->last_reservation = 0;
 out:
   sim_unlock(sim);
   return rc;
@@ -230,10 +251,13 @@ static int sim_event_destroy(void *ctx, cp_event_t event) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_destroy: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_DESTROY);
-  if (rc != CP_OK) goto out;
+  if (rc != CP_OK && sim->lost) goto out;
+  /* A failed destroy still ends the handle (Note [Simulated asynchrony]): the driver may have
+   * freed the event before it failed, so the caller must never use it again. */
   sim_event_t *ev = cp_ptrmap_remove(&sim->events, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_destroy(0x%" PRIxPTR "): unknown event", event);
+    const int unknown = sim_event_unknown_locked(sim, CP_SIM_EVENT_DESTROY, event);
+    if (rc == CP_OK) rc = unknown;
     goto out;
   }
   free(ev);
@@ -247,16 +271,15 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_record: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_RECORD);
-  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_RECORD);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_RECORD);
   if (rc != CP_OK) goto out;
   sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR "): unknown event", event,
-                      stream);
+    rc = sim_event_unknown_locked(sim, CP_SIM_EVENT_RECORD, event);
     goto out;
   }
   /* `ev` is a heap struct of its own, so it stays valid if the stream map grows. */
-  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
+  sim_stream_t *st = cp_sim_stream_get_locked(sim, stream);
   if (st == NULL) {
     rc = cp_set_error(CP_ERR_BACKEND,
                       "sim: event_record(0x%" PRIxPTR ", stream 0x%" PRIxPTR
@@ -271,10 +294,11 @@ static int sim_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
                       event, stream);
     goto out;
   }
-  const uint64_t seq = ++st->recorded_seq;
   ev->stream = stream;
-  ev->seq = seq;
-  if (sim->auto_complete) st->completed_seq = seq;
+  /* An event completes when the work queued before it has: a marker after the stream's last
+   * launch, done at once on an idle stream. */
+  ev->seq = st->submitted_seq;
+  ev->recorded = 1;
 out:
   sim_unlock(sim);
   return rc;
@@ -285,7 +309,7 @@ static int sim_event_query(void *ctx, cp_event_t event, int *out_done) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_query: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_QUERY);
-  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_QUERY);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_QUERY);
   if (rc != CP_OK) goto out;
   if (out_done == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): out_done is NULL", event);
@@ -293,7 +317,7 @@ static int sim_event_query(void *ctx, cp_event_t event, int *out_done) {
   }
   const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_query(0x%" PRIxPTR "): unknown event", event);
+    rc = sim_event_unknown_locked(sim, CP_SIM_EVENT_QUERY, event);
     goto out;
   }
   *out_done = sim_event_done(sim, ev);
@@ -307,15 +331,15 @@ static int sim_event_synchronize(void *ctx, cp_event_t event) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: event_synchronize: no device");
   sim_lock(sim);
   int rc = cp_sim_enter_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
-  if (rc == CP_OK) rc = sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_EVENT_SYNCHRONIZE);
   if (rc != CP_OK) goto out;
   const sim_event_t *ev = sim_event_find(sim, event);
   if (ev == NULL) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: event_synchronize(0x%" PRIxPTR "): unknown event", event);
+    rc = sim_event_unknown_locked(sim, CP_SIM_EVENT_SYNCHRONIZE, event);
     goto out;
   }
   /* The device "runs" the stream up to the event; later work on it stays pending. */
-  if (ev->seq != 0) {
+  if (ev->recorded) {
     sim_stream_t *st = sim_stream_find(sim, ev->stream);
     if (st != NULL && st->completed_seq < ev->seq) st->completed_seq = ev->seq;
   }
@@ -371,7 +395,10 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
       cp_ptrmap_init(&sim->streams, SIM_MAP_MIN_SLOTS) != CP_OK ||
       cp_ptrmap_init(&sim->events, SIM_MAP_MIN_SLOTS) != CP_OK || cp_sim_vmm_init(sim) != CP_OK)
     goto no_host_memory;
+  sim->flags = flags;
+  if (cp_sim_work_init(sim) != CP_OK) goto no_host_memory;
   if (pthread_mutex_init(&sim->lock, NULL) != 0) {
+    cp_sim_work_destroy(sim);
     cp_sim_vmm_destroy(sim);
     cp_ptrmap_destroy(&sim->reservations);
     cp_ptrmap_destroy(&sim->streams);
@@ -381,8 +408,6 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
   }
   cp_fork_register(&sim->fork_node, &sim->lock, CP_FORK_LEVEL_BACKEND);
   sim->capacity_bytes = capacity;
-  sim->flags = flags;
-  sim->auto_complete = (flags & CP_SIM_AUTO_COMPLETE) != 0;
   sim->next_fake_addr = SIM_FAKE_BASE_ADDR;
   sim->next_event_id = 1;
   *out_sim = sim;
@@ -390,7 +415,8 @@ int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim) {
 
 no_host_memory:
   if (sim != NULL) {
-    cp_sim_vmm_destroy(sim);               /* fine on maps never set up (all empty) */
+    cp_sim_work_destroy(sim); /* fine on maps never set up (all empty) */
+    cp_sim_vmm_destroy(sim);
     cp_ptrmap_destroy(&sim->reservations); /* free(NULL) is fine for maps never set up */
     cp_ptrmap_destroy(&sim->streams);
     cp_ptrmap_destroy(&sim->events);
@@ -416,6 +442,7 @@ static void sim_free_value(uintptr_t key, void *value, void *arg) {
 void cp_sim_destroy(cp_sim_t *sim) {
   if (sim == NULL) return;
   cp_fork_unregister(&sim->fork_node);
+  cp_sim_work_destroy(sim);
   cp_sim_vmm_destroy(sim);
   if (!(sim->flags & CP_SIM_NO_TOUCH)) cp_ptrmap_each(&sim->reservations, sim_free_key, NULL);
   cp_ptrmap_each(&sim->streams, sim_free_value, NULL);
@@ -453,7 +480,7 @@ void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return;
   sim_lock(sim);
   sim_stream_t *st = sim_stream_find(sim, stream);
-  if (st != NULL) st->completed_seq = st->recorded_seq;
+  if (st != NULL) st->completed_seq = st->submitted_seq; /* its launches are dropped as they are scanned */
   sim_unlock(sim); /* an unknown stream has nothing recorded, so nothing to complete */
 }
 
@@ -461,31 +488,20 @@ int cp_sim_stream_idle(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return 1;
   sim_lock(sim);
   const sim_stream_t *st = sim_stream_find(sim, stream);
-  int idle = st == NULL || st->completed_seq >= st->recorded_seq;
+  int idle = st == NULL || st->completed_seq >= st->submitted_seq;
   sim_unlock(sim);
   return idle;
-}
-
-/* cp_ptrmap_each callback: the stream's work so far finishes (the map itself is untouched). */
-static void sim_complete_one(uintptr_t key, void *value, void *arg) {
-  (void)key;
-  (void)arg;
-  sim_stream_t *st = value;
-  st->completed_seq = st->recorded_seq;
 }
 
 void cp_sim_complete_all(cp_sim_t *sim) {
   if (sim == NULL) return;
   sim_lock(sim);
-  cp_ptrmap_each(&sim->streams, sim_complete_one, NULL);
+  cp_sim_drain_locked(sim);
   sim_unlock(sim);
 }
 
 void cp_sim_set_auto_complete(cp_sim_t *sim, int on) {
-  if (sim == NULL) return;
-  sim_lock(sim);
-  sim->auto_complete = on != 0; /* affects later records only */
-  sim_unlock(sim);
+  cp_sim_set_lag(sim, on ? 0 : UINT64_MAX); /* affects later submissions only */
 }
 
 void cp_sim_fail_nth(cp_sim_t *sim, cp_sim_call_t kind, uint64_t n, int status) {
@@ -519,7 +535,7 @@ void cp_sim_set_lost(cp_sim_t *sim, int lost) {
 int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_invalidate_stream: no device");
   sim_lock(sim);
-  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
+  sim_stream_t *st = cp_sim_stream_get_locked(sim, stream);
   if (st != NULL) st->invalid = 1;
   sim_unlock(sim);
   if (st == NULL) {
@@ -535,7 +551,7 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream) {
 int cp_sim_set_capturing(cp_sim_t *sim, cp_stream_t stream, int on) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_set_capturing: no device");
   sim_lock(sim);
-  sim_stream_t *st = sim_stream_get_or_add(sim, stream);
+  sim_stream_t *st = cp_sim_stream_get_locked(sim, stream);
   if (st != NULL && st->capturing != (on != 0)) {
     st->capturing = on != 0;
     if (on)

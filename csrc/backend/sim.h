@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/backend.h"
 
@@ -40,7 +41,8 @@ typedef enum cp_sim_call_e {
 } cp_sim_call_t;
 
 enum {
-  /* Events complete as soon as they are recorded (a device that is always idle). */
+  /* Launches, and so events, complete as soon as they are submitted (a device that is always
+   * idle): cp_sim_set_lag(sim, 0). */
   CP_SIM_AUTO_COMPLETE = 1u << 0,
   /* Do not back reservations (nor page-mapped memory) with host memory: hand out distinct,
    * 512-aligned addresses that must never be dereferenced. For replaying traces far larger
@@ -74,6 +76,44 @@ enum {
  *  - with CP_SIM_NO_TOUCH there is no host memory at all: ranges are fake addresses from the
  *    same bump pointer as reservations, pages and mappings are bookkeeping only. */
 
+/* Note [Simulated asynchrony]
+ * A GPU runs behind its host: a launch returns at once and its kernel runs later, in the
+ * order of its stream. The simulated device keeps that gap. Each stream has a queue of
+ * launches (cp_sim_launch: work that reads and writes [ptr, ptr + bytes)), numbered as they
+ * are submitted. A launch completes when the test says so (cp_sim_complete,
+ * cp_sim_complete_all), when its stream runs more than `lag` launches behind (cp_sim_set_lag;
+ * 0, as with CP_SIM_AUTO_COMPLETE, is a device that is always idle), or when a call that
+ * waits for the device drains it, as the driver's do:
+ *  - release (cudaFree of a plain segment) waits for every stream of the device;
+ *  - event_synchronize waits for the event's stream up to the event;
+ * An event recorded on a stream completes when the work queued on it before the record has:
+ * at once on an idle stream.
+ * A device fault is what would corrupt memory or kill the process on a GPU; each is counted
+ * and kept (cp_sim_device_faults), and every test, checker and fuzzer fails on one:
+ *  - page_unmap of addresses that incomplete work touches (the driver reference calls
+ *    cuMemUnmap synchronous only "for most use cases"; PyTorch waits for the stream first);
+ *  - a launch on memory that is not the device's: not reserved, or not mapped with access;
+ *  - handing memory to an allocation on one stream while work of another stream that touches
+ *    it (at that address, or through a page mapped there too) is not known to be done
+ *    (cp_sim_check_handoff, called by the test harnesses after each allocation);
+ *  - a call the driver refuses while a stream captures (Note [Simulated capture]);
+ *  - a handle used after it was destroyed or released: an event after event_destroy, a page
+ *    after page_release. A destroy or release that fails (an injected failure) still ends
+ *    the handle, as the driver may have freed it before failing: using it again is a fault.
+ * Calls the driver reference calls synchronous (page_unmap, page_set_access) are counted as
+ * waiting for the device in the cost model, but are not trusted to wait here: memory that
+ * queued work still touches must not be unmapped, whatever the driver does on the day. */
+
+/* One device fault: what happened, in which call, where and on which stream (of the work
+ * involved, or the one named by the call). */
+typedef struct cp_sim_device_fault_s {
+  const char *what; /* a static string, e.g. "unmap of memory queued work still touches" */
+  const char *call; /* the call kind's name, or "launch", "handoff" */
+  uintptr_t addr;
+  size_t size;
+  cp_stream_t stream;
+} cp_sim_device_fault_t;
+
 /* A simulated device of `capacity` bytes. */
 int cp_sim_create(size_t capacity, unsigned flags, cp_sim_t **out_sim);
 
@@ -88,6 +128,30 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out);
  * of two of at least 4096 bytes and at least the host's page size (CP_ERR_INVALID otherwise).
  * CP_ERR_STATE once a page-mapped call was made, or on a device made with CP_SIM_NO_VMM. */
 int cp_sim_set_vmm_granularity(cp_sim_t *sim, size_t bytes);
+
+/* Work on `stream` that reads and writes [ptr, ptr + bytes) (bytes > 0), queued behind what
+ * was submitted to the stream before (Note [Simulated asynchrony]). Memory that is not the
+ * device's (reserved, or page-mapped with access) is a device fault, and CP_ERR_INVALID; a
+ * lost device is CP_ERR_BACKEND; host memory for the queue short, CP_ERR_HOST_OOM. */
+int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
+/* How many items a stream may run behind the host before its oldest completes on its own:
+ * 0 completes everything at once, UINT64_MAX (the default without CP_SIM_AUTO_COMPLETE)
+ * only when told or drained. Affects later submissions. */
+void cp_sim_set_lag(cp_sim_t *sim, uint64_t items);
+/* After an allocation of [ptr, ptr + bytes) for `stream`: a device fault (and 1) for each
+ * incomplete launch of another stream that touches that memory; 0 when there is none. */
+size_t cp_sim_check_handoff(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
+/* Launches not yet complete, on every stream. */
+size_t cp_sim_queued_launches(const cp_sim_t *sim);
+/* Device faults so far; the first SIM_FAULT_LOG (64) are kept: fault `i` into *out
+ * (CP_ERR_INVALID past those). A harness may add its own (`what` a static string), e.g. a
+ * launch on memory the pool has not handed out. Clearing forgets them all. */
+uint64_t cp_sim_device_faults(const cp_sim_t *sim);
+int cp_sim_device_fault(const cp_sim_t *sim, size_t i, cp_sim_device_fault_t *out);
+void cp_sim_note_fault(cp_sim_t *sim, const char *what, uintptr_t addr, size_t size, cp_stream_t stream);
+void cp_sim_clear_device_faults(cp_sim_t *sim);
+/* Write every kept fault, one per line, to `out`; returns the count. */
+uint64_t cp_sim_print_device_faults(const cp_sim_t *sim, FILE *out);
 
 /* All work submitted to `stream` so far finishes: every event recorded on it completes. */
 void cp_sim_complete(cp_sim_t *sim, cp_stream_t stream);
@@ -124,7 +188,9 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
  * of the device is capturing, event_record, event_query, event_synchronize and release fail
  * with CP_ERR_BACKEND ("operation not permitted when stream is capturing") and are counted in
  * cp_sim_capture_violations, as the driver refuses them then and invalidates the capture; a
- * reserve succeeds (the CUDA backend makes it in relaxed capture mode). CP_ERR_HOST_OOM when
+ * reserve succeeds (the CUDA backend makes it in relaxed capture mode). page_unmap and
+ * va_free are refused as well: memory is never given back during a capture (the captured
+ * graph, and work queued before it, may still use it). Each refusal is a device fault too. CP_ERR_HOST_OOM when
  * host memory for the stream's state is short. */
 int cp_sim_set_capturing(cp_sim_t *sim, cp_stream_t stream, int on);
 uint64_t cp_sim_capture_violations(const cp_sim_t *sim);

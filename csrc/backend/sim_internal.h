@@ -58,11 +58,35 @@ typedef struct sim_vmm_s {
   cp_ptrmap_t mappings; /* mapping address -> sim_mapping_t (owned) */
 } sim_vmm_t;
 
+/* A stream of the device (sim.c). Launches are its work, numbered in the order they were
+ * submitted; the device runs them in that order. An event recorded on it is a marker after
+ * the last launch so far.
+ * Invariants: completed_seq <= submitted_seq; both only grow. */
+typedef struct sim_stream_s {
+  uint64_t submitted_seq; /* number of the last launch on this stream */
+  uint64_t completed_seq; /* every item with seq <= this has completed */
+  int invalid;            /* cp_sim_invalidate_stream: records on it fail */
+  int capturing;          /* cp_sim_set_capturing: being captured (Note [Simulated capture]) */
+} sim_stream_t;
+
+/* Work still queued (sim_work.c), Note [Simulated asynchrony] in sim.h: one launch of
+ * `stream` that touches [addr, addr + size) and completes with item `seq` of its stream.
+ * Kept in `work`, keyed by addr; launches at one address chain through `next`. */
+typedef struct sim_work_s {
+  struct sim_work_s *next;
+  cp_stream_t stream;
+  uint64_t seq;
+  size_t size;
+} sim_work_t;
+
+#define SIM_FAULT_LOG 64 /* device faults kept in detail; the count goes on */
+
 /* Invariants (all under `lock`):
  *  - used_bytes == sum of the sizes in `reservations` + vmm.page_bytes, and
  *    used_bytes <= capacity_bytes;
- *  - every event with seq > 0 names a stream present in `streams` whose recorded_seq >= seq;
- *  - for every stream, completed_seq <= recorded_seq; both only grow;
+ *  - every event with seq > 0 names a stream present in `streams` whose submitted_seq >= seq;
+ *  - every item of `work` names a stream present in `streams` whose submitted_seq >= seq;
+ *    work_items counts the items; completed ones may linger until the next scan drops them;
  *  - with CP_SIM_NO_TOUCH, no reservation has host memory behind it and next_fake_addr is above
  *    every address handed out so far (addresses are never reused). */
 struct cp_sim_s {
@@ -71,7 +95,6 @@ struct cp_sim_s {
   size_t capacity_bytes;
   size_t used_bytes;
   unsigned flags;           /* CP_SIM_* given at create */
-  int auto_complete;        /* events complete at record time */
   uintptr_t next_fake_addr; /* NO_TOUCH bump pointer, 2 MiB aligned */
   uintptr_t next_event_id;  /* handles are never reused, so a stale one is detected */
   cp_ptrmap_t reservations; /* address -> size in bytes as asked for (not rounded) */
@@ -87,6 +110,12 @@ struct cp_sim_s {
   int lost;                            /* every call fails: the driver is gone */
   size_t capturing_streams;            /* streams with `capturing` set */
   uint64_t capture_violations;         /* calls refused because a stream was capturing */
+  uint64_t lag;                        /* items a stream runs behind; UINT64_MAX: until told */
+  cp_ptrmap_t work;                    /* address -> sim_work_t chain (owned) */
+  uintptr_t last_reservation;          /* the reservation a launch found last (a hint) */
+  size_t work_items;
+  uint64_t device_faults;                         /* every fault so far */
+  cp_sim_device_fault_t fault_log[SIM_FAULT_LOG]; /* the first ones, in order */
 };
 
 #define SIM_MAP_MIN_SLOTS    ((size_t)64)         /* initial slots of every map */
@@ -102,6 +131,33 @@ static inline void sim_unlock(const cp_sim_t *sim) { pthread_mutex_unlock(&((cp_
  * lost, fire its armed failure if this is the one. Returns CP_OK or the failure (last error
  * set). Called with the lock held, before any side effect. */
 int cp_sim_enter_locked(cp_sim_t *sim, cp_sim_call_t kind);
+
+/* sim.c: the state of `stream`, created on first use; NULL when host memory is short. */
+sim_stream_t *cp_sim_stream_get_locked(cp_sim_t *sim, cp_stream_t stream);
+/* sim.c: the next item of `stream` is submitted: its number, completed at once when the
+ * stream may run no further behind (lag). */
+uint64_t cp_sim_submit_locked(cp_sim_t *sim, sim_stream_t *st);
+
+/* sim.c: CP_OK, or (while any stream captures) a device fault and CP_ERR_BACKEND. */
+int cp_sim_refuse_if_capturing_locked(cp_sim_t *sim, cp_sim_call_t kind);
+
+/* sim_work.c: record a device fault (Note [Simulated asynchrony]). */
+void cp_sim_fault_locked(cp_sim_t *sim, const char *what, const char *call, uintptr_t addr, size_t size,
+                         cp_stream_t stream);
+/* sim_work.c: a fault for each launch not yet complete that touches [addr, addr + size);
+ * returns how many. */
+size_t cp_sim_fault_if_busy_locked(cp_sim_t *sim, const char *what, const char *call, uintptr_t addr, size_t size);
+/* sim_work.c: every stream completes what was submitted to it (a device-wide drain), and the
+ * work table empties. */
+void cp_sim_drain_locked(cp_sim_t *sim);
+int cp_sim_work_init(cp_sim_t *sim);
+void cp_sim_work_destroy(cp_sim_t *sim);
+
+/* sim_vmm.c: whether [a, a + a_size) and [b, b + b_size) share a byte of device memory (the
+ * same address, or one page mapped under both); 0 when either is not page-mapped memory. */
+int cp_sim_vmm_shares_locked(const cp_sim_t *sim, uintptr_t a, size_t a_size, uintptr_t b, size_t b_size);
+/* sim_vmm.c: whether all of [addr, addr + size) is page-mapped with access set. */
+int cp_sim_vmm_accessible_locked(const cp_sim_t *sim, uintptr_t addr, size_t size);
 
 /* sim_vmm.c: the page-mapped state of a new device (CP_ERR_HOST_OOM, nothing to undo), all of
  * it freed by destroy (host mappings, files, tables), and the entries of the operation table. */

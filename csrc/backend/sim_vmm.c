@@ -220,6 +220,7 @@ static int sim_va_free(void *ctx, uintptr_t addr, size_t size) {
   sim_lock(sim);
   sim->bytes[CP_SIM_VA_FREE] += size;
   int rc = vmm_enter(sim, CP_SIM_VA_FREE);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_VA_FREE);
   if (rc != CP_OK) goto out;
   const void *value = cp_ptrmap_get(&sim->vmm.ranges, addr);
   if (value == NULL) {
@@ -308,11 +309,16 @@ static int sim_page_release(void *ctx, cp_page_t page) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "sim: page_release: no device");
   sim_lock(sim);
   int rc = vmm_enter(sim, CP_SIM_PAGE_RELEASE);
-  if (rc != CP_OK) goto out;
+  if (rc != CP_OK && sim->lost) goto out;
+  /* A failed release still ends the handle (Note [Simulated asynchrony] in sim.h): the driver
+   * may have released it before failing, so releasing it again is a fault. */
   sim_page_t *pg = cp_ptrmap_get(&sim->vmm.pages, page);
   if (pg == NULL || pg->released) {
-    rc = cp_set_error(CP_ERR_INVALID, "sim: page_release(page %" PRIuPTR "): %s", page,
-                      pg == NULL ? "unknown page" : "the page was released already");
+    if (page != 0 && page < sim->vmm.next_page_id)
+      cp_sim_fault_locked(sim, "page handle released twice", "page_release", page, 0, 0);
+    const int bad = cp_set_error(CP_ERR_INVALID, "sim: page_release(page %" PRIuPTR "): %s", page,
+                                 pg == NULL ? "unknown page" : "the page was released already");
+    if (rc == CP_OK) rc = bad;
     goto out;
   }
   sim->bytes[CP_SIM_PAGE_RELEASE] += pg->size;
@@ -385,6 +391,7 @@ static int sim_page_unmap(void *ctx, uintptr_t addr, size_t size) {
   uintptr_t *keys = NULL;
   sim->bytes[CP_SIM_PAGE_UNMAP] += size;
   int rc = vmm_enter(sim, CP_SIM_PAGE_UNMAP);
+  if (rc == CP_OK) rc = cp_sim_refuse_if_capturing_locked(sim, CP_SIM_PAGE_UNMAP);
   if (rc != CP_OK) goto out;
   rc = vmm_check_span(sim, what, addr, size);
   if (rc != CP_OK) goto out;
@@ -407,6 +414,9 @@ static int sim_page_unmap(void *ctx, uintptr_t addr, size_t size) {
     rc = cp_set_error(CP_ERR_BACKEND, "sim: %s: host memory is short", what);
     goto out;
   }
+  /* A GPU would fault in the kernels still queued on these addresses (or read the pages the
+   * next mapping puts here): the unmap goes ahead, as the driver's does, and is a fault. */
+  (void)cp_sim_fault_if_busy_locked(sim, "unmap of memory that queued work still touches", "page_unmap", addr, size);
   /* Back to reserved: PROT_NONE anonymous memory over the span, the addresses still held. */
   if (vmm_real(sim) && mmap((void *)addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
                             0) == MAP_FAILED) {
@@ -574,6 +584,75 @@ static void vmm_find_mapping(uintptr_t key, void *value, void *arg) {
     f->key = key;
     f->m = m;
   }
+}
+
+/* The mapping that covers `a`, or NULL: mappings start at multiples of the granularity and are
+ * at most max_mapping long, so the start is at most that far below. */
+static const sim_mapping_t *vmm_mapping_at(const cp_sim_t *sim, uintptr_t a, size_t *out_offset) {
+  const uintptr_t g = sim->vmm.granularity;
+  const uintptr_t base = a & ~(g - 1);
+  for (uintptr_t back = 0; back <= sim->vmm.max_mapping && base >= back; back += g) {
+    const sim_mapping_t *m = cp_ptrmap_get(&sim->vmm.mappings, base - back);
+    if (m == NULL) continue;
+    if (a - (base - back) >= m->size) return NULL;
+    *out_offset = (size_t)(a - (base - back));
+    return m;
+  }
+  return NULL;
+}
+
+/* sim_internal.h */
+int cp_sim_vmm_accessible_locked(const cp_sim_t *sim, uintptr_t addr, size_t size) {
+  if (sim->vmm.granularity == 0 || sim->vmm.mappings.count == 0) return 0;
+  const uintptr_t g = sim->vmm.granularity;
+  for (uintptr_t a = addr & ~(g - 1); a < addr + size; a += g) {
+    size_t off = 0;
+    const sim_mapping_t *m = vmm_mapping_at(sim, a, &off);
+    if (m == NULL || !m->access) return 0;
+  }
+  return 1;
+}
+
+/* The page behind each of `n` granules from `addr` (granule-aligned) and the granule's offset
+ * in it; page 0 where nothing is mapped. */
+static void vmm_pages_of(const cp_sim_t *sim, uintptr_t addr, size_t n, cp_page_t *pages, size_t *offsets) {
+  for (size_t i = 0; i < n; i++) {
+    size_t off = 0;
+    const sim_mapping_t *m = vmm_mapping_at(sim, addr + i * sim->vmm.granularity, &off);
+    pages[i] = m != NULL ? m->page : 0;
+    offsets[i] = off;
+  }
+}
+
+#define VMM_SHARE_MAX_GRANULES 256 /* larger spans are compared by address only */
+
+/* sim_internal.h */
+int cp_sim_vmm_shares_locked(const cp_sim_t *sim, uintptr_t a, size_t a_size, uintptr_t b, size_t b_size) {
+  if (sim->vmm.granularity == 0 || sim->vmm.mappings.count == 0 || a_size == 0 || b_size == 0) return 0;
+  const uintptr_t g = sim->vmm.granularity;
+  const uintptr_t alo = a & ~(g - 1), blo = b & ~(g - 1);
+  const size_t na = (size_t)(((a + a_size + g - 1) & ~(g - 1)) - alo) / g;
+  const size_t nb = (size_t)(((b + b_size + g - 1) & ~(g - 1)) - blo) / g;
+  if (na > VMM_SHARE_MAX_GRANULES || nb > VMM_SHARE_MAX_GRANULES) return 0;
+  cp_page_t pa[VMM_SHARE_MAX_GRANULES], pb[VMM_SHARE_MAX_GRANULES];
+  size_t oa[VMM_SHARE_MAX_GRANULES], ob[VMM_SHARE_MAX_GRANULES];
+  vmm_pages_of(sim, alo, na, pa, oa);
+  vmm_pages_of(sim, blo, nb, pb, ob);
+  /* Granule i of a span covers the bytes [lo, hi) of its page: compare those, byte exact. */
+  for (size_t i = 0; i < na; i++) {
+    if (pa[i] == 0) continue;
+    const uintptr_t ga = alo + i * g;
+    const uintptr_t a0 = a > ga ? a : ga, a1 = a + a_size < ga + g ? a + a_size : ga + g;
+    const size_t alo_off = oa[i] + (size_t)(a0 - ga), ahi_off = oa[i] + (size_t)(a1 - ga);
+    for (size_t j = 0; j < nb; j++) {
+      if (pb[j] != pa[i]) continue;
+      const uintptr_t gb = blo + j * g;
+      const uintptr_t b0 = b > gb ? b : gb, b1 = b + b_size < gb + g ? b + b_size : gb + g;
+      const size_t blo_off = ob[j] + (size_t)(b0 - gb), bhi_off = ob[j] + (size_t)(b1 - gb);
+      if (alo_off < bhi_off && blo_off < ahi_off) return 1;
+    }
+  }
+  return 0;
 }
 
 int cp_sim_vmm_resolve(const cp_sim_t *sim, uintptr_t addr, cp_page_t *out_page, size_t *out_offset,

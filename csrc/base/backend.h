@@ -56,6 +56,8 @@ typedef struct cp_backend_s {
 
   /* Events: created once, pooled by the core, recorded many times. */
   int (*event_create)(void *ctx, cp_event_t *out_event);
+  /* The event is gone when event_destroy returns, whether or not the device call succeeded (a
+   * failure is reported, not kept for a retry): never destroy or use it again. */
   int (*event_destroy)(void *ctx, cp_event_t event);
   int (*event_record)(void *ctx, cp_event_t event, cp_stream_t stream);
   int (*event_query)(void *ctx, cp_event_t event, int *out_done); /* never blocks */

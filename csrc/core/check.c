@@ -40,7 +40,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   const cp_config_t *cfg = &pool->cfg;
   cp_tally_t t[CP_KIND_COUNT] = {{0}};
   size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
-  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0;
+  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0, draining_bytes = 0;
 
   /* Segments are tiled exactly by their blocks. */
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
@@ -146,6 +146,15 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           if (cp_ptrmap_get(&pool->live, b->addr) == b)
             CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
           break;
+        case CP_BLOCK_DRAINING:
+          draining_bytes += b->size;
+          if (!seg->paged || (b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)
+            CP_VIOLATION("block %#lx: draining but not whole chunks of a page-mapped segment", (unsigned long)b->addr);
+          if (!seg->stream->draining)
+            CP_VIOLATION("block %#lx: draining but its stream has no drain event", (unsigned long)b->addr);
+          if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)
+            CP_VIOLATION("block %#lx: draining but in the index or the live map", (unsigned long)b->addr);
+          break;
         case CP_BLOCK_LENT:
           lent_bytes += b->size;
           if (!seg->paged || !pool->stitch)
@@ -210,6 +219,20 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     CP_VIOLATION("stitched: blocks in use hold %zu bytes, ranges being stitched %zu, segments lend %zu", s_lent,
                  pool->stitch_inflight, lent_bytes);
   if (pool->stitched != NULL && !pool->stitch) CP_VIOLATION("stitched ranges in a pool that does not stitch");
+  /* Stream-ordered release (drain.c): the counts match the blocks, ranges and streams. */
+  if (draining_bytes != pool->draining_bytes)
+    CP_VIOLATION("draining: blocks hold %zu bytes, the count says %zu", draining_bytes, pool->draining_bytes);
+  size_t retired = 0, draining_streams = 0;
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    retired += s->retired;
+    if (s->retired && (!s->broken || !s->stream->draining))
+      CP_VIOLATION("stitched: range %#lx retired but %s", (unsigned long)s->addr,
+                   !s->broken ? "still serving" : "its stream has no drain event");
+  }
+  for (size_t i = 0; i < pool->streams.count; i++) draining_streams += pool->streams.list[i]->draining;
+  if (retired != pool->retired_ranges || draining_streams != pool->draining_streams)
+    CP_VIOLATION("draining: %zu retired ranges and %zu draining streams, counts say %zu and %zu", retired,
+                 draining_streams, pool->retired_ranges, pool->draining_streams);
   for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     const cp_block_t *b = s->head;
     if (b == NULL) continue;

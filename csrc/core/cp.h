@@ -181,7 +181,9 @@ typedef struct cp_pool_s cp_pool_t;
 /* Create a pool over `backend` (copied; its ctx must outlive the pool). */
 int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_t **out_pool);
 
-/* Return every segment to the backend, live blocks included, and free the pool. */
+/* Return every segment to the backend, live blocks included, and free the pool. The caller
+ * makes sure no work queued on the device still uses the pool's memory (at process exit the
+ * driver has stopped it): everything is unmapped at once. */
 void cp_pool_destroy(cp_pool_t *pool);
 
 /* Allocate `size` bytes for use on `stream`. size 0 gives *out_ptr = NULL and CP_OK.
@@ -382,7 +384,9 @@ enum {
   CP_SNAP_UNMAPPED = 3,  /* page-mapped segment: no memory behind it */
   CP_SNAP_MAPPING = 4,   /* page-mapped segment: being mapped now (not yet memory) */
   CP_SNAP_UNMAPPING = 5, /* page-mapped segment: being unmapped now (still memory) */
-  CP_SNAP_LENT = 6       /* page-mapped segment: memory a stitched range's block in use holds */
+  CP_SNAP_LENT = 6,      /* page-mapped segment: memory a stitched range's block in use holds */
+  CP_SNAP_DRAINING = 7   /* page-mapped segment: free memory retired, unmapped once its stream's
+                          * queued work is done (still memory) */
 };
 
 typedef struct cp_snapshot_block_s {

@@ -34,8 +34,12 @@ typedef struct cp_stream_state_s cp_stream_state_t;
  *   UNMAPPING  mapped chunks being unmapped right now, without the lock.
  * With page_stitching (stitch.c) a fourth state lends mapped bytes to a stitched range:
  *   LENT       whole pages whose memory a stitched block in use holds (at another address).
+ * Memory given back waits for its stream first (drain.c, Note [Stream-ordered release]):
+ *   DRAINING   whole free chunks retired for unmapping, waiting for the work queued on the
+ *              segment's stream before the retirement (the stream's drain event); still
+ *              mapped and reserved, in no index, never handed out until revived (FREE).
  * FREE merges only with FREE, so mapped and unmapped blocks never merge. For each such
- *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING and LENT blocks (UNMAPPING
+ *   seg->mapped == sum of the sizes of its FREE, LIVE, PENDING, LENT and DRAINING blocks (UNMAPPING
  *   bytes are out of it, and out of reserved_bytes, from the moment they are carved out),
  * and at least one block is UNMAPPED or MAPPING (the last chunk is never mapped), so a FREE
  * block of a page-mapped segment is always split and such a segment is never on the list of
@@ -49,7 +53,8 @@ typedef enum cp_block_state_e {
   CP_BLOCK_UNMAPPED = 3,
   CP_BLOCK_MAPPING = 4,
   CP_BLOCK_UNMAPPING = 5,
-  CP_BLOCK_LENT = 6
+  CP_BLOCK_LENT = 6,
+  CP_BLOCK_DRAINING = 7
 } cp_block_state_t;
 
 struct cp_block_s {
@@ -75,7 +80,6 @@ struct cp_segment_s {
   size_t mapped;             /* paged: bytes mapped (what reserved_bytes counts); else 0 */
   size_t chunk;              /* paged: bytes mapped and unmapped at a time; else 0 */
   bool paged;                /* a page-mapped segment (expand.c) */
-  unsigned release_stamp;    /* paged: the last cp_expand_release_locked that looked at it */
   cp_stream_state_t *stream; /* allocation stream: its blocks serve only this stream */
   uint8_t kind;              /* CP_KIND_SMALL or CP_KIND_LARGE */
   cp_block_t *head;          /* lowest-address block */
@@ -84,6 +88,7 @@ struct cp_segment_s {
   cp_segment_t *free_prev; /* the pool's list of wholly free segments, while this one is */
   cp_segment_t *free_next;
   bool in_free_list;
+  bool drop_failed; /* scratch of cp_expand_drop_unmapped_locked */
   /* paged with page_stitching: the page mapped at each granule of the range (0: none), for
    * the first `page_slots` granules; the pool keeps these handles until it unmaps them. */
   cp_page_t *pages;
@@ -92,9 +97,11 @@ struct cp_segment_s {
   bool stitched;
   struct cp_stitch_run_s *runs; /* where its pages come from, in the range's order */
   size_t run_count;
-  uint64_t last_use; /* the pool's stitch clock when its block was last freed */
-  uint64_t born;     /* the pool's stitch count when it was stitched (its age) */
-  bool broken;       /* never serves: kept only until it is unmapped and given back */
+  uint64_t last_use;   /* the pool's stitch clock when its block was last freed */
+  uint64_t born;       /* the pool's stitch count when it was stitched (its age) */
+  bool broken;         /* never serves: kept only until it is unmapped and given back */
+  bool retired;        /* broken by a release: waits for its stream's drain event (drain.c) */
+  bool release_failed; /* scratch of cp_stitch_drop_retired_locked */
 };
 
 /* One run of a stitched range: `size` bytes of the page-mapped segment `seg` at `addr`,
@@ -168,6 +175,12 @@ struct cp_stream_state_s {
   size_t queue_head;               /* index of the oldest entry */
   size_t queue_len;
   size_t queue_cap; /* power of two, or 0 */
+  /* Note [Stream-ordered release] (drain.c): memory of this stream retired for unmapping
+   * (DRAINING blocks, retired stitched ranges) goes once `drain_event`, recorded on this
+   * stream after the retirement, has completed. */
+  bool draining;
+  bool reaping;           /* a thread is unmapping what it retired (the lock drops meanwhile) */
+  cp_event_t drain_event; /* valid while draining */
 };
 
 typedef struct cp_streams_s {
@@ -206,6 +219,9 @@ static inline cp_stream_state_t *cp_streams_get_locked(cp_streams_t *ss, cp_stre
   cp_stream_state_t *st = ss->last;
   return st != NULL && st->handle == stream ? st : cp_streams_lookup_locked(ss, stream);
 }
+/* An event from the pool's spares (created when there is none), and back to them. */
+int cp_streams_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event);
+void cp_streams_event_release_locked(cp_streams_t *ss, cp_event_t event);
 /* Declare that the LIVE block `b` is used on `stream` too (no device call). */
 int cp_streams_record_use_locked(cp_block_t *b, cp_stream_t stream);
 /* Free a LIVE block with uses: record an event on each use stream and make it PENDING. All or
@@ -324,13 +340,15 @@ struct cp_pool_s {
   size_t device_total;   /* from the backend at creation, 0 when unknown */
 
   /* Page-mapped segments (expand.c). */
-  bool paged;             /* expandable_segments and the device has page-mapped memory */
-  size_t vmm_granularity; /* the device's, when paged */
-  size_t paged_segments;  /* page-mapped segments held */
-  size_t address_space;   /* their bytes of address space */
-  size_t device_maps;     /* page_map calls made */
-  size_t device_unmaps;   /* page_unmap calls made */
-  unsigned release_seq;   /* cp_expand_release_locked calls so far */
+  bool paged;              /* expandable_segments and the device has page-mapped memory */
+  size_t vmm_granularity;  /* the device's, when paged */
+  size_t paged_segments;   /* page-mapped segments held */
+  size_t address_space;    /* their bytes of address space */
+  size_t device_maps;      /* page_map calls made */
+  size_t device_unmaps;    /* page_unmap calls made */
+  size_t draining_streams; /* streams with `draining` set (drain.c) */
+  size_t draining_bytes;   /* bytes of DRAINING blocks */
+  size_t retired_ranges;   /* stitched ranges with `retired` set */
 
   /* Stitched ranges (stitch.c), Note [Stitched ranges]. */
   bool stitch;                  /* paged and page_stitching */
@@ -400,7 +418,9 @@ void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b);
 void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b);
 void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg);
 void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg);
-void cp_reclaim_completed_locked(cp_pool_t *pool);
+/* Reuse what completed frees give back (non-blocking); a failed query is returned (what it
+ * left pending is polled again next time). */
+int cp_reclaim_completed_locked(cp_pool_t *pool);
 int cp_synchronize_pending_locked(cp_pool_t *pool);
 /* Give back every wholly free plain segment. */
 int cp_release_free_segments_locked(cp_pool_t *pool);
@@ -414,9 +434,18 @@ void cp_expand_init(cp_pool_t *pool);
 /* cp_alloc of a paged pool, lock held: the whole ladder. */
 int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                            void **out_ptr);
-/* Unmap every whole chunk of free memory of every paged segment, and give back the address
- * space of segments left wholly unmapped. Pending frees must have been waited for. */
-int cp_expand_release_locked(cp_pool_t *pool);
+/* Retire the whole free chunks of `seg` (page-mapped): FREE -> DRAINING, pages a stitched
+ * range in use still maps left out. Returns the bytes retired. Lock held, no device call. */
+size_t cp_expand_retire_locked(cp_pool_t *pool, cp_segment_t *seg);
+/* Give back the address range of every wholly unmapped page-mapped segment (nothing is mapped
+ * there, so no queued work can touch it). */
+int cp_expand_drop_unmapped_locked(cp_pool_t *pool);
+/* The DRAINING blocks of `seg` back to FREE (merged, indexed). */
+void cp_expand_revive_locked(cp_pool_t *pool, cp_segment_t *seg);
+/* Unmap the DRAINING blocks of `seg` (their stream's work is done): UNMAPPING without the
+ * lock, then UNMAPPED; a range the device refuses comes back FREE. A segment left wholly
+ * unmapped gives back its address range (*out_dropped = true: `seg` is gone). */
+int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *out_dropped);
 /* At destroy: unmap everything and give back the address space (no lock needed). */
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg);
 /* The bytes of one mapping step of a paged segment of `kind`. */
@@ -425,6 +454,25 @@ size_t cp_expand_chunk(const cp_pool_t *pool, int kind);
 cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size);
 /* Map the first `bytes` (whole chunks) of the UNMAPPED block `u` (see expand.c). */
 int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free);
+
+/* ------------------------------------------------------------------------------------------
+ * Stream-ordered release (drain.c), Note [Stream-ordered release]
+ * ---------------------------------------------------------------------------------------- */
+
+/* Retire what every stream not being captured can give back (free whole chunks, idle
+ * stitched ranges) and record each such stream's drain event. No waiting. */
+int cp_drain_retire_all_locked(cp_pool_t *pool);
+/* Arm the drain of `st` after something of it was retired: (re)record its drain event. On
+ * failure what `st` retired comes back into service. */
+int cp_drain_arm_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* Unmap what the streams retired once their drain events are done: `wait` waits for them
+ * (event_synchronize, those streams only, lock dropped); else only done ones are reaped. */
+int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait);
+/* For `st` alone: reap when done, else put what it retired back into service (an allocation
+ * of the stream needs it more than the device does). Returns whether memory came back. */
+bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* At destroy: every drain event back to the spares (the memory is unmapped by destroy). */
+void cp_drain_destroy(cp_pool_t *pool);
 
 /* ------------------------------------------------------------------------------------------
  * Stitched ranges (stitch.c), Note [Stitched ranges]
@@ -437,11 +485,15 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
 /* The stitched block `b` leaves use (its stats already updated): it is kept, FREE, for reuse,
  * and its pages go back to their segments' free blocks. */
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b);
-/* Unmap and give back every stitched range not in use. */
-int cp_stitch_drop_idle_locked(cp_pool_t *pool);
-/* Whether a range of `st` not in use still maps pages (one the device refused to drop): their
- * segments must not unmap them. */
-bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st);
+/* Retire every idle range of `st` (retired and broken: it never serves again and waits for
+ * the stream's drain event); returns how many. No device call. */
+size_t cp_stitch_retire_idle_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* Retired ranges of `st` back in service (those still wholly mapped). */
+void cp_stitch_revive_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* Unmap and give back every retired, or broken, idle range of `st` (its drain event is done).
+ * *out_left: some range of `st` not in use still maps pages (the device refused to drop it):
+ * its segments must not unmap them. */
+int cp_stitch_drop_retired_locked(cp_pool_t *pool, cp_stream_state_t *st, bool *out_left);
 /* The first address of [lo, hi) in `seg` whose page a stitched range in use also maps past the
  * end of its block (a kept range serving a smaller request), or hi: unmapped in `seg`, such a
  * page would stay on the device through that mapping. */

@@ -200,13 +200,9 @@ cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int ki
  * Mapping
  * ---------------------------------------------------------------------------------------- */
 
-/* page_release, tried a second time when refused: a page never released stays on the device
- * (and counts against its capacity) for good, after its last unmap too. */
-static int cp_expand_page_release(const cp_backend_t *be, cp_page_t page) {
-  int rc = be->page_release(be->ctx, page);
-  if (rc != CP_OK) rc = be->page_release(be->ctx, page);
-  return rc;
-}
+/* page_release, once: after a failure the handle may already be gone (the driver reference
+ * does not say it survives), so a second try could release another page's handle. */
+static int cp_expand_page_release(const cp_backend_t *be, cp_page_t page) { return be->page_release(be->ctx, page); }
 
 /* Unmap what was mapped but could not be given access, tried a second time when refused: left
  * mapped, it counts as memory the pool cannot hand out (it has no access). */
@@ -275,13 +271,14 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
       mapped += chunk;
       continue;
     }
-    /* The mapping keeps the memory; it goes with the unmap. */
-    rc = cp_expand_page_release(be, page);
-    if (rc == CP_OK) rc = be->page_set_access(be->ctx, a, chunk);
+    /* The mapping keeps the memory; it goes with the unmap. A refused release is not tried
+     * again (the handle may be gone already): the mapping is still good, and at worst the
+     * page outlives its unmap on the device. */
+    (void)cp_expand_page_release(be, page);
+    rc = be->page_set_access(be->ctx, a, chunk);
     if (rc != CP_OK) {
-      /* Unusable without access, or its page never to be freed (release refused twice): undo
-       * it. Should the device refuse that too, the chunk stays mapped (and counted) and the
-       * next release unmaps it. */
+      /* Unusable without access: undo it. Should the device refuse that too, the chunk stays
+       * mapped (and counted) and the next release unmaps it. */
       if (cp_expand_undo_map(be, a, chunk) != CP_OK) mapped += chunk;
       break;
     }
@@ -390,13 +387,22 @@ int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, siz
   for (int attempt = 0;; attempt++) {
     cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
     if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
+    /* Memory of this stream waiting to go back: unmapped when its work is done, else taken
+     * back into service before anything is mapped anew (Note [Stream-ordered release]). */
+    if (st->draining && !cp_capturing_locked(pool, st->handle) && cp_drain_reclaim_stream_locked(pool, st)) {
+      b = cp_expand_best_fit_locked(pool, st, kind, rounded);
+      if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
+    }
     int rc = stitch ? cp_stitch_alloc_locked(pool, st, rounded, size, out_ptr) : CP_ERR_OOM;
     if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
     if (rc != CP_ERR_OOM || attempt == 1 || cp_capturing_locked(pool, st->handle)) return rc;
+    /* The retry waits for pending frees and for the streams whose memory it gives back
+     * (their drain events), never for the whole device (Note [Stream-ordered release]). */
     pool->stats.num_alloc_retries++;
     cp_synchronize_pending_locked(pool);
     cp_release_free_segments_locked(pool);
-    cp_expand_release_locked(pool);
+    cp_drain_retire_all_locked(pool);
+    cp_drain_reap_all_locked(pool, true);
   }
 }
 
@@ -404,31 +410,9 @@ int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, siz
  * Unmapping
  * ---------------------------------------------------------------------------------------- */
 
-/* Wait until `stream` has finished the work submitted so far (an event recorded and waited
- * for). Called without the lock. */
-static int cp_expand_sync_stream(const cp_backend_t *be, cp_stream_t stream) {
-  cp_event_t ev = 0;
-  int rc = be->event_create(be->ctx, &ev);
-  if (rc != CP_OK) return rc;
-  rc = be->event_record(be->ctx, ev, stream);
-  if (rc == CP_OK) rc = be->event_synchronize(be->ctx, ev);
-  /* Tried a second time when refused: the event would stay on the device for good. */
-  if (be->event_destroy(be->ctx, ev) != CP_OK) (void)be->event_destroy(be->ctx, ev);
-  return rc;
-}
-
-/* An UNMAPPING block and what became of it. */
-typedef struct cp_range_s {
-  cp_block_t *block;
-  uintptr_t addr;
-  size_t size;
-  bool unmapped;
-} cp_range_t;
-
-/* Carve the whole chunks of every FREE block of `seg` into UNMAPPING blocks, listed in
- * *out (grown as needed). Returns how many; stops early when host memory runs out. */
-static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_range_t **out, size_t *cap) {
-  size_t n = 0;
+/* Carve the whole chunks of every FREE block of `seg` into DRAINING blocks (retire). */
+size_t cp_expand_retire_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  size_t bytes = 0;
   for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
     if (b->state != CP_BLOCK_FREE) continue;
     const size_t off = b->addr - seg->addr;
@@ -438,13 +422,6 @@ static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_rang
     if (pool->stitch && lo < hi)
       hi = cp_stitch_alias_from_locked(pool, seg, seg->addr + lo, seg->addr + hi) - seg->addr;
     if (lo >= hi) continue;
-    if (n == *cap) {
-      size_t ncap = *cap != 0 ? *cap * 2 : 16;
-      cp_range_t *grown = realloc(*out, ncap * sizeof *grown);
-      if (grown == NULL) break;
-      *out = grown;
-      *cap = ncap;
-    }
     if (cp_reserve_metadata_locked(pool, 2) != CP_OK) break;
     cp_free_remove_locked(pool, b);
     cp_block_t *mid = b;
@@ -456,12 +433,34 @@ static size_t cp_expand_carve_locked(cp_pool_t *pool, cp_segment_t *seg, cp_rang
       cp_block_t *after = cp_block_cut_locked(pool, mid, seg->addr + hi - mid->addr);
       cp_free_insert_locked(pool, after);
     }
-    mid->state = CP_BLOCK_UNMAPPING;
-    (*out)[n++] = (cp_range_t){mid, mid->addr, mid->size, false};
+    mid->state = CP_BLOCK_DRAINING;
+    pool->draining_bytes += mid->size;
+    bytes += mid->size;
     b = mid;
   }
-  return n;
+  return bytes;
 }
+
+void cp_expand_revive_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  for (cp_block_t *b = seg->head, *next; b != NULL; b = next) {
+    next = b->next;
+    if (b->state != CP_BLOCK_DRAINING) continue;
+    pool->draining_bytes -= b->size;
+    b->state = CP_BLOCK_FREE;
+    cp_block_t *p = b->prev;
+    cp_block_t *into = p != NULL && p->state == CP_BLOCK_FREE ? p : b;
+    cp_block_merge_free_locked(pool, b);
+    next = into->next; /* the merge may have taken `next` in */
+  }
+}
+
+/* An UNMAPPING block and what became of it. */
+typedef struct cp_range_s {
+  cp_block_t *block;
+  uintptr_t addr;
+  size_t size;
+  bool unmapped;
+} cp_range_t;
 
 /* Give back the address range of a wholly unmapped segment. */
 static int cp_expand_drop_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
@@ -483,87 +482,113 @@ static int cp_expand_drop_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
   return CP_OK;
 }
 
-int cp_expand_release_locked(cp_pool_t *pool) {
-  const unsigned stamp = ++pool->release_seq; /* marks the segments this call has looked at */
-  /* Kept stitched ranges go first: a page mapped there too would outlive its unmapping here. */
-  int first_rc = pool->stitch ? cp_stitch_drop_idle_locked(pool) : CP_OK;
-  cp_range_t *ranges = NULL;
-  size_t cap = 0;
-  for (;;) {
-    cp_segment_t *seg = pool->segments;
-    while (seg != NULL && (!seg->paged || seg->release_stamp == stamp)) seg = seg->next;
-    if (seg == NULL) break;
-    seg->release_stamp = stamp;
-    /* A stitched range that could not be dropped still maps free pages of its stream's
-     * segments: unmapped and released here, they would stay on the device, uncounted. */
-    if (pool->stitch && cp_stitch_holds_pages_locked(pool, seg->stream)) continue;
-    size_t n = cp_expand_carve_locked(pool, seg, &ranges, &cap);
-    /* With page_stitching the pool holds the pages' handles: released after their unmap. */
-    cp_page_t *handles = NULL;
-    int rc = CP_OK;
-    if (n > 0 && seg->page_slots != 0) {
-      size_t total = 0;
-      for (size_t i = 0; i < n; i++) total += ranges[i].size / seg->chunk;
-      handles = malloc(total * sizeof *handles);
-      if (handles == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to release pages");
-      for (size_t i = 0, h = 0; handles != NULL && i < n; i++) {
-        for (uintptr_t a = ranges[i].addr; a < ranges[i].addr + ranges[i].size; a += seg->chunk) {
-          const size_t slot = (a - seg->addr) / seg->chunk;
-          handles[h++] = slot < seg->page_slots ? seg->pages[slot] : 0;
-        }
+int cp_expand_drop_unmapped_locked(cp_pool_t *pool) {
+  int first_rc = CP_OK;
+  for (bool again = true; again;) {
+    again = false;
+    for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+      if (!seg->paged || seg->head->state != CP_BLOCK_UNMAPPED || seg->head->next != NULL || seg->drop_failed) continue;
+      const int rc = cp_expand_drop_segment_locked(pool, seg); /* the lock drops: walk again */
+      if (rc != CP_OK) {
+        seg->drop_failed = true;
+        if (first_rc == CP_OK) first_rc = rc;
       }
-    }
-    if (n > 0) {
-      /* Bytes being unmapped are out of what is reserved from here on, as segments being
-       * released are: once the device has them back, another thread may map them anew, and
-       * counting both would put reserved above what the device holds. A range the device
-       * refuses to unmap comes back. */
-      for (size_t i = 0; i < n; i++) {
-        seg->mapped -= ranges[i].size;
-        cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, ranges[i].size);
-      }
-      const cp_stream_t stream = seg->stream->handle;
-      pthread_mutex_unlock(&pool->lock);
-      if (rc == CP_OK) rc = cp_expand_sync_stream(&pool->backend, stream);
-      size_t calls = 0;
-      for (size_t i = 0, h = 0; i < n; i++) {
-        if (rc != CP_OK) break; /* the stream's work could not be waited for: unmap nothing */
-        int r = pool->backend.page_unmap(pool->backend.ctx, ranges[i].addr, ranges[i].size);
-        calls++;
-        ranges[i].unmapped = r == CP_OK;
-        if (r != CP_OK && rc == CP_OK) rc = r;
-        for (size_t k = 0; handles != NULL && k < ranges[i].size / seg->chunk; k++, h++) {
-          if (r == CP_OK && handles[h] != 0) (void)cp_expand_page_release(&pool->backend, handles[h]);
-        }
-      }
-      pthread_mutex_lock(&pool->lock);
-      free(handles);
-      pool->device_unmaps += calls;
-      if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
-      for (size_t i = 0; i < n; i++) {
-        cp_block_t *b = ranges[i].block;
-        if (ranges[i].unmapped) {
-          for (uintptr_t a = b->addr; a < b->addr + b->size && seg->page_slots != 0; a += seg->chunk) {
-            const size_t slot = (a - seg->addr) / seg->chunk;
-            if (slot < seg->page_slots) seg->pages[slot] = 0;
-          }
-          CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
-          pool->stats.num_device_free++;
-          cp_expand_make_unmapped_locked(pool, b);
-        } else {
-          seg->mapped += b->size;
-          cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
-          cp_block_merge_free_locked(pool, b);
-        }
-      }
-    }
-    if (seg->head->state == CP_BLOCK_UNMAPPED && seg->head->next == NULL) {
-      rc = cp_expand_drop_segment_locked(pool, seg);
-      if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
+      again = true;
+      break;
     }
   }
-  free(ranges);
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) seg->drop_failed = false;
   return first_rc;
+}
+
+/* The DRAINING blocks of `seg` become UNMAPPING, listed in *out (allocated); how many. Their
+ * bytes leave what is reserved from here on, as segments being released do: once the device
+ * has them back, another thread may map them anew, and counting both would put reserved above
+ * what the device holds. A range the device refuses to unmap comes back. */
+static size_t cp_expand_take_draining_locked(cp_pool_t *pool, cp_segment_t *seg, cp_range_t **out) {
+  size_t n = 0;
+  for (const cp_block_t *b = seg->head; b != NULL; b = b->next) n += b->state == CP_BLOCK_DRAINING;
+  *out = n != 0 ? malloc(n * sizeof **out) : NULL;
+  if (*out == NULL) return 0; /* nothing to do, or no host memory (the caller tells them apart) */
+  size_t i = 0;
+  for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+    if (b->state != CP_BLOCK_DRAINING) continue;
+    b->state = CP_BLOCK_UNMAPPING;
+    pool->draining_bytes -= b->size;
+    seg->mapped -= b->size;
+    cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
+    (*out)[i++] = (cp_range_t){b, b->addr, b->size, false};
+  }
+  return n;
+}
+
+int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *out_dropped) {
+  *out_dropped = false;
+  cp_range_t *ranges = NULL;
+  const size_t n = cp_expand_take_draining_locked(pool, seg, &ranges);
+  int rc = CP_OK;
+  if (n == 0) {
+    for (const cp_block_t *b = seg->head; b != NULL; b = b->next) {
+      if (b->state != CP_BLOCK_DRAINING) continue;
+      cp_expand_revive_locked(pool, seg); /* no host memory for the list: kept for a later try */
+      return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to unmap");
+    }
+  }
+  /* With page_stitching the pool holds the pages' handles: released after their unmap. */
+  cp_page_t *handles = NULL;
+  if (n > 0 && seg->page_slots != 0) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += ranges[i].size / seg->chunk;
+    handles = malloc(total * sizeof *handles);
+    if (handles == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to release pages");
+    for (size_t i = 0, h = 0; handles != NULL && i < n; i++) {
+      for (uintptr_t a = ranges[i].addr; a < ranges[i].addr + ranges[i].size; a += seg->chunk) {
+        const size_t slot = (a - seg->addr) / seg->chunk;
+        handles[h++] = slot < seg->page_slots ? seg->pages[slot] : 0;
+      }
+    }
+  }
+  if (n > 0) {
+    pthread_mutex_unlock(&pool->lock);
+    size_t calls = 0;
+    for (size_t i = 0, h = 0; i < n && rc == CP_OK; i++) {
+      const int r = pool->backend.page_unmap(pool->backend.ctx, ranges[i].addr, ranges[i].size);
+      calls++;
+      ranges[i].unmapped = r == CP_OK;
+      if (r != CP_OK) rc = r;
+      /* One release per handle: after a failure the handle may be gone already. */
+      for (size_t k = 0; handles != NULL && k < ranges[i].size / seg->chunk; k++, h++) {
+        if (r == CP_OK && handles[h] != 0) (void)pool->backend.page_release(pool->backend.ctx, handles[h]);
+      }
+    }
+    pthread_mutex_lock(&pool->lock);
+    pool->device_unmaps += calls;
+    for (size_t i = 0; i < n; i++) {
+      cp_block_t *b = ranges[i].block;
+      if (ranges[i].unmapped) {
+        for (uintptr_t a = b->addr; a < b->addr + b->size && seg->page_slots != 0; a += seg->chunk) {
+          const size_t slot = (a - seg->addr) / seg->chunk;
+          if (slot < seg->page_slots) seg->pages[slot] = 0;
+        }
+        CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
+        pool->stats.num_device_free++;
+        cp_expand_make_unmapped_locked(pool, b);
+      } else {
+        seg->mapped += b->size;
+        cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
+        b->state = CP_BLOCK_FREE;
+        cp_block_merge_free_locked(pool, b);
+      }
+    }
+  }
+  free(handles);
+  free(ranges);
+  if (seg->head->state == CP_BLOCK_UNMAPPED && seg->head->next == NULL) {
+    const int r = cp_expand_drop_segment_locked(pool, seg);
+    if (r == CP_OK) *out_dropped = true;
+    if (rc == CP_OK) rc = r;
+  }
+  return rc;
 }
 
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {

@@ -22,7 +22,7 @@
 _Static_assert((int)CP_SNAP_FREE == (int)CP_BLOCK_FREE && (int)CP_SNAP_LIVE == (int)CP_BLOCK_LIVE &&
                    (int)CP_SNAP_PENDING == (int)CP_BLOCK_PENDING && (int)CP_SNAP_UNMAPPED == (int)CP_BLOCK_UNMAPPED &&
                    (int)CP_SNAP_MAPPING == (int)CP_BLOCK_MAPPING && (int)CP_SNAP_UNMAPPING == (int)CP_BLOCK_UNMAPPING &&
-                   (int)CP_SNAP_LENT == (int)CP_BLOCK_LENT,
+                   (int)CP_SNAP_LENT == (int)CP_BLOCK_LENT && (int)CP_SNAP_DRAINING == (int)CP_BLOCK_DRAINING,
                "snapshot block states are the core's block states");
 _Static_assert(sizeof(cp_history_entry_t) == 56, "a history record is 56 bytes");
 

@@ -316,10 +316,11 @@ static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
 
 /* Reuse what completed frees give back (non-blocking). A failed event query leaves those
  * blocks pending: not fatal. */
-void cp_reclaim_completed_locked(cp_pool_t *pool) {
+int cp_reclaim_completed_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
-  cp_streams_poll_locked(&pool->streams, &done);
+  const int rc = cp_streams_poll_locked(&pool->streams, &done);
   cp_release_done_locked(pool, &done);
+  return rc;
 }
 
 /* Wait (without the lock) for every pending free, then return those blocks to the index. */
@@ -484,6 +485,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
   }
   pool->segments = NULL;
   cp_stitch_destroy(pool);
+  cp_drain_destroy(pool);
   cp_streams_destroy(&pool->streams);
   cp_capture_destroy(pool);
   for (cp_block_slab_t *s = pool->slabs, *next; s != NULL; s = next) {
@@ -675,11 +677,23 @@ int cp_empty_cache(cp_pool_t *pool) {
     return CP_OK;
   }
   if (pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
-  int rc = cp_synchronize_pending_locked(pool);
-  int rc2 = cp_release_free_segments_locked(pool);
-  if (rc == CP_OK) rc = rc2;
+  int rc = CP_OK;
   if (pool->paged) {
-    rc2 = cp_expand_release_locked(pool);
+    /* Waits for nothing (Note [Stream-ordered release]): completed frees come back, free
+     * memory is retired and what its streams have finished with is unmapped now, the rest by a
+     * later call. */
+    if (pool->streams.pending_entries != 0) rc = cp_reclaim_completed_locked(pool);
+    int rc2 = cp_release_free_segments_locked(pool);
+    if (rc == CP_OK) rc = rc2;
+    rc2 = cp_drain_retire_all_locked(pool);
+    if (rc == CP_OK) rc = rc2;
+    rc2 = cp_drain_reap_all_locked(pool, false);
+    if (rc == CP_OK) rc = rc2;
+  } else {
+    /* As the built-in allocator: wait for pending frees, give back free segments (cudaFree
+     * itself waits for the device). */
+    rc = cp_synchronize_pending_locked(pool);
+    int rc2 = cp_release_free_segments_locked(pool);
     if (rc == CP_OK) rc = rc2;
   }
   CP_DEBUG_CHECK(pool, "cp_empty_cache");

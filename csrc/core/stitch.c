@@ -42,9 +42,11 @@
  *  - Memory: a stitched range maps pages that are already counted; reserved bytes do not
  *    change, and address space (stitched_space) grows by the range.
  *  - Bounds: at most CP_STITCH_KEEP ranges are kept; past that, the least recently used idle
- *    one is unmapped and its address range given back (its pages stay in their segments).
- *    empty_cache and the OOM ladder's retry drop every idle range first, then unmap free
- *    pages as expand.c does (a page is freed only when unmapped everywhere). */
+ *    one is retired: it never serves again, and is unmapped and its address range given back
+ *    (its pages stay in their segments) once the work queued on its stream has finished
+ *    (Note [Stream-ordered release], drain.c). empty_cache and the OOM ladder's retry retire
+ *    every idle range with the free pages of its stream; the ranges go first, then the pages
+ *    (a page is freed only when unmapped everywhere). No range is trimmed during a capture. */
 
 #define CP_STITCH_KEEP  64
 #define CP_STITCH_TRIES 16
@@ -236,11 +238,13 @@ static void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s) {
 /* Drop the idle range `s` (on the list, its block FREE): unmap it, give back its addresses. */
 static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   cp_stitch_unlink_locked(pool, s);
+  if (s->retired) pool->retired_ranges--;
+  s->retired = false;
   int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, &s->mapped);
   if (rc != CP_OK) {
-    /* Keep it: still mapped, as it was, or unmapped with its address range still held (it
-     * then never serves again; the next drop only gives the address range back). */
-    if (s->mapped != s->size) s->broken = true;
+    /* Keep it: still mapped, as it was, or unmapped with its address range still held. It
+     * never serves again; the next drop gives back what the device holds. */
+    s->broken = true;
     cp_stitch_link_locked(pool, s);
     return rc;
   }
@@ -248,16 +252,49 @@ static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   return CP_OK;
 }
 
-int cp_stitch_drop_idle_locked(cp_pool_t *pool) {
+size_t cp_stitch_retire_idle_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  size_t n = 0;
+  for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->retired) continue;
+    s->retired = true;
+    s->broken = true;
+    pool->retired_ranges++;
+    n++;
+  }
+  return n;
+}
+
+void cp_stitch_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->stream != st || !s->retired) continue;
+    s->retired = false;
+    s->broken = s->mapped != s->size;
+    pool->retired_ranges--;
+  }
+}
+
+int cp_stitch_drop_retired_locked(cp_pool_t *pool, cp_stream_state_t *st, bool *out_left) {
   int first_rc = CP_OK;
-  for (;;) {
-    cp_segment_t *s = pool->stitched;
-    /* Ranges that fail to drop stay, in use or not: look past them by their stamp. */
-    while (s != NULL && (s->head->state != CP_BLOCK_FREE || s->release_stamp == pool->release_seq)) s = s->next;
-    if (s == NULL) break;
-    s->release_stamp = pool->release_seq;
-    int rc = cp_stitch_drop_locked(pool, s);
-    if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
+  *out_left = false;
+  /* Each drop lets go of the lock: walk again from the start, past the ranges that failed. */
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || !(s->retired || s->broken)) continue;
+      if (!s->retired && s->release_failed) continue; /* failed in this call already */
+      const int rc = cp_stitch_drop_locked(pool, s);
+      if (rc != CP_OK) {
+        s->release_failed = true;
+        if (first_rc == CP_OK) first_rc = rc;
+      }
+      progress = true;
+      break;
+    }
+  }
+  for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    if (s->stream != st) continue;
+    if (s->release_failed && s->mapped != 0) *out_left = true;
+    s->release_failed = false;
   }
   return first_rc;
 }
@@ -279,13 +316,6 @@ uintptr_t cp_stitch_alias_from_locked(const cp_pool_t *pool, const cp_segment_t 
     }
   }
   return first;
-}
-
-bool cp_stitch_holds_pages_locked(const cp_pool_t *pool, const cp_stream_state_t *st) {
-  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-    if (s->stream == st && s->mapped != 0 && s->head->state == CP_BLOCK_FREE) return true;
-  }
-  return false;
 }
 
 /* Hand out the first `bytes` of the kept range `s` (available) as its block: the runs behind
@@ -403,13 +433,23 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   return CP_OK;
 }
 
-/* At CP_STITCH_KEEP kept ranges: drop the least recently used idle one (the lock drops). */
-static void cp_stitch_trim_locked(cp_pool_t *pool) {
+/* At CP_STITCH_KEEP kept ranges: retire the least recently used idle one; it is unmapped once
+ * the work queued on its stream before now is done (Note [Stream-ordered release]). Never
+ * during a capture. Retired ranges waiting past CP_STITCH_KEEP are waited for. */
+static void cp_stitch_trim_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  if (cp_capturing_locked(pool, st->handle)) return;
+  if (pool->retired_ranges != 0) cp_drain_reap_all_locked(pool, pool->retired_ranges >= CP_STITCH_KEEP);
   cp_segment_t *lru = NULL;
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-    if (s->head->state == CP_BLOCK_FREE && (lru == NULL || s->last_use < lru->last_use)) lru = s;
+    if (s->head->state == CP_BLOCK_FREE && !s->broken && !s->stream->reaping &&
+        (lru == NULL || s->last_use < lru->last_use))
+      lru = s;
   }
-  if (lru != NULL) (void)cp_stitch_drop_locked(pool, lru);
+  if (lru == NULL) return;
+  lru->retired = true;
+  lru->broken = true;
+  pool->retired_ranges++;
+  (void)cp_drain_arm_locked(pool, lru->stream);
 }
 
 int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, void **out_ptr) {
@@ -448,11 +488,11 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     if (rc != CP_OK) return rc;
     found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
-  if (found == want && pool->stitched_count >= CP_STITCH_KEEP) {
-    /* Room for one more kept range; dropping one lets go of the lock, so gather again. */
+  if (found == want && pool->stitched_count - pool->retired_ranges >= CP_STITCH_KEEP) {
+    /* Room for one more kept range; reaping lets go of the lock, so gather again. */
     free(runs);
     free(blocks);
-    cp_stitch_trim_locked(pool);
+    cp_stitch_trim_locked(pool, st);
     found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
   if (found < want) { /* others took pages meanwhile: grow instead */

@@ -94,8 +94,8 @@ int cp_streams_record_use_locked(cp_block_t *b, cp_stream_t stream) {
  * Pooled events and the per-stream queues
  * ---------------------------------------------------------------------------------------- */
 
-/* Take an event from the spares, creating one when there is none. */
-static int cp_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event) {
+/* cp_internal.h: take an event from the spares, creating one when there is none. */
+int cp_streams_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event) {
   if (ss->spare_event_count > 0) {
     *out_event = ss->spare_events[--ss->spare_event_count];
     return CP_OK;
@@ -105,7 +105,7 @@ static int cp_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event) {
   return rc;
 }
 
-static void cp_event_release_locked(cp_streams_t *ss, cp_event_t event) {
+void cp_streams_event_release_locked(cp_streams_t *ss, cp_event_t event) {
   if (ss->spare_event_count == ss->spare_event_cap) {
     size_t cap = ss->spare_event_cap ? ss->spare_event_cap * 2 : 16;
     cp_event_t *spares = realloc(ss->spare_events, cap * sizeof *spares);
@@ -146,7 +146,7 @@ static cp_event_t cp_queue_pop_newest_locked(cp_streams_t *ss, cp_stream_state_t
 /* One event of a PENDING block completed: keep the event, and hand the block back when it
  * was the last one it waited for. */
 static void cp_pending_done_locked(cp_streams_t *ss, const cp_pending_t *entry, cp_done_list_t *done) {
-  cp_event_release_locked(ss, entry->event);
+  cp_streams_event_release_locked(ss, entry->event);
   cp_block_t *b = entry->block;
   if (--b->pending_events != 0) return;
   ss->pending_blocks--;
@@ -174,12 +174,12 @@ int cp_streams_defer_free_locked(cp_streams_t *ss, cp_block_t *b) {
       rc = CP_ERR_HOST_OOM;
       break;
     }
-    rc = cp_event_acquire_locked(ss, &ev);
+    rc = cp_streams_event_acquire_locked(ss, &ev);
     if (rc != CP_OK) break;
     rc = ss->backend->event_record(ss->backend->ctx, ev, b->uses[i]);
     if (rc == CP_OK) rc = cp_queue_push_locked(ss, st, ev, b);
     if (rc != CP_OK) {
-      cp_event_release_locked(ss, ev);
+      cp_streams_event_release_locked(ss, ev);
       break;
     }
     if (i < 64) pushed[i] = st;
@@ -187,7 +187,7 @@ int cp_streams_defer_free_locked(cp_streams_t *ss, cp_block_t *b) {
   if (rc != CP_OK) { /* undo: the newest entry of each touched stream is ours */
     while (i-- > 0) {
       cp_stream_state_t *st = i < 64 ? pushed[i] : cp_streams_get_locked(ss, b->uses[i]);
-      cp_event_release_locked(ss, cp_queue_pop_newest_locked(ss, st));
+      cp_streams_event_release_locked(ss, cp_queue_pop_newest_locked(ss, st));
     }
     return rc;
   }

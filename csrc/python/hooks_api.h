@@ -56,6 +56,8 @@ typedef struct cpy_hooks_api_s {
   int (*sim_set_capturing)(cp_sim_t *sim, cp_stream_t stream, int on);
   uint64_t (*sim_capture_violations)(const cp_sim_t *sim);
   uint64_t (*sim_calls)(const cp_sim_t *sim, cp_sim_call_t kind);
+  int (*sim_launch)(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
+  uint64_t (*sim_device_faults)(const cp_sim_t *sim);
 } cpy_hooks_api;
 
 #endif /* CPY_HOOKS_API_H */

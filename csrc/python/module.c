@@ -338,6 +338,8 @@ static const cpy_hooks_api hooks_api = {
     .sim_set_capturing = cp_sim_set_capturing,
     .sim_capture_violations = cp_sim_capture_violations,
     .sim_calls = cp_sim_calls,
+    .sim_launch = cp_sim_launch,
+    .sim_device_faults = cp_sim_device_faults,
 };
 
 /* ------------------------------------------------------------------------------------------

@@ -289,7 +289,8 @@ static PyObject *Pool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
  * Either kind: snapshot and history
  * ---------------------------------------------------------------------------------------- */
 
-static const char *const snap_state_names[] = {"free", "live", "pending", "unmapped", "mapping", "unmapping", "lent"};
+static const char *const snap_state_names[] = {"free",    "live",      "pending", "unmapped",
+                                               "mapping", "unmapping", "lent",    "draining"};
 
 /* One segment of a snapshot as a dict; its blocks as (addr, size, requested, state) tuples. */
 static PyObject *snapshot_segment(const cp_snapshot_t *snap, const cp_snapshot_segment_t *s) {
@@ -297,7 +298,7 @@ static PyObject *snapshot_segment(const cp_snapshot_t *snap, const cp_snapshot_s
   if (blocks == NULL) return NULL;
   for (size_t k = 0; k < s->block_count; k++) {
     const cp_snapshot_block_t *b = &snap->blocks[s->first_block + k];
-    const char *state = b->state >= 0 && b->state <= CP_SNAP_LENT ? snap_state_names[b->state] : "unknown";
+    const char *state = b->state >= 0 && b->state <= CP_SNAP_DRAINING ? snap_state_names[b->state] : "unknown";
     PyObject *t = Py_BuildValue("(KKKs)", (unsigned long long)b->addr, (unsigned long long)b->size,
                                 (unsigned long long)b->requested, state);
     if (t == NULL) {
@@ -482,7 +483,70 @@ static PyObject *Pool_alloc(PyObject *op, PyObject *args, PyObject *kwds) {
   int rc = cp_alloc(self->pool, size, (cp_stream_t)stream, &ptr);
   cp_history_set_context(0);
   if (rc != CP_OK) return raise_status(op, rc);
+  /* Memory another stream's queued work still touches must not be handed out: a fault. */
+  if (ptr != NULL && size > 0) (void)cp_sim_check_handoff(self->sim, (cp_stream_t)stream, (uintptr_t)ptr, size);
   return cpy_from_ptr(ptr);
+}
+
+/* launch(ptr, stream=0, size=None): work queued on `stream` over a live allocation (Note
+ * [Simulated asynchrony] in backend/sim.h). Memory the pool has not handed out is a fault. */
+static PyObject *Pool_launch(PyObject *op, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"ptr", "stream", "size", NULL};
+  PyObject *ptr_obj = NULL, *stream_obj = NULL, *size_obj = Py_None;
+  SIM_ONLY(op, self, "launch()");
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:launch", kwlist, &ptr_obj, &stream_obj, &size_obj)) return NULL;
+  uintptr_t ptr, stream = 0;
+  size_t size = 0, live_size = 0;
+  if (cpy_as_uintptr(ptr_obj, "ptr", &ptr) < 0) return NULL;
+  if (stream_obj != NULL && cpy_as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
+  if (size_obj != Py_None && cpy_as_size(size_obj, "size", &size) < 0) return NULL;
+  const int whole = cp_pool_lookup(self->pool, (void *)ptr, &live_size);
+  if (size_obj == Py_None) size = whole ? live_size : 1;
+  if (size == 0) return PyErr_Format(PyExc_ValueError, "launch(): size must be > 0");
+  if (!whole && cp_pool_base_of(self->pool, (void *)ptr, NULL, NULL) != CP_PTR_LIVE) {
+    cp_sim_note_fault(self->sim, "launch on memory the pool has not handed out (freed, or never allocated)", ptr, size,
+                      (cp_stream_t)stream);
+    Py_RETURN_NONE; /* a GPU does not refuse the launch: the kernel faults later */
+  }
+  cp_clear_error();
+  const int rc = cp_sim_launch(self->sim, (cp_stream_t)stream, ptr, size);
+  if (rc != CP_OK && rc != CP_ERR_INVALID) return raise_status(op, rc); /* INVALID: counted as a fault */
+  Py_RETURN_NONE;
+}
+
+/* [{"what", "call", "addr", "size", "stream"}, ...]: the device faults kept so far. */
+static PyObject *Pool_device_faults(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_ONLY(op, self, "device_faults()");
+  const uint64_t n = cp_sim_device_faults(self->sim);
+  PyObject *list = PyList_New(0);
+  for (size_t i = 0; list != NULL && i < n; i++) {
+    cp_sim_device_fault_t f;
+    if (cp_sim_device_fault(self->sim, i, &f) != CP_OK) break; /* past the kept ones */
+    PyObject *d =
+        Py_BuildValue("{s:s,s:s,s:K,s:n,s:K}", "what", f.what, "call", f.call, "addr", (unsigned long long)f.addr,
+                      "size", (Py_ssize_t)f.size, "stream", (unsigned long long)f.stream);
+    if (d == NULL || PyList_Append(list, d) < 0) {
+      Py_XDECREF(d);
+      Py_CLEAR(list);
+      break;
+    }
+    Py_DECREF(d);
+  }
+  return list;
+}
+
+static PyObject *Pool_clear_device_faults(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_ONLY(op, self, "clear_device_faults()");
+  cp_sim_clear_device_faults(self->sim);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_set_lag(PyObject *op, PyObject *n_obj) {
+  SIM_ONLY(op, self, "set_lag()");
+  size_t n = SIZE_MAX;
+  if (n_obj != Py_None && cpy_as_size(n_obj, "lag", &n) < 0) return NULL;
+  cp_sim_set_lag(self->sim, n == SIZE_MAX ? UINT64_MAX : (uint64_t)n);
+  Py_RETURN_NONE;
 }
 
 static PyObject *Pool_free(PyObject *op, PyObject *ptr_obj) {
@@ -781,6 +845,16 @@ static PyMethodDef Pool_methods[] = {
      "set_memory_cap(bytes)\n\nCap the reserved memory at bytes (0 = no cap)."},
     {"complete", Pool_complete, METH_O, "complete(stream)\n\nFinish all work submitted to stream so far."},
     {"complete_all", Pool_complete_all, METH_NOARGS, "Finish all work on every stream."},
+    {"launch", CPY_METH_KW(Pool_launch), METH_VARARGS | METH_KEYWORDS,
+     "launch(ptr, stream=0, size=None)\n\nQueue work on stream that uses the live allocation at ptr (its whole "
+     "size by default); it completes with complete(stream) or a call that waits for the device. Memory the pool "
+     "has not handed out is a device fault."},
+    {"device_faults", Pool_device_faults, METH_NOARGS,
+     "What a GPU would have faulted on so far: a list of dicts (what, call, addr, size, stream); [] when none."},
+    {"clear_device_faults", Pool_clear_device_faults, METH_NOARGS, "Forget the device faults so far."},
+    {"set_lag", Pool_set_lag, METH_O,
+     "set_lag(n)\n\nLaunches a stream may run behind before its oldest completes on its own: 0 is a device that "
+     "is always idle, None only when told."},
     {"backend_calls", Pool_backend_calls, METH_NOARGS, "Calls made to the simulated device so far, by kind."},
     {"backend_bytes", Pool_backend_bytes, METH_NOARGS,
      "Bytes named by the calls made to the simulated device so far, by kind (0 for kinds without a size)."},

@@ -116,7 +116,10 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
     return rc;
   }
   cpd_config(&cfg);
-  cfg.expandable_segments = 0; /* a graph's pool keeps its plain segments, as torch's does */
+  /* A graph's pool keeps its plain segments, as torch's does: page_stitching alone would turn
+   * paging on, and nothing a captured graph uses may be unmapped or stitched elsewhere. */
+  cfg.expandable_segments = 0;
+  cfg.page_stitching = 0;
 
   cpd_graph_lock_take();
   cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);

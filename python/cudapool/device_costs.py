@@ -12,8 +12,21 @@ A replay counts the calls its pool makes to the simulated device, per kind (the 
 
 The default table (:data:`DEFAULT_COSTS`) is what could be found in public figures; every
 entry says where its numbers come from, and ``estimate: True`` marks those that no published
-figure backs. The model ignores what a call waits for: ``release`` (cudaFree) and
-``event_synchronize`` wait for the device to finish its queued work, which no trace records.
+figure backs. The page-mapped calls take the one public per-call benchmark of the CUDA VMM
+calls found (the kvcached project's ``benchmarks/bench_vmm``: one thread on an A100, 4096
+calls of one 2 MiB page each) for cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap and
+cuMemAddressReserve; cuMemRelease and cuMemAddressFree, which it does not time, stay estimates.
+
+Calls that wait for the device: the kinds of :data:`SYNC_KINDS` (``release``,
+``event_synchronize``, ``page_unmap``, ``page_set_access``) are counted as calls that wait for
+the work queued on the device. The wait itself depends on the kernels in flight, which no trace
+records, so it is not in the microsecond figure; instead :func:`sync_calls` counts those calls
+and a replay reports the count (``sync_calls``, ``sync_calls_after_warmup``) beside the
+estimate, so that a reader sees how often the host waits, not only for how long it calls.
+(For cudaFree and cudaEventSynchronize the wait is documented; cuMemUnmap and cuMemSetAccess
+are documented as synchronous "for most use cases", which does not promise a wait for kernels
+in flight: they are counted as calls that may wait.)
+
 On a GPU, ``benchmarks/device_call_costs.py`` measures each kind through cudapool's CUDA
 backend and writes a JSON file that :func:`load` reads::
 
@@ -30,7 +43,18 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional, Union
 
-__all__ = ["DEFAULT_COSTS", "KINDS", "GIB", "default", "merge", "load", "estimate_ms", "estimate_us_by_kind"]
+__all__ = [
+    "DEFAULT_COSTS",
+    "KINDS",
+    "SYNC_KINDS",
+    "GIB",
+    "default",
+    "merge",
+    "load",
+    "estimate_ms",
+    "estimate_us_by_kind",
+    "sync_calls",
+]
 
 GIB = 1 << 30
 
@@ -55,15 +79,42 @@ KINDS = (
     "stream_capturing",
 )
 
+#: The kinds whose calls wait for the work queued on the device (see the module notes).
+SYNC_KINDS = ("release", "event_synchronize", "page_unmap", "page_set_access")
+"""The call kinds counted as waiting for the device, each for its own reason:
+
+- ``release`` (cudaFree): the CUDA runtime documents that it synchronizes the device, the
+  current context and its peers, before the memory is given back (only memory from
+  cudaMallocAsync is exempt); the pool's plain segments are given back this way;
+- ``event_synchronize`` (cudaEventSynchronize): blocks the host until the work queued on the
+  event's stream before it has run; the pool calls it before it unmaps a stream's pages, and
+  on the way to out of memory for freed blocks whose streams may still be using them;
+- ``page_unmap`` (cuMemUnmap) and ``page_set_access`` (cuMemSetAccess): the CUDA driver API
+  reference marks both as exhibiting synchronous behaviour "for most use cases"; PyTorch's
+  Note [Expandable Segments] adds that changing mappings "appears to involve at least some
+  synchronous actions with the GPU". The reference does not promise that they wait for
+  kernels in flight, so these two are the calls that *may* wait: counted, to be safe, as
+  waiting.
+
+None of the waits is in the microsecond figures of :data:`DEFAULT_COSTS` (what a call waits
+for depends on the kernels queued, which no trace records); :func:`sync_calls` counts the
+calls instead.
+"""
+
+_KVCACHED = (
+    "the kvcached project's benchmarks/bench_vmm (ovg-project/kvcached; its README's sample output on "
+    "an A100: one thread, 4096 calls, one 2 MiB page per call)"
+)
+_NOTE_ES = (
+    "PyTorch's Note [Expandable Segments] (c10/cuda/CUDACachingAllocator.cpp, from pytorch/pytorch PR "
+    "#96995): the cost to map/unmap memory is proportional to the number of physical chunks (mapping "
+    "ten separately allocated 2 MiB pages takes 10x the time of one 20 MiB allocation), and changing "
+    "mappings appears to involve some synchronous actions with the GPU"
+)
 _PR_172056 = (
     "pytorch/pytorch PR #172056 (nsys profile of expandable segments at several chunk sizes: the "
     "time in cuMemCreate/cuMemSetAccess/cuMemUnmap/cuMemRelease falls as chunks grow, i.e. it is "
     "mostly per call)"
-)
-_PR_96995 = (
-    "pytorch/pytorch PR #96995, CUDACachingAllocator.cpp notes: mapping cost is proportional to "
-    "the number of physical chunks (ten 2 MiB pages map 10x slower than one 20 MiB one), and "
-    "changing mappings involves synchronous work with the GPU"
 )
 
 #: Microseconds per call (``us``) and per GiB the call names (``us_per_gib``), with sources.
@@ -80,8 +131,8 @@ DEFAULT_COSTS: Dict[str, Dict[str, Any]] = {
         "us": 50.0,
         "us_per_gib": 50.0,
         "estimate": True,
-        "source": "cudaFree synchronizes the device (CUDA runtime API notes); the wait for "
-        "queued work is not modelled; call cost and per-GiB part: estimate",
+        "source": "cudaFree: synchronizes the device (CUDA runtime API notes), a call of SYNC_KINDS; the "
+        "wait for queued work is not in the figure; call cost and per-GiB part: estimate",
     },
     "event_create": {
         "us": 0.15,
@@ -111,7 +162,8 @@ DEFAULT_COSTS: Dict[str, Dict[str, Any]] = {
         "us": 5.0,
         "us_per_gib": 0.0,
         "estimate": True,
-        "source": "cudaEventSynchronize on a completed event; the wait for queued work is not modelled: estimate",
+        "source": "cudaEventSynchronize on a completed event, a call of SYNC_KINDS; the wait for queued "
+        "work is not in the figure: estimate",
     },
     "mem_info": {
         "us": 5.0,
@@ -126,46 +178,57 @@ DEFAULT_COSTS: Dict[str, Dict[str, Any]] = {
         "source": "cuMemGetAllocationGranularity: no published figure: estimate",
     },
     "va_reserve": {
-        "us": 10.0,
+        "us": 19.0,
         "us_per_gib": 0.0,
-        "estimate": True,
-        "source": "cuMemAddressReserve: no published figure (address space only, no memory): estimate",
+        "estimate": False,
+        "source": f"cuMemAddressReserve: 19 us for one call reserving 8 GiB, {_KVCACHED} (a single "
+        "sample); address space only, no memory behind it, so all of it is taken per call",
     },
     "va_free": {
         "us": 10.0,
         "us_per_gib": 0.0,
         "estimate": True,
-        "source": "cuMemAddressFree: no published figure: estimate",
+        "source": "cuMemAddressFree: no published figure (bench_vmm does not time it): estimate",
     },
     "page_create": {
-        "us": 25.0,
-        "us_per_gib": 60.0,
-        "estimate": True,
-        "source": f"cuMemCreate: {_PR_172056}; per-call and per-GiB split: estimate",
+        "us": 191.0,
+        "us_per_gib": 1024.0,
+        "estimate": False,
+        "source": f"cuMemCreate: mean 193 us per 2 MiB page (p50 195, p90 339, p99 381, max 493), "
+        f"{_KVCACHED}; the mean, not the p99, as the estimate sums many calls. Split into 191 us per "
+        "call + 2 us per 2 MiB page (1,024 us per GiB), a judgement: were all of it per byte "
+        "(193 us / 2 MiB = 98,800 us per GiB), ten 2 MiB pages would cost what one 20 MiB chunk "
+        f"costs, which {_NOTE_ES} contradicts, and {_PR_172056}; with this split ten pages cost 9.1x one "
+        "20 MiB chunk. The per-byte share: estimate",
     },
     "page_release": {
         "us": 15.0,
         "us_per_gib": 30.0,
         "estimate": True,
-        "source": f"cuMemRelease: {_PR_172056}; per-call and per-GiB split: estimate",
+        "source": f"cuMemRelease: not timed by bench_vmm; {_PR_172056}; per-call and per-GiB figures: estimate",
     },
     "page_map": {
-        "us": 3.0,
+        "us": 1.5,
         "us_per_gib": 0.0,
-        "estimate": True,
-        "source": f"cuMemMap: {_PR_96995}; per-call figure: estimate",
+        "estimate": False,
+        "source": f"cuMemMap: mean 1.45 us per 2 MiB page (p99 5, max 105; the timer counts whole "
+        f"microseconds, p50 0), {_KVCACHED}; all of it per call, by {_NOTE_ES}",
     },
     "page_unmap": {
-        "us": 30.0,
-        "us_per_gib": 20.0,
-        "estimate": True,
-        "source": f"cuMemUnmap: {_PR_172056}; {_PR_96995}; figures: estimate",
+        "us": 26.0,
+        "us_per_gib": 0.0,
+        "estimate": False,
+        "source": f"cuMemUnmap: mean 25.63 us per 2 MiB page (p99 39, max 126), {_KVCACHED}; all of it per "
+        f"call, by {_NOTE_ES}; the driver reference: synchronous for most use cases, a call of SYNC_KINDS "
+        "(the wait is not in the figure)",
     },
     "page_set_access": {
-        "us": 20.0,
-        "us_per_gib": 40.0,
-        "estimate": True,
-        "source": f"cuMemSetAccess: {_PR_172056}; per-call and per-GiB split: estimate",
+        "us": 36.0,
+        "us_per_gib": 0.0,
+        "estimate": False,
+        "source": f"cuMemSetAccess: mean 35.99 us per 2 MiB page (p99 54, max 169), {_KVCACHED}; all of it "
+        f"per call, by {_NOTE_ES}; the driver reference: synchronous for most use cases, a call of "
+        "SYNC_KINDS (the wait is not in the figure)",
     },
     "stream_capturing": {
         "us": 0.5,
@@ -252,3 +315,10 @@ def estimate_ms(
 ) -> float:
     """Estimated milliseconds the calls take: the sum of :func:`estimate_us_by_kind`, / 1000."""
     return sum(estimate_us_by_kind(calls, call_bytes, costs).values()) / 1000.0
+
+
+def sync_calls(calls: Mapping[str, int]) -> int:
+    """How many of ``calls`` (per kind, as ``backend_calls()`` gives them) wait for the work
+    queued on the device: the sum over the kinds of :data:`SYNC_KINDS` (a kind absent from
+    ``calls`` counts 0)."""
+    return sum(int(calls.get(kind, 0)) for kind in SYNC_KINDS)

@@ -26,7 +26,8 @@ What a replay reports (the keys of the returned dict)
 - ``device_calls``: every call the replay's pool made to the simulated device, per kind
   (the names of ``_C.Pool.backend_calls()``: reserve, release, event_create, event_destroy,
   event_record, event_query, event_synchronize, mem_info, vmm_granularity, va_reserve,
-  va_free, page_create, page_release, page_map, page_unmap, page_set_access), from the pool's
+  va_free, page_create, page_release, page_map, page_unmap, page_set_access, stream_capturing),
+  from the pool's
   creation (its start-up queries, the seeding of a window's start) to the trace's last event;
   the simulated device's own counters, read then. ``device_call_bytes``: the bytes those
   calls named, per kind (``backend_bytes()``); ``device_calls_total``, their sum;
@@ -38,7 +39,17 @@ What a replay reports (the keys of the returned dict)
   one whose memory keeps growing, or that gives memory back and takes it again, does not;
 - ``device_call_ms``, ``device_call_ms_after_warmup``: the estimated milliseconds those calls
   take, sum(calls x us + bytes / GiB x us_per_gib) over the kinds, from the cost table of
-  :mod:`cudapool.device_costs` (the ``costs`` argument overrides it);
+  :mod:`cudapool.device_costs` (the ``costs`` argument overrides it); no wait for the device's
+  queued work is in them;
+- ``device_ms_warmup``: the estimated milliseconds of the calls made during warm-up (from the
+  pool's creation to event ``warmup_events``, seeding included), and ``device_ms_after_warmup``,
+  those of the calls after it (the same figure as ``device_call_ms_after_warmup``, which stays):
+  the two add up to ``device_call_ms``;
+- ``sync_calls``, ``sync_calls_after_warmup``: how many of the device calls (all, and after
+  warm-up) are of the kinds that wait for the work queued on the device
+  (``device_costs.SYNC_KINDS``: release, event_synchronize, page_unmap, page_set_access). The
+  wait depends on the kernels in flight, which no trace records, so the milliseconds above
+  leave it out; this count says how often the host would wait;
 - ``ns_per_op``: host nanoseconds per event spent in the C replay (``ns`` in all), and
   ``events_per_s`` from the same clock; ``wall_s``: the whole call, Python included;
 - ``oom`` (bool), ``oom_event`` (index of the allocation that failed) and ``oom_size``
@@ -301,13 +312,20 @@ _CALL_KEYS = ("device_calls", "device_call_bytes", "device_calls_after_warmup", 
 
 
 def _price(res: Dict[str, Any], costs: device_costs.CostTable) -> None:
-    """Add the call totals and their estimated milliseconds (cudapool.device_costs)."""
+    """Add the call totals, their estimated milliseconds (cudapool.device_costs), all, during
+    and after warm-up, and the counts of the calls that wait for the device."""
     res["device_calls_total"] = sum(res["device_calls"].values())
     res["device_calls_after_warmup_total"] = sum(res["device_calls_after_warmup"].values())
     res["device_call_ms"] = device_costs.estimate_ms(res["device_calls"], res["device_call_bytes"], costs)
     res["device_call_ms_after_warmup"] = device_costs.estimate_ms(
         res["device_calls_after_warmup"], res["device_call_bytes_after_warmup"], costs
     )
+    res["device_ms_after_warmup"] = res["device_call_ms_after_warmup"]
+    warm_calls = {k: n - res["device_calls_after_warmup"][k] for k, n in res["device_calls"].items()}
+    warm_bytes = {k: b - res["device_call_bytes_after_warmup"][k] for k, b in res["device_call_bytes"].items()}
+    res["device_ms_warmup"] = device_costs.estimate_ms(warm_calls, warm_bytes, costs)
+    res["sync_calls"] = device_costs.sync_calls(res["device_calls"])
+    res["sync_calls_after_warmup"] = device_costs.sync_calls(res["device_calls_after_warmup"])
 
 
 def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str, Any]:
@@ -700,6 +718,13 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
             )
             + " (calls made in the second half of the events)",
         )
+        if "sync_calls" in res:
+            row(
+                "waiting calls",
+                f"{res['sync_calls']:,} ({res['sync_calls_after_warmup']:,} after warm-up): "
+                + ", ".join(device_costs.SYNC_KINDS)
+                + ", the calls that wait for the device's queued work (the wait is not in the estimate)",
+            )
     row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
     if res["oom"]:
         where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""

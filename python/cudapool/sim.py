@@ -27,12 +27,20 @@ class Pool(_C.Pool):
 
     Keyword options beyond ``auto_complete`` and ``touch_memory`` are configuration keys
     (``max_split_size_mb=64``, ``garbage_collection_threshold=0.8``, ...).
-    ``auto_complete``: events complete as soon as they are recorded (an always idle device).
+    ``auto_complete``: work completes as soon as it is queued (an always idle device).
     ``touch_memory=False``: addresses are not backed by host memory (for huge replays).
 
-    Allocation (``alloc``, ``free``, ``record_stream``), the simulated device (``complete``,
-    ``complete_all``, ``fail_nth``, ``backend_calls``, ``invalidate_stream``,
-    ``sim_reserved_bytes``), cache and limits (``empty_cache``, ``set_memory_cap``,
+    The device runs behind the host, as a GPU does: ``launch(ptr, stream)`` queues work that
+    uses an allocation, and it completes only with ``complete(stream)``, ``complete_all()`` or
+    a call that waits for the device; an event recorded on a stream completes when the work
+    queued before it has. What a GPU would fault on (memory unmapped or handed to another
+    stream while queued work still uses it, a launch on memory the pool has not handed out, a
+    call refused during a capture, a handle used after its destroy) is listed by
+    ``device_faults()`` ([] when there is none).
+
+    Allocation (``alloc``, ``free``, ``record_stream``), the simulated device (``launch``,
+    ``complete``, ``complete_all``, ``set_lag``, ``device_faults``, ``fail_nth``,
+    ``backend_calls``, ``invalidate_stream``, ``sim_reserved_bytes``), cache and limits (``empty_cache``, ``set_memory_cap``,
     ``set_memory_fraction``), introspection (``info``, ``check``, ``check_report``,
     ``oom_report``, ``config``, ``reset_peak_stats``, ``reset_accumulated_stats``) and
     ``close`` are the methods of :class:`cudapool._C.Pool`; this class adds the torch-style

@@ -56,6 +56,7 @@ BLOCK_STATES: Dict[str, Optional[str]] = {
     "pending": "active_pending_free",
     "free": "inactive",
     "unmapping": "inactive",
+    "draining": "inactive",  # retired free memory, unmapped once its stream's work is done
     "lent": "active_allocated",  # in use through a stitched range (page_stitching)
     "unmapped": None,
     "mapping": None,

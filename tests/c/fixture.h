@@ -47,9 +47,16 @@ static inline int fx_open(fixture_t *fx, size_t capacity, const char *conf) {
   return fx_open_sim(fx, capacity, 0, conf);
 }
 
+/* No device fault so far (Note [Simulated asynchrony] in backend/sim.h); they are printed. */
+static inline void fx_no_faults(cp_sim_t *sim) { CHECK_EQ_U(cp_sim_print_device_faults(sim, stderr), 0); }
+
 static inline void fx_close(fixture_t *fx) {
   CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
+  fx_no_faults(fx->sim);
+  /* Destroying a pool unmaps everything at once: its caller waits for the device first. */
+  cp_sim_complete_all(fx->sim);
   cp_pool_destroy(fx->pool);
+  fx_no_faults(fx->sim);
   CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
   CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
   CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
@@ -97,7 +104,22 @@ static inline void *must_alloc(fixture_t *fx, size_t size, cp_stream_t stream) {
   if (rc != CP_OK) fprintf(stderr, "alloc(%zu) failed: %s\n", size, cp_last_error());
   CHECK(rc == CP_OK);
   CHECK(p != NULL);
+  /* Handing memory to this stream while another stream's queued work touches it is a fault. */
+  if (p != NULL && size > 0) CHECK_EQ_U(cp_sim_check_handoff(fx->sim, stream, (uintptr_t)p, size), 0);
   return p;
+}
+
+/* empty_cache once the device has run everything queued so far: the memory it gives back is
+ * what a first empty_cache retires and a later call unmaps on a GPU (Note [Stream-ordered
+ * release] in core/drain.c). */
+static inline int empty_cache_idle(fixture_t *fx) {
+  cp_sim_complete_all(fx->sim);
+  return cp_empty_cache(fx->pool);
+}
+
+/* Work queued on `stream` over the live allocation [p, p + n). */
+static inline void launch(fixture_t *fx, cp_stream_t stream, const void *p, size_t n) {
+  CHECK(cp_sim_launch(fx->sim, stream, (uintptr_t)p, n) == CP_OK);
 }
 
 #endif /* CP_TEST_FIXTURE_H */

@@ -287,7 +287,8 @@ TEST(row_invalid_stream_alloc_and_plain_free_work) {
   CHECK(cp_free(fx.pool, p) == CP_OK);
   void *q = must_alloc(&fx, 1000, S_BAD_ALLOC);
   CHECK(q == p);
-  CHECK(cp_record_stream(fx.pool, q, S_GOOD) == CP_OK); /* events go on S_GOOD only */
+  CHECK(cp_record_stream(fx.pool, q, S_GOOD) == CP_OK);
+  launch(&fx, S_GOOD, q, 1); /* events go on S_GOOD only */
   CHECK(cp_free(fx.pool, q) == CP_OK);
   CHECK(cp_empty_cache(fx.pool) == CP_OK);
   fx_close(&fx);
@@ -301,8 +302,10 @@ TEST(row_invalid_stream_free_after_record_stream_is_refused_and_nothing_leaks) {
   REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
   void *p = must_alloc(&fx, 1000, 0);
   CHECK(cp_record_stream(fx.pool, p, S_GOOD) == CP_OK);
+  launch(&fx, S_GOOD, p, 1);
   CHECK(cp_sim_invalidate_stream(fx.sim, S_BAD) == CP_OK);
   CHECK(cp_record_stream(fx.pool, p, S_BAD) == CP_OK);
+  launch(&fx, S_BAD, p, 1);
   cp_stats_t before = stats_of(&fx);
   size_t events = 0;
   for (int attempt = 0; attempt < 3; attempt++) {
@@ -340,6 +343,7 @@ TEST(row_invalid_stream_after_free_pending_block_still_returns) {
   REQUIRE(fx_open(&fx, 64 * MiB, NULL) == 0);
   void *p = must_alloc(&fx, 1000, 0);
   CHECK(cp_record_stream(fx.pool, p, S_LATE) == CP_OK);
+  launch(&fx, S_LATE, p, 1);
   CHECK(cp_free(fx.pool, p) == CP_OK);
   CHECK(cp_sim_invalidate_stream(fx.sim, S_LATE) == CP_OK);
   cp_sim_complete(fx.sim, S_LATE);

@@ -1,8 +1,10 @@
 /* test_cuda_nodriver.c — tests of the CUDA backend (csrc/backend/cuda*.c) that run anywhere.
- * Owns: clean failure without a driver; with a driver and a GPU, real round trips on device 0. */
+ * Owns: clean failure without a driver; with a driver (a GPU, or the stand-in that
+ * CUDAPOOL_CUDA_DRIVER names: make test-c-standin), round trips on device 0. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda.h"
@@ -12,6 +14,12 @@
 #define LOAD_THREADS 8
 
 static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+
+/* The library the backend loads (Note [Which libcuda] in csrc/backend/cuda.c). */
+static const char *driver_named(void) {
+  const char *named = getenv("CUDAPOOL_CUDA_DRIVER");
+  return named != NULL && named[0] != '\0' ? named : NULL;
+}
 
 /* The outcome of the first cp_cuda_load, taken by main before any test runs. */
 static int load_rc;
@@ -78,6 +86,11 @@ TEST(no_driver_fails_cleanly) {
   CHECK(load_rc == CP_ERR_BACKEND);
   CHECK(strncmp(load_message, "cudapool: ", 10) == 0);
   CHECK(contains(load_message, "no CUDA driver") || contains(load_message, "cuInit"));
+  /* A library named by CUDAPOOL_CUDA_DRIVER that cannot be loaded is named, with no fallback. */
+  if (driver_named() != NULL && contains(load_message, "no CUDA driver")) {
+    CHECK(contains(load_message, "CUDAPOOL_CUDA_DRIVER="));
+    CHECK(contains(load_message, driver_named()));
+  }
 
   int value = -7;
   CHECK(cp_cuda_device_count(&value) == CP_ERR_BACKEND);
@@ -125,8 +138,8 @@ TEST(shutdown_without_driver) {
 typedef int (*ctx_get_current_fn)(void **out_ctx);
 
 static ctx_get_current_fn ctx_get_current(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+  void *lib = dlopen(driver_named() != NULL ? driver_named() : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL && driver_named() == NULL) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) return NULL;
   void *sym = dlsym(lib, "cuCtxGetCurrent");
   ctx_get_current_fn fn = NULL;

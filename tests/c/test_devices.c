@@ -27,13 +27,19 @@ static size_t usage_on(int device, int which) {
 #define allocated_on(device) usage_on((device), 0)
 #define reserved_on(device)  usage_on((device), 1)
 
-/* Every pool healthy and holding no live block; then everything goes back. */
+/* Every pool healthy and holding no live block, no device fault on any simulated device
+ * (Note [Simulated asynchrony] in backend/sim.h); then, once each device has run what is
+ * queued on it (destroying a pool unmaps at once), everything goes back. */
 static void check_clean_and_shut_down(void) {
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool == NULL) continue;
     CHECK_EQ_U(cp_pool_check(pool, stderr), 0);
     CHECK_EQ_U(allocated_on(d), 0);
+    cp_sim_t *sim = cpd_sim(d);
+    if (sim == NULL) continue;
+    CHECK_EQ_U(cp_sim_print_device_faults(sim, stderr), 0);
+    cp_sim_complete_all(sim);
   }
   cpd_shutdown();
   for (int d = 0; d < CP_MAX_DEVICES; d++) CHECK(cpd_pool_if_created(d) == NULL);
@@ -126,18 +132,31 @@ TEST(record_stream_through_the_table) {
   void *p = NULL, *q = NULL;
   const uintptr_t s1 = 1, s2 = 2;
   REQUIRE(cpd_alloc(MiB, 1, (void *)s1, &p) == CP_OK);
+  cp_sim_t *sim = cpd_sim(1);
+  REQUIRE(sim != NULL);
+  /* Stream 2 uses the block only after its free's event: a stream idle at the free has
+   * nothing that could still touch it, so the block is back at once. */
   cudapool_record_stream(p, (void *)s2);
+  cudapool_free(p, MiB, 1, (void *)s1);
+  REQUIRE(cpd_alloc(MiB, 1, (void *)s1, &q) == CP_OK);
+  CHECK(q == p);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, s1, (uintptr_t)q, MiB), 0);
+  /* Work queued on stream 2 over the block: the free's event waits for it. */
+  cudapool_record_stream(p, (void *)s2);
+  CHECK(cp_sim_launch(sim, s2, (uintptr_t)p, MiB) == CP_OK);
   cudapool_free(p, MiB, 1, (void *)s1);
   /* The block waits for stream 2: a new request on stream 1 gets other memory. */
   REQUIRE(cpd_alloc(MiB, 1, (void *)s1, &q) == CP_OK);
   CHECK(q != p);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, s1, (uintptr_t)q, MiB), 0);
   cudapool_free(q, MiB, 1, (void *)s1);
   cp_pool_info_t info;
   cp_pool_info(cpd_pool_if_created(1), &info);
   CHECK_EQ_U(info.pending_blocks, 1);
-  cp_sim_complete(cpd_sim(1), s2);
+  cp_sim_complete(sim, s2);
   REQUIRE(cpd_alloc(MiB, 1, (void *)s1, &q) == CP_OK);
   CHECK(q == p); /* back once stream 2's event completed: the lowest address again */
+  CHECK_EQ_U(cp_sim_check_handoff(sim, s1, (uintptr_t)q, MiB), 0);
   cudapool_free(q, MiB, 1, (void *)s1);
   check_clean_and_shut_down();
 }
@@ -203,7 +222,15 @@ static void *worker_main(void *arg) {
       continue;
     }
     *(volatile uint64_t *)ptr[slot] = (uintptr_t)ptr[slot];
-    if (next_random(&rng) % 4 == 0) cudapool_record_stream(ptr[slot], (void *)(uintptr_t)(3 + w->index));
+    /* Work on the block, on its stream and on the one it is recorded on: it must be the
+     * device's memory (a launch elsewhere is a device fault, checked at shutdown). */
+    cp_sim_t *sim = cpd_sim(dev[slot]);
+    if (cp_sim_launch(sim, stream[slot], (uintptr_t)ptr[slot], size[slot]) != CP_OK) atomic_fetch_add(w->failures, 1);
+    if (next_random(&rng) % 4 == 0) {
+      cudapool_record_stream(ptr[slot], (void *)(uintptr_t)(3 + w->index));
+      if (cp_sim_launch(sim, 3 + (uintptr_t)w->index, (uintptr_t)ptr[slot], size[slot]) != CP_OK)
+        atomic_fetch_add(w->failures, 1);
+    }
     if (next_random(&rng) % 256 == 0) cudapool_empty_cache();
   }
   for (int slot = 0; slot < LIVE; slot++) {

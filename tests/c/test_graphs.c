@@ -218,6 +218,32 @@ TEST(graph_pools_route_isolate_and_go_when_released) {
   cpd_shutdown();
 }
 
+TEST(graph_pools_keep_plain_segments_under_page_stitching) {
+  /* page_stitching alone turns paging on: a graph's private pool must clear it too (its
+   * captured kernels keep their addresses, and nothing of it may be unmapped or stitched). */
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  REQUIRE(cp_config_parse(&cfg, "page_stitching:True") == CP_OK);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+  REQUIRE(cpd_use_sim(64 * MiB, 1, 0) == CP_OK);
+  REQUIRE(cpd_graph_begin(0, 11, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *p = NULL;
+  REQUIRE(cpd_alloc(3 * MiB, 0, (void *)5, &p) == CP_OK);
+  cp_pool_t *gpool = cpd_graph_pool(0, 11, 0);
+  REQUIRE(gpool != NULL);
+  cp_pool_info_t in;
+  cp_pool_info(gpool, &in);
+  CHECK_EQ_U(in.page_mapped, 0);
+  CHECK_EQ_U(in.page_segments, 0);
+  CHECK(cpd_graph_end(0, 11, 0) == CP_OK);
+  cudapool_free(p, 3 * MiB, 0, (void *)5);
+  CHECK(cpd_graph_release(0, 11, 0) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(cpd_sim(0)), 0);
+  cpd_shutdown();
+  cp_config_default(&cfg);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+}
+
 TEST(bad_calls_are_refused_and_shutdown_frees_everything) {
   REQUIRE(cpd_use_sim(64 * MiB, 1, 0) == CP_OK);
   filters_freed = 0;
@@ -253,6 +279,7 @@ int main(void) {
   RUN(capture_window_makes_no_event_call_and_gives_nothing_back);
   RUN(a_capturing_stream_without_a_window_is_respected);
   RUN(graph_pools_route_isolate_and_go_when_released);
+  RUN(graph_pools_keep_plain_segments_under_page_stitching);
   RUN(bad_calls_are_refused_and_shutdown_frees_everything);
   return check_summary("test_graphs");
 }

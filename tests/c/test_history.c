@@ -88,6 +88,7 @@ TEST(pending_free_completes_later) {
   REQUIRE(cp_pool_history_enable(fx.pool, RING) == CP_OK);
   void *p = must_alloc(&fx, 4096, 1);
   CHECK(cp_record_stream(fx.pool, p, 2) == CP_OK);
+  launch(&fx, 2, p, 1);
   CHECK(cp_free(fx.pool, p) == CP_OK);
   cp_history_entry_t e[RING];
   size_t n = read_all(&fx, e, NULL);

@@ -100,6 +100,7 @@ TEST(per_stream_breakdown) {
   }
   void *used = must_alloc(&fx, 100 * KiB, 1);
   CHECK(cp_record_stream(fx.pool, used, 99) == CP_OK);
+  launch(&fx, 99, used, 1);
   CHECK(cp_free(fx.pool, used) == CP_OK); /* PENDING: waits for stream 99, returns to stream 1 */
   cp_oom_info_t in;
   cp_pool_oom_now(fx.pool, 4 * MiB, 2, &in);

@@ -184,6 +184,7 @@ TEST(streams_keep_their_pages) {
   char *big = must_alloc(&fx, 16 * MiB, 0);
   CHECK_EQ_U(info_of(&fx).stitches, 1);
   CHECK(cp_record_stream(fx.pool, big, 7) == CP_OK);
+  launch(&fx, 7, big, 1);
   CHECK(cp_free(fx.pool, big) == CP_OK);
   CHECK_EQ_U(info_of(&fx).pending_blocks, 1);
   char *hole = must_alloc(&fx, 4 * MiB, 0); /* not a lent hole: the pages wait */
@@ -207,11 +208,11 @@ TEST(empty_cache_drops_idle_ranges_and_unmaps_free_pages) {
   fill(busy, 16 * MiB, 4);
   for (int i = 0; i < 4; i++) fill(live[i], 4 * MiB, (unsigned char)(20 + i));
   /* A range in use stays, and its pages stay mapped. */
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
   CHECK(holds(busy, 16 * MiB, 4));
   CHECK(cp_free(fx.pool, busy) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
   CHECK_EQ_U(info_of(&fx).stitched_space, 0);
   CHECK_EQ_U(reserved_of(&fx), 16 * MiB); /* the four live blocks' pages only */
@@ -219,9 +220,58 @@ TEST(empty_cache_drops_idle_ranges_and_unmaps_free_pages) {
   CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), 16 * MiB); /* every free page released */
   for (int i = 0; i < 4; i++) CHECK(holds(live[i], 4 * MiB, (unsigned char)(20 + i)));
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
   CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(idle_ranges_wait_for_the_work_queued_on_them) {
+  /* A stitched block freed while a kernel on its stream may still use it: empty_cache must
+   * not unmap the range (or its pages) before that work is done, and waits for nothing. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  char *big = must_alloc(&fx, 16 * MiB, 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
+  launch(&fx, 0, big, 16 * MiB);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  const size_t before = reserved_of(&fx);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(fx.sim), 0);
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_EVENT_SYNCHRONIZE), 0);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 1); /* retired, still mapped */
+  CHECK_EQ_U(reserved_of(&fx), before);
+  /* Retired memory is not handed out again: a new request maps afresh or revives it. */
+  cp_sim_complete(fx.sim, 0);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
+  CHECK_EQ_U(reserved_of(&fx), 16 * MiB); /* the four live blocks' pages only */
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  fx_close(&fx);
+}
+
+TEST(oom_retry_waits_for_its_stream_not_the_device) {
+  /* The retry waits for the drain events of the streams whose memory it gives back; work of
+   * a stream with nothing to give back stays queued. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, ST) == 0);
+  char *a = must_alloc(&fx, 32 * MiB, 1);
+  char *b = must_alloc(&fx, 16 * MiB, 3); /* stream 3: all in use, nothing to give back */
+  launch(&fx, 1, a, 32 * MiB);
+  launch(&fx, 3, b, 16 * MiB);
+  CHECK(cp_free(fx.pool, a) == CP_OK);    /* 32 MiB of stream 1, free but maybe still in use */
+  char *c = must_alloc(&fx, 40 * MiB, 2); /* needs stream 1's pages back */
+  CHECK_EQ_U(cp_sim_device_faults(fx.sim), 0);
+  CHECK(cp_sim_stream_idle(fx.sim, 1));                /* waited for */
+  CHECK(!cp_sim_stream_idle(fx.sim, 3));               /* never waited for */
+  CHECK_EQ_U(cp_sim_calls(fx.sim, CP_SIM_RELEASE), 0); /* no cudaFree: it would wait for the device */
+  CHECK_EQ_U(stats_of(&fx).num_alloc_retries, 1);
+  CHECK(cp_free(fx.pool, b) == CP_OK);
+  CHECK(cp_free(fx.pool, c) == CP_OK);
   fx_close(&fx);
 }
 
@@ -270,7 +320,7 @@ static void fail_while_stitching(cp_sim_call_t kind, uint64_t nth) {
   CHECK(holds(p, 16 * MiB, 2));
   CHECK(cp_free(fx.pool, p) == CP_OK);
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(reserved_of(&fx), 0);
   CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
   fx_close(&fx);
@@ -296,7 +346,7 @@ TEST(range_unmapped_but_not_given_back_never_serves) {
   CHECK(cp_free(fx.pool, big) == CP_OK);
   const size_t ranges = cp_sim_vmm_ranges(fx.sim);
   cp_sim_fail_nth(fx.sim, CP_SIM_VA_FREE, 1, CP_ERR_BACKEND);
-  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK(empty_cache_idle(&fx) == CP_ERR_BACKEND);
   CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
   CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges);                 /* its address range is still held */
   CHECK_EQ_U(cp_sim_vmm_mapped_bytes(fx.sim), reserved_of(&fx)); /* but nothing is mapped there */
@@ -306,7 +356,7 @@ TEST(range_unmapped_but_not_given_back_never_serves) {
   fill(again, 16 * MiB, 3);
   CHECK(holds(again, 16 * MiB, 3));
   CHECK(cp_free(fx.pool, again) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK); /* gives back both ranges' addresses */
+  CHECK(empty_cache_idle(&fx) == CP_OK); /* gives back both ranges' addresses */
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
   CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), ranges - 1);
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
@@ -331,7 +381,7 @@ static void fail_stitch_and_its_undo(cp_sim_call_t first, cp_sim_call_t undo) {
   CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
   if (rc == CP_OK) CHECK(cp_free(fx.pool, p) == CP_OK); /* served by growing */
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 0);
   CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
@@ -359,7 +409,7 @@ TEST(pages_of_a_range_not_dropped_stay_in_their_segments) {
   char *big = must_alloc(&fx, 16 * MiB, 0);
   CHECK(cp_free(fx.pool, big) == CP_OK);
   cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_UNMAP, 1, CP_ERR_BACKEND); /* the range's unmap */
-  CHECK(cp_empty_cache(fx.pool) == CP_ERR_BACKEND);
+  CHECK(empty_cache_idle(&fx) == CP_ERR_BACKEND);
   CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
   CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), reserved_of(&fx)); /* every page the device holds is counted */
@@ -369,7 +419,7 @@ TEST(pages_of_a_range_not_dropped_stay_in_their_segments) {
   CHECK(holds(again, 16 * MiB, 4));
   CHECK(cp_free(fx.pool, again) == CP_OK);
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(cp_sim_vmm_ranges(fx.sim), 0);
   CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
   fx_close(&fx);
@@ -445,13 +495,13 @@ TEST(empty_cache_keeps_free_pages_a_range_in_use_still_maps) {
   CHECK(cp_free(fx.pool, big) == CP_OK);
   char *part = must_alloc(&fx, 8 * MiB, 0);
   CHECK(part == big);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), reserved_of(&fx));
   CHECK_EQ_U(info_of(&fx).stitched_ranges, 1);
   fill(part, 8 * MiB, 5);
   CHECK(holds(part, 8 * MiB, 5));
   CHECK(cp_free(fx.pool, part) == CP_OK);
-  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
   CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), reserved_of(&fx));
   CHECK_EQ_U(reserved_of(&fx), 16 * MiB); /* the four live blocks' pages only */
   for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
@@ -466,6 +516,8 @@ int main(void) {
   RUN(top_up_maps_only_the_missing_pages);
   RUN(streams_keep_their_pages);
   RUN(empty_cache_drops_idle_ranges_and_unmaps_free_pages);
+  RUN(idle_ranges_wait_for_the_work_queued_on_them);
+  RUN(oom_retry_waits_for_its_stream_not_the_device);
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);
   RUN(range_unmapped_but_not_given_back_never_serves);

@@ -275,8 +275,10 @@ TEST(pages_count_against_the_capacity) {
   CHECK(((unsigned char *)(r + G))[5] == 0x77);                     /* still there */
   CHECK(be.page_map(be.ctx, r + 2 * G, G, p[1]) == CP_ERR_INVALID); /* released: no new mapping */
   CHECK(contains(cp_last_error(), "the page was released"));
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
   CHECK(be.page_release(be.ctx, p[1]) == CP_ERR_INVALID);
   CHECK(contains(cp_last_error(), "released already"));
+  CHECK_EQ_U(cp_sim_device_faults(sim), 1); /* a page released twice */
   CHECK(be.page_unmap(be.ctx, r, G) == CP_OK);
   CHECK_EQ_U(cp_sim_reserved_bytes(sim), 4 * G); /* one mapping left */
   CHECK(be.page_unmap(be.ctx, r + G, G) == CP_OK);
@@ -284,6 +286,10 @@ TEST(pages_count_against_the_capacity) {
   CHECK_EQ_U(cp_sim_vmm_pages(sim), 2);
   CHECK(be.page_release(be.ctx, p[1]) == CP_ERR_INVALID); /* and its handle with it */
   CHECK(contains(cp_last_error(), "unknown page"));
+  CHECK_EQ_U(cp_sim_device_faults(sim), 2); /* released twice still: the handle was handed out */
+  cp_sim_device_fault_t f;
+  CHECK(cp_sim_device_fault(sim, 1, &f) == CP_OK);
+  CHECK(strcmp(f.call, "page_release") == 0 && f.addr == p[1] && contains(f.what, "released twice"));
 
   CHECK(be.page_create(be.ctx, 2 * G, &none) == CP_ERR_OOM);
   CHECK(be.release(be.ctx, seg, G) == CP_OK);
@@ -332,7 +338,10 @@ TEST(misuse_is_refused_and_changes_nothing) {
   EXPECT_INVALID(be.page_create(be.ctx, 3 * MiB, &u), "positive multiple of the granularity");
   EXPECT_INVALID(be.page_create(be.ctx, G, NULL), "out_page is NULL");
   EXPECT_INVALID(be.page_release(be.ctx, 12345), "unknown page");
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0); /* never handed out: misuse, no fault */
   EXPECT_INVALID(be.page_release(be.ctx, gone), "unknown page");
+  CHECK_EQ_U(cp_sim_device_faults(sim), 1); /* released twice: a device fault */
+  cp_sim_clear_device_faults(sim);
 
   EXPECT_INVALID(be.page_map(be.ctx, r, G, 12345), "unknown page");
   EXPECT_INVALID(be.page_map(be.ctx, r, G, gone), "unknown page");
@@ -368,6 +377,7 @@ TEST(misuse_is_refused_and_changes_nothing) {
   CHECK_EQ_U(cp_sim_vmm_ranges(sim), 0);
   CHECK_EQ_U(cp_sim_vmm_mappings(sim), 0);
   CHECK_EQ_U(cp_sim_vmm_pages(sim), 3);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0); /* misuse of every other kind is no device fault */
   cp_sim_destroy(sim);
 }
 
@@ -477,15 +487,32 @@ TEST(faults_and_lost_device_every_vmm_kind) {
       CHECK(out == 0xabc);
       CHECK(contains(cp_last_error(), cp_sim_call_name(kind)));
       CHECK(contains(cp_last_error(), lost ? "device lost" : "sim: injected failure in "));
-      CHECK(snap_eq(before, snap(sim)));
       CHECK_EQ_U(cp_sim_calls(sim, kind), 1);
       CHECK_EQ_U(cp_sim_faults_injected(sim), lost ? 0 : 1);
+      CHECK_EQ_U(cp_sim_device_faults(sim), 0);
       if (rc == CP_OK) fprintf(stderr, "  kind %s did not fail\n", cp_sim_call_name(kind));
+      if (kind == CP_SIM_PAGE_RELEASE && !lost) {
+        /* A failed release still ends the handle (the driver may have released the page
+         * before failing): `loose`, mapped nowhere, is gone with its bytes, and releasing it
+         * again is a device fault. */
+        snap_t after = before;
+        after.pages--;
+        after.page_bytes -= G;
+        after.used -= G;
+        CHECK(snap_eq(after, snap(sim)));
+        CHECK(vmm_call(&be, kind, &fx, &out) == CP_ERR_INVALID);
+        CHECK_EQ_U(cp_sim_device_faults(sim), 1);
+        CHECK(snap_eq(after, snap(sim)));
+        cp_sim_destroy(sim);
+        continue;
+      }
+      CHECK(snap_eq(before, snap(sim))); /* a lost device ends no handle */
 
       /* Back to normal: the same call succeeds and changes what it should. */
       cp_sim_set_lost(sim, 0);
       CHECK(vmm_call(&be, kind, &fx, &out) == CP_OK);
       CHECK_EQ_U(cp_sim_calls(sim, kind), 2);
+      CHECK_EQ_U(cp_sim_device_faults(sim), 0);
       if (kind == CP_SIM_PAGE_UNMAP) CHECK_EQ_U(cp_sim_vmm_mappings(sim), 0);
       if (kind == CP_SIM_PAGE_MAP) CHECK_EQ_U(cp_sim_vmm_mappings(sim), 2);
       if (kind == CP_SIM_VA_FREE) CHECK_EQ_U(cp_sim_vmm_ranges(sim), 1);
@@ -496,6 +523,128 @@ TEST(faults_and_lost_device_every_vmm_kind) {
     kinds++;
   }
   CHECK(kinds == 8);
+}
+
+/* ---- Queued work on page-mapped memory (Note [Simulated asynchrony]) -------------------------- */
+
+TEST(queued_work_on_page_mapped_memory) {
+  cp_backend_t be;
+  cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
+  REQUIRE(sim != NULL);
+  uintptr_t r = 0, s = 0;
+  cp_page_t p = 0, q = 0;
+  REQUIRE(be.va_reserve(be.ctx, 4 * G, &r) == CP_OK);
+  REQUIRE(be.va_reserve(be.ctx, G, &s) == CP_OK);
+  REQUIRE(be.page_create(be.ctx, G, &p) == CP_OK);
+  REQUIRE(be.page_create(be.ctx, G, &q) == CP_OK);
+  REQUIRE(be.page_map(be.ctx, r, G, p) == CP_OK);
+  REQUIRE(be.page_set_access(be.ctx, r, G) == CP_OK);
+  REQUIRE(be.page_map(be.ctx, r + G, G, q) == CP_OK); /* no access yet */
+
+  /* A launch needs memory mapped with access; anything else is a device fault. */
+  CHECK(cp_sim_launch(sim, 1, r, G) == CP_OK);
+  CHECK(cp_sim_launch(sim, 1, r + G, 4096) == CP_ERR_INVALID);        /* mapped, no access */
+  CHECK(cp_sim_launch(sim, 1, r + 2 * G, 4096) == CP_ERR_INVALID);    /* reserved, nothing mapped */
+  CHECK(cp_sim_launch(sim, 1, r + G - 4096, 8192) == CP_ERR_INVALID); /* half of it without access */
+  CHECK_EQ_U(cp_sim_device_faults(sim), 3);
+  cp_sim_device_fault_t f;
+  CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
+  CHECK(strcmp(f.call, "launch") == 0 && f.addr == r + G && f.size == 4096 && f.stream == 1);
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 1);
+  cp_sim_clear_device_faults(sim);
+  REQUIRE(be.page_set_access(be.ctx, r + G, G) == CP_OK);
+  CHECK(cp_sim_launch(sim, 1, r + G - 4096, 8192) == CP_OK); /* across two mappings */
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 2);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+
+  /* Unmapping memory queued work touches goes ahead, as the driver's does, and is a fault
+   * naming the work. */
+  CHECK(be.page_unmap(be.ctx, r + G, G) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_mappings(sim), 1);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 1);
+  CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
+  CHECK(strcmp(f.call, "page_unmap") == 0 && f.addr == r + G - 4096 && f.size == 8192 && f.stream == 1);
+  CHECK(contains(f.what, "queued work"));
+  CHECK(cp_sim_launch(sim, 2, r + G, 4096) == CP_ERR_INVALID); /* unmapped: no longer the device's */
+  CHECK_EQ_U(cp_sim_device_faults(sim), 2);
+  cp_sim_clear_device_faults(sim);
+  cp_sim_complete(sim, 1);
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 0);
+
+  /* One page at two addresses: handing out the other address while work touches the page is
+   * a fault (byte exact), on any stream but the work's own. */
+  REQUIRE(be.page_map(be.ctx, s, G, p) == CP_OK);
+  REQUIRE(be.page_set_access(be.ctx, s, G) == CP_OK);
+  CHECK(cp_sim_launch(sim, 1, r + 4096, 4096) == CP_OK);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, s, 4096), 0);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, s + 8192, 4096), 0);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 1, s, G), 0);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, s + 8191, 1), 1);
+  CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
+  CHECK(strcmp(f.call, "handoff") == 0 && f.addr == r + 4096 && f.stream == 1);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, r, G), 1); /* and at its own address */
+  cp_sim_clear_device_faults(sim);
+  /* Unmapping the other address leaves the work's mapping alone: no fault. */
+  CHECK(be.page_unmap(be.ctx, s, G) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, s, G), 0); /* nothing mapped there now */
+  /* Once the work is done, unmapping its memory is fine. */
+  cp_event_t e = 0;
+  REQUIRE(be.event_create(be.ctx, &e) == CP_OK);
+  CHECK(be.event_record(be.ctx, e, 1) == CP_OK);
+  CHECK(be.event_synchronize(be.ctx, e) == CP_OK);
+  CHECK(be.page_unmap(be.ctx, r, G) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  CHECK(be.event_destroy(be.ctx, e) == CP_OK);
+  CHECK(be.page_release(be.ctx, p) == CP_OK);
+  CHECK(be.page_release(be.ctx, q) == CP_OK);
+  CHECK(be.va_free(be.ctx, r, 4 * G) == CP_OK);
+  CHECK(be.va_free(be.ctx, s, G) == CP_OK);
+  CHECK(snap_eq(snap(sim), (snap_t){0, 0, 0, 0, 0, 0, 0}));
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  cp_sim_destroy(sim);
+}
+
+TEST(capture_refuses_unmap_and_va_free) {
+  cp_backend_t be;
+  cp_sim_t *sim = make_sim(64 * MiB, 0, &be);
+  REQUIRE(sim != NULL);
+  vmm_setup_t fx;
+  REQUIRE(setup(&be, &fx) == 0);
+  CHECK(cp_sim_set_capturing(sim, 5, 1) == CP_OK);
+  /* Memory is never given back during a capture: refused, a fault each, nothing changed. */
+  const snap_t before = snap(sim);
+  CHECK(be.page_unmap(be.ctx, fx.r + 2 * G, G) == CP_ERR_BACKEND);
+  CHECK(contains(cp_last_error(), "page_unmap: operation not permitted when stream is capturing"));
+  CHECK(be.va_free(be.ctx, fx.spare, G) == CP_ERR_BACKEND);
+  CHECK(contains(cp_last_error(), "va_free: operation not permitted when stream is capturing"));
+  CHECK(snap_eq(before, snap(sim)));
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 2);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 2);
+  cp_sim_device_fault_t f;
+  CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
+  CHECK(strcmp(f.call, "page_unmap") == 0);
+  CHECK(cp_sim_device_fault(sim, 1, &f) == CP_OK);
+  CHECK(strcmp(f.call, "va_free") == 0);
+  /* Making memory is not refused, nor is releasing a page (its bytes go with the last unmap). */
+  uintptr_t r2 = 0;
+  cp_page_t p2 = 0;
+  CHECK(be.va_reserve(be.ctx, G, &r2) == CP_OK);
+  CHECK(be.page_create(be.ctx, G, &p2) == CP_OK);
+  CHECK(be.page_map(be.ctx, r2, G, p2) == CP_OK);
+  CHECK(be.page_set_access(be.ctx, r2, G) == CP_OK);
+  CHECK(be.page_release(be.ctx, fx.loose) == CP_OK);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 2);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 2);
+  CHECK(cp_sim_set_capturing(sim, 5, 0) == CP_OK);
+  CHECK(be.page_unmap(be.ctx, fx.r + 2 * G, G) == CP_OK);
+  CHECK(be.va_free(be.ctx, fx.spare, G) == CP_OK);
+  CHECK(be.page_unmap(be.ctx, r2, G) == CP_OK);
+  CHECK(be.va_free(be.ctx, r2, G) == CP_OK);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 2);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 2);
+  cp_sim_destroy(sim); /* fx.mapped, p2 and fx.r still live */
 }
 
 TEST(delay_every_vmm_kind) {
@@ -546,6 +695,8 @@ int main(void) {
   RUN(misuse_is_refused_and_changes_nothing);
   RUN(no_touch_has_no_host_memory);
   RUN(faults_and_lost_device_every_vmm_kind);
+  RUN(queued_work_on_page_mapped_memory);
+  RUN(capture_refuses_unmap_and_va_free);
   RUN(delay_every_vmm_kind);
   RUN(destroy_with_live_ranges_pages_and_mappings);
   return check_summary("test_vmm");

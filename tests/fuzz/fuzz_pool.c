@@ -112,8 +112,8 @@ typedef struct capture_s {
 typedef struct dev_s {
   cp_sim_t *sim;
   cp_backend_t real;
-  uint64_t recorded[NSTREAMS];  /* last sequence number recorded on the stream */
-  uint64_t completed[NSTREAMS]; /* every record up to this one has completed */
+  uint64_t recorded[NSTREAMS];  /* launches queued on the stream so far (Note [Simulated asynchrony]) */
+  uint64_t completed[NSTREAMS]; /* every launch up to this one has completed */
   mirror_event_t *events;       /* indexed by the device's event handle */
   size_t events_cap;
   capture_t captured[3 * NSTREAMS]; /* records made during the current operation */
@@ -154,7 +154,10 @@ static int dev_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
 
 static int dev_release(void *ctx, uintptr_t addr, size_t size) {
   dev_t *d = ctx;
-  return d->real.release(d->real.ctx, addr, size);
+  int rc = d->real.release(d->real.ctx, addr, size);
+  /* cudaFree waits for the whole device. */
+  if (rc == CP_OK) memcpy(d->completed, d->recorded, sizeof d->completed);
+  return rc;
 }
 
 static int dev_event_create(void *ctx, cp_event_t *out_event) {
@@ -176,7 +179,8 @@ static int dev_event_record(void *ctx, cp_event_t event, cp_stream_t stream) {
   int rc = d->real.event_record(d->real.ctx, event, stream);
   if (rc != CP_OK) return rc;
   FZ_ASSERT(stream < NSTREAMS, "the pool recorded an event on stream %" PRIuPTR ", never used", stream);
-  uint64_t seq = ++d->recorded[stream];
+  /* A marker after the stream's launches so far (seq - 1 of them); 0 stays "never recorded". */
+  uint64_t seq = d->recorded[stream] + 1;
   *dev_event(d, event) = (mirror_event_t){(uint8_t)stream, seq};
   if (d->ncaptured < sizeof d->captured / sizeof d->captured[0]) {
     d->captured[d->ncaptured++] = (capture_t){(uint8_t)stream, seq};
@@ -191,7 +195,7 @@ static int dev_event_query(void *ctx, cp_event_t event, int *out_done) {
   int rc = d->real.event_query(d->real.ctx, event, out_done);
   if (rc == CP_OK) {
     const mirror_event_t *m = dev_event(d, event);
-    int expect = m->seq == 0 || d->completed[m->stream] >= m->seq;
+    int expect = m->seq == 0 || d->completed[m->stream] + 1 >= m->seq;
     FZ_ASSERT(*out_done == expect, "event %" PRIuPTR ": device says done=%d, mirror says %d", event, *out_done, expect);
   }
   return rc;
@@ -202,7 +206,7 @@ static int dev_event_synchronize(void *ctx, cp_event_t event) {
   int rc = d->real.event_synchronize(d->real.ctx, event);
   if (rc == CP_OK) {
     const mirror_event_t *m = dev_event(d, event);
-    if (m->seq != 0 && d->completed[m->stream] < m->seq) d->completed[m->stream] = m->seq;
+    if (m->seq != 0 && d->completed[m->stream] < m->seq - 1) d->completed[m->stream] = m->seq - 1;
   }
   return rc;
 }
@@ -386,7 +390,7 @@ static void verify_slot(const slot_t *s, int index) {
 
 static int guard_active(const dev_t *d, const guard_t *g) {
   for (size_t i = 0; i < g->nev; i++) {
-    if (d->completed[g->ev[i].stream] < g->ev[i].seq) return 1;
+    if (d->completed[g->ev[i].stream] + 1 < g->ev[i].seq) return 1; /* seq - 1 launches before it */
   }
   return 0;
 }
@@ -586,6 +590,8 @@ static void check_all(cp_pool_t *pool, model_t *m, const dev_t *d) {
   FZ_ASSERT(in.memory_cap == expected_cap(m), "effective cap %zu, expected %zu", in.memory_cap, expected_cap(m));
   check_vmm(m, d, &in);
 
+  /* What a GPU would have faulted on (Note [Simulated asynchrony] in backend/sim.h). */
+  FZ_ASSERT(cp_sim_print_device_faults(d->sim, stderr) == 0, "device faults");
   /* The mirror agrees with the device. */
   for (unsigned s = 0; s < NSTREAMS; s++) {
     int idle = d->completed[s] >= d->recorded[s];
@@ -940,6 +946,10 @@ static void do_record(ctx_t *x, int si, unsigned stream) {
   slot_t *s = &x->m->slot[si];
   int rc = cp_record_stream(x->pool, s->ptr, stream);
   FZ_ASSERT(rc == CP_OK, "record_stream(%p, %u) gave %s", (void *)s->ptr, stream, cp_status_name(rc));
+  /* Work on that stream uses the block: queued until the stream is completed. */
+  rc = cp_sim_launch(x->dev->sim, stream, (uintptr_t)s->ptr, 1);
+  FZ_ASSERT(rc == CP_OK, "launch on %p, stream %u: %s", (void *)s->ptr, stream, cp_last_error());
+  x->dev->recorded[stream]++;
   if (stream != s->stream) s->recorded |= 1u << stream;
 }
 
@@ -951,7 +961,11 @@ static void do_empty_cache(ctx_t *x) {
   expect_failure_explained(rc);
   FZ_ASSERT(rc == CP_OK || fired, "empty_cache failed with %s without a device failure", cp_status_name(rc));
   FZ_ASSERT(cp_sim_reserved_bytes(x->dev->sim) <= reserved_before, "empty_cache reserved memory");
-  if (!fired) {
+  /* Page-mapped pools wait for nothing (Note [Stream-ordered release]): what queued work may
+   * still use stays, and goes with a later call. With every stream idle, all of it goes now. */
+  int idle = 1;
+  for (unsigned s = 0; s < NSTREAMS; s++) idle &= x->dev->completed[s] >= x->dev->recorded[s];
+  if (!fired && (idle || !x->m->paged)) {
     /* Every pending free was waited for. */
     cp_pool_info_t in;
     cp_pool_info(x->pool, &in);

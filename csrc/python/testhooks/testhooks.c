@@ -129,6 +129,33 @@ static PyObject *hook_sim_set_capturing(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *hook_sim_launch(PyObject *module, PyObject *args) {
+  hooks_state *st = get_state(module);
+  const cpy_hooks_api *api = st->api;
+  PyObject *dev, *stream_obj, *ptr_obj, *size_obj;
+  if (!PyArg_ParseTuple(args, "OOOO:sim_launch", &dev, &stream_obj, &ptr_obj, &size_obj)) return NULL;
+  int d;
+  uintptr_t stream, ptr, size;
+  if (api->parse_device(dev, &d) < 0 || api->as_uintptr(stream_obj, "stream", &stream) < 0 ||
+      api->as_uintptr(ptr_obj, "ptr", &ptr) < 0 || api->as_uintptr(size_obj, "size", &size) < 0)
+    return NULL;
+  cp_sim_t *sim = existing_sim(api, d);
+  if (sim == NULL) return NULL;
+  api->clear_error();
+  int rc = api->sim_launch(sim, (cp_stream_t)stream, ptr, (size_t)size);
+  if (rc != CP_OK) return api->raise_status(st->oom_error, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *hook_sim_device_faults(PyObject *module, PyObject *dev) {
+  const cpy_hooks_api *api = get_state(module)->api;
+  int d;
+  if (api->parse_device(dev, &d) < 0) return NULL;
+  cp_sim_t *sim = existing_sim(api, d);
+  if (sim == NULL) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_device_faults(sim));
+}
+
 static PyObject *hook_sim_capture_violations(PyObject *module, PyObject *dev) {
   const cpy_hooks_api *api = get_state(module)->api;
   int d;
@@ -179,6 +206,11 @@ static PyMethodDef hooks_methods[] = {
     {"sim_set_capturing", hook_sim_set_capturing, METH_VARARGS,
      "sim_set_capturing(device, stream, on=True)\n\nPut a stream of the simulated device into graph capture "
      "(on=False ends it): event calls and releases are refused while any stream captures."},
+    {"sim_launch", hook_sim_launch, METH_VARARGS,
+     "sim_launch(device, stream, ptr, size)\n\nQueue work on a stream of a simulated device that uses "
+     "[ptr, ptr + size)."},
+    {"sim_device_faults", hook_sim_device_faults, METH_O,
+     "sim_device_faults(device) -> int\n\nWhat the simulated device would have faulted on so far."},
     {"sim_capture_violations", hook_sim_capture_violations, METH_O,
      "sim_capture_violations(device) -> int\n\nCalls the simulated device refused because a stream was "
      "capturing (each would have broken a capture)."},
