@@ -216,7 +216,9 @@ enum {
 };
 /* Classify `ptr` (CP_PTR_*). For CP_PTR_LIVE and CP_PTR_HELD, *out_base and *out_size (each
  * unless NULL) receive the address and size of the segment that holds it: the whole backend
- * reservation, as torch's getBaseAllocation answers. NULL is CP_PTR_FOREIGN. Changes nothing;
+ * reservation, as torch's getBaseAllocation answers. In page-mapped memory (no one driver
+ * allocation: a range mostly without memory behind it) they receive the block that holds it
+ * instead. NULL is CP_PTR_FOREIGN. Changes nothing;
  * a live allocation's first byte is found in O(1), any other address in O(segments). */
 int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *out_size);
 
@@ -534,6 +536,11 @@ int cp_replay_seed_segment(cp_replay_t *replay, cp_stream_t stream, int kind, si
                            const cp_seed_block_t *blocks, size_t n);
 /* Free every allocation still live, then the replay itself (not the pool). */
 void cp_replay_destroy(cp_replay_t *replay);
+/* Work that uses the block [ptr, ptr + size) on `stream`, queued by the replay just before it
+ * frees the block (the traced program's last use of it), e.g. a launch on a simulated device
+ * that runs behind the host (Note [Simulated asynchrony] in backend/sim.h). NULL: none. */
+typedef void (*cp_replay_use_fn)(void *arg, uintptr_t ptr, size_t size, cp_stream_t stream);
+void cp_replay_set_use(cp_replay_t *replay, cp_replay_use_fn use, void *arg);
 
 /* ------------------------------------------------------------------------------------------
  * The event log (oom.c): the pool's latest allocation events, in trace form, so that the

@@ -19,7 +19,14 @@ struct cp_replay_s {
   cp_stats_t stats0;    /* the pool's stats when the replay began */
   size_t win_allocated; /* maxima since the last cp_replay_window */
   size_t win_reserved;
+  cp_replay_use_fn use; /* the work that last used a block, queued at its free (or NULL) */
+  void *use_arg;
 };
+
+void cp_replay_set_use(cp_replay_t *r, cp_replay_use_fn use, void *arg) {
+  r->use = use;
+  r->use_arg = arg;
+}
 
 static uint64_t cp_now_ns(void) {
   struct timespec ts;
@@ -97,6 +104,9 @@ int cp_replay_feed(cp_replay_t *r, const cp_trace_event_t *events, size_t n) {
       } else if (p == &cp_replay_skip_marker) {
         r->res.skipped++;
       } else {
+        /* The traced program used the block on its stream until it freed it. */
+        size_t size = 0;
+        if (r->use != NULL && cp_pool_lookup(r->pool, p, &size)) r->use(r->use_arg, (uintptr_t)p, size, e->stream);
         cp_free(r->pool, p);
         r->res.frees++;
       }

@@ -156,8 +156,11 @@ int cp_pool_base_of(cp_pool_t *pool, const void *ptr, void **out_base, size_t *o
     }
   }
   if (seg != NULL) {
-    if (out_base != NULL) *out_base = (void *)seg->addr;
-    if (out_size != NULL) *out_size = seg->size;
+    /* Page-mapped memory is no one driver allocation: its range is mostly address space with
+     * nothing behind it. The block itself is the span known to be mapped and its caller's. */
+    const bool mapped_piece = (seg->paged || seg->stitched) && b != NULL;
+    if (out_base != NULL) *out_base = (void *)(mapped_piece ? b->addr : seg->addr);
+    if (out_size != NULL) *out_size = mapped_piece ? b->size : seg->size;
   }
   pthread_mutex_unlock(&pool->lock);
   return kind;

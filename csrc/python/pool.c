@@ -535,6 +535,11 @@ static PyObject *Pool_device_faults(PyObject *op, PyObject *Py_UNUSED(ignored)) 
   return list;
 }
 
+static PyObject *Pool_device_fault_count(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  SIM_ONLY(op, self, "device_fault_count()");
+  return PyLong_FromUnsignedLongLong((unsigned long long)cp_sim_device_faults(self->sim));
+}
+
 static PyObject *Pool_clear_device_faults(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   SIM_ONLY(op, self, "clear_device_faults()");
   cp_sim_clear_device_faults(self->sim);
@@ -685,6 +690,12 @@ static PyObject *Pool_invalidate_stream(PyObject *op, PyObject *stream_obj) {
  * Simulated pools only: replay of traces
  * ---------------------------------------------------------------------------------------- */
 
+/* The replay's last use of a block before its free: a launch on the simulated device, which
+ * runs it behind the host (set_lag), so that memory given back too early is a device fault. */
+static void replay_use(void *arg, uintptr_t ptr, size_t size, cp_stream_t stream) {
+  (void)cp_sim_launch(arg, stream, ptr, size); /* a fault is counted by the device */
+}
+
 static PyObject *Pool_replay_start(PyObject *op, PyObject *args) {
   SIM_ONLY(op, self, "replay_start()");
   int device = -1;
@@ -696,6 +707,7 @@ static PyObject *Pool_replay_start(PyObject *op, PyObject *args) {
   cp_clear_error();
   int rc = cp_replay_create(self->pool, device, &self->replay);
   if (rc != CP_OK) return raise_status(op, rc);
+  cp_replay_set_use(self->replay, replay_use, self->sim);
   Py_RETURN_NONE;
 }
 
@@ -851,6 +863,8 @@ static PyMethodDef Pool_methods[] = {
      "has not handed out is a device fault."},
     {"device_faults", Pool_device_faults, METH_NOARGS,
      "What a GPU would have faulted on so far: a list of dicts (what, call, addr, size, stream); [] when none."},
+    {"device_fault_count", Pool_device_fault_count, METH_NOARGS,
+     "Device faults so far, all of them (device_faults() lists the first 64)."},
     {"clear_device_faults", Pool_clear_device_faults, METH_NOARGS, "Forget the device faults so far."},
     {"set_lag", Pool_set_lag, METH_O,
      "set_lag(n)\n\nLaunches a stream may run behind before its oldest completes on its own: 0 is a device that "

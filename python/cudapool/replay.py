@@ -23,6 +23,11 @@ What a replay reports (the keys of the returned dict)
   shape at the moment reserved memory peaked (0 when nothing was cached then); with
   ``cached_free_at_peak`` and ``largest_free_at_peak``;
 - ``device_allocs``, ``device_frees``: segments reserved from and given back to the device;
+- ``device_faults``: what a GPU would have faulted on (0 for a sound pool). The simulated
+  device runs behind the host as a GPU does: each block's last use is queued on its stream
+  when the trace frees it, and completes only at a call that waits for the device
+  (cudaFree, an event synchronize), so memory unmapped or handed to another stream before
+  that work is known done counts here (Note [Simulated asynchrony] in csrc/backend/sim.h);
 - ``device_calls``: every call the replay's pool made to the simulated device, per kind
   (the names of ``_C.Pool.backend_calls()``: reserve, release, event_create, event_destroy,
   event_record, event_query, event_synchronize, mem_info, vmm_granularity, va_reserve,
@@ -397,7 +402,10 @@ def _replay_data(
     start state, see _seed) when given; the C replay's result, the curve, and the effective
     configuration."""
     n = len(data) // EVENT.size
-    pool = _C.Pool(capacity, config, True, False)
+    # The device runs behind the host by everything since its last synchronizing call (no
+    # auto_complete): each block's last use is queued at its free, so memory given back before
+    # that work is known done is a device fault (device_faults).
+    pool = _C.Pool(capacity, config, False, False)
     bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
     seed: Dict[str, Any] = {"mode": None, "events": 0, "oom": False}
     try:
@@ -438,6 +446,7 @@ def _replay_data(
         info = pool.info()  # after the counts: what it asks the device is not the trace's
         res["stitches"] = info["stitches"]
         res["stitch_reuses"] = info["stitch_reuses"]
+        res["device_faults"] = pool.device_fault_count()  # before the pool lets go of its memory
         res["device_call_bytes_after_warmup"] = {k: v - warm_bytes[k] for k, v in call_bytes.items()}
         violations = pool.check()
         if violations:
@@ -789,7 +798,7 @@ def snapshot_at_peak(
     n = len(data) // EVENT.size
     chunk = 4096
     # Pass 1: the first chunk whose window reaches the peak of reserved.
-    pool = _C.Pool(cap, cfg, True, False)
+    pool = _C.Pool(cap, cfg, False, False)
     windows: List[int] = []
     try:
         pool.replay_start(-1)
@@ -807,7 +816,7 @@ def snapshot_at_peak(
         pool.close()
     first = next((i for i, r in enumerate(windows) if r >= peak), 0)
     # Pass 2: up to that chunk, then one event at a time until reserved is the peak.
-    pool = _C.Pool(cap, cfg, True, False)
+    pool = _C.Pool(cap, cfg, False, False)
     try:
         pool.set_history(history)
         pool.replay_start(-1)

@@ -35,6 +35,25 @@ TEST(live_block_start_and_interior_give_the_segment) {
   fx_close(&fx);
 }
 
+TEST(page_mapped_blocks_give_themselves) {
+  /* A page-mapped segment is address space far larger than what is mapped: the answer is the
+   * block, which is mapped and the caller's, never the whole reservation. */
+  const char *confs[] = {"expandable_segments:True", "expandable_segments:True,page_stitching:True"};
+  for (int c = 0; c < 2; c++) {
+    fixture_t fx;
+    REQUIRE(fx_open(&fx, 256 * MiB, confs[c]) == 0);
+    char *a = must_alloc(&fx, 3 * MiB, 0);
+    void *base = NULL;
+    size_t size = 0;
+    CHECK(cp_pool_base_of(fx.pool, a + 4096, &base, &size) == CP_PTR_LIVE);
+    CHECK(base == a);
+    CHECK(size >= 3 * MiB && size < 4 * MiB);
+    CHECK(size < info_of(&fx).address_space);
+    CHECK(cp_free(fx.pool, a) == CP_OK);
+    fx_close(&fx);
+  }
+}
+
 TEST(freed_and_never_handed_out_memory_is_held_and_the_rest_foreign) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, "") == 0);
@@ -125,6 +144,7 @@ TEST(fraction_zero_forbids_growth_and_is_remembered) {
 
 int main(void) {
   RUN(live_block_start_and_interior_give_the_segment);
+  RUN(page_mapped_blocks_give_themselves);
   RUN(freed_and_never_handed_out_memory_is_held_and_the_rest_foreign);
   RUN(entry_points_base_alloc_and_foreign_pointers);
   RUN(fraction_zero_forbids_growth_and_is_remembered);

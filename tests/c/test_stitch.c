@@ -254,6 +254,44 @@ TEST(idle_ranges_wait_for_the_work_queued_on_them) {
   fx_close(&fx);
 }
 
+TEST(trimmed_ranges_wait_for_the_work_queued_on_them) {
+  /* Past 64 kept ranges the least recently used idle one goes: not before the work queued on
+   * its stream is done (its block's last use may still be running on a GPU). */
+  const size_t page = 64 * KiB;
+  fixture_t fx;
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  REQUIRE(cp_config_parse(&cfg, ST) == CP_OK);
+  REQUIRE(cp_sim_create(64 * MiB, 0, &fx.sim) == CP_OK);
+  REQUIRE(cp_sim_set_vmm_granularity(fx.sim, page) == CP_OK);
+  cp_sim_backend(fx.sim, &fx.backend);
+  REQUIRE(cp_pool_create(&cfg, &fx.backend, &fx.pool) == CP_OK);
+  enum { HOLES = 80, RANGES = 70 };
+  char *hole[HOLES], *live[HOLES];
+  for (int i = 0; i < HOLES; i++) {
+    hole[i] = must_alloc(&fx, page, 0);
+    live[i] = must_alloc(&fx, page, 0);
+  }
+  for (int i = 0; i < HOLES; i++) CHECK(cp_free(fx.pool, hole[i]) == CP_OK);
+  /* Ever larger requests of scattered single pages: each is a new range, kept when freed. */
+  for (size_t k = 2; k < 2 + RANGES; k++) {
+    char *p = must_alloc(&fx, k * page, 0);
+    launch(&fx, 0, p, k * page); /* still queued when the range is trimmed */
+    CHECK(cp_free(fx.pool, p) == CP_OK);
+  }
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.stitches, RANGES);
+  CHECK(in.stitched_ranges > 64); /* the trimmed ones wait, retired */
+  CHECK_EQ_U(cp_sim_device_faults(fx.sim), 0);
+  /* Once the stream has run its work they go, with the rest. */
+  for (int i = 0; i < HOLES; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  in = info_of(&fx);
+  CHECK_EQ_U(in.stitched_ranges, 0);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  fx_close(&fx);
+}
+
 TEST(oom_retry_waits_for_its_stream_not_the_device) {
   /* The retry waits for the drain events of the streams whose memory it gives back; work of
    * a stream with nothing to give back stays queued. */
@@ -517,6 +555,7 @@ int main(void) {
   RUN(streams_keep_their_pages);
   RUN(empty_cache_drops_idle_ranges_and_unmaps_free_pages);
   RUN(idle_ranges_wait_for_the_work_queued_on_them);
+  RUN(trimmed_ranges_wait_for_the_work_queued_on_them);
   RUN(oom_retry_waits_for_its_stream_not_the_device);
   RUN(oom_retry_drops_idle_ranges);
   RUN(failures_of_each_stitching_call);

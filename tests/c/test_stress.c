@@ -205,6 +205,9 @@ static void free_one(shared_t *sh, int id, live_t *l, uint64_t *rs) {
        * never allocates. */
       cp_stream_t other = (cp_stream_t)rng_below(rs, (uint64_t)sh->opt.streams + 3);
       if (cp_record_stream(sh->pool, l->ptr, other) != CP_OK) worker_error(sh, cp_last_error(), id, l->ptr, l->size);
+      /* ... and work there uses it, queued until the driver thread completes that stream. */
+      if (cp_sim_launch(sh->sim, other, (uintptr_t)l->ptr, l->size) != CP_OK)
+        worker_error(sh, cp_last_error(), id, l->ptr, l->size);
       atomic_fetch_add(&sh->records, 1);
     }
   }
@@ -251,6 +254,10 @@ static void *worker_main(void *arg) {
       continue;
     }
     atomic_fetch_add(&sh->allocs, 1);
+    /* No other stream's queued work may touch what was handed out; then this stream's does
+     * (Note [Simulated asynchrony] in backend/sim.h). */
+    if (cp_sim_check_handoff(sh->sim, stream, (uintptr_t)p, size) != 0) worker_error(sh, "handoff", id, p, size);
+    if (cp_sim_launch(sh->sim, stream, (uintptr_t)p, size) != CP_OK) worker_error(sh, cp_last_error(), id, p, size);
     live_t *l = &live[n_live++];
     l->ptr = p;
     l->size = size;
@@ -411,6 +418,8 @@ static void run_threads(int mode) {
   CHECK_EQ_U(atomic_load(&sh.errors), 0);
   CHECK_EQ_U(atomic_load(&sh.allocs), atomic_load(&sh.frees));
 
+  /* No device fault all along: nothing unmapped or handed over under queued work. */
+  CHECK_EQ_U(cp_sim_print_device_faults(sh.sim, stderr), 0);
   /* Everything is freed; once every stream has caught up nothing is pending either. */
   cp_sim_complete_all(sh.sim);
   CHECK(cp_empty_cache(sh.pool) == CP_OK);

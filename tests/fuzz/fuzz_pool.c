@@ -2,7 +2,9 @@
  * simulated device (allocations of every size class and absurd sizes, frees, bad frees,
  * stream switches, record_stream, event completions, empty_cache, cap and fraction changes,
  * injected device failures), each followed by the pool's own invariant check and a shadow
- * model that knows what the caller holds.
+ * model that knows what the caller holds. Every allocation and record_stream queues work that
+ * uses the block on its stream, which completes only with the stream (Note [Simulated
+ * asynchrony] in backend/sim.h); the device faults are checked after every operation.
  *
  * The shadow model asserts, after every operation:
  *   - live blocks never overlap (each live block's exact size is read from the
@@ -811,6 +813,13 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   }
   *s = (slot_t){(uint8_t *)p, page, page_off, size, rounded, block, small, m->stream, 0, m->next_seed++};
   fill_slot(s);
+  /* Memory another stream's queued work still touches is never handed out; then work on the
+   * allocation's own stream uses it, queued until that stream is completed. */
+  FZ_ASSERT(cp_sim_check_handoff(x->dev->sim, m->stream, (uintptr_t)p, size) == 0,
+            "alloc(%zu) on stream %u = %p: another stream's queued work touches it", size, m->stream, p);
+  int lrc = cp_sim_launch(x->dev->sim, m->stream, (uintptr_t)p, size);
+  FZ_ASSERT(lrc == CP_OK, "launch on %p (%zu bytes), stream %u: %s", p, size, m->stream, cp_last_error());
+  x->dev->recorded[m->stream]++;
 }
 
 static void remember_stale(model_t *m, uintptr_t addr) {
