@@ -490,3 +490,55 @@ def test_many_pools_do_not_leak_state():
     for _ in range(50):
         with Pool(4 * MiB) as pool:
             pool.free(pool.alloc(1000))
+
+
+# -- the device runs behind the host (Note [Simulated asynchrony]) ------------------------------
+
+
+def test_empty_cache_waits_for_no_work_and_gives_back_later():
+    with Pool(256 * MiB, expandable_segments=True, page_stitching=True) as pool:
+        p = pool.alloc(8 * MiB)
+        pool.launch(p)  # a kernel on stream 0 uses p, still queued
+        pool.free(p)
+        reserved = pool.memory_stats()["reserved_bytes.all.current"]
+        pool.empty_cache()
+        calls = pool.backend_calls()
+        assert calls["event_synchronize"] == 0 and calls["release"] == 0  # nothing waited for
+        assert pool.memory_stats()["reserved_bytes.all.current"] == reserved  # still in use
+        assert pool.device_faults() == []
+        pool.complete(0)  # the kernel ran
+        pool.empty_cache()
+        assert pool.memory_stats()["reserved_bytes.all.current"] == 0
+        assert pool.device_faults() == []
+
+
+def test_launch_on_memory_the_pool_did_not_hand_out_is_a_fault():
+    with Pool(64 * MiB) as pool:
+        p = pool.alloc(1 * MiB)
+        pool.launch(p, stream=3)
+        pool.free(p)
+        assert pool.device_faults() == []
+        pool.launch(p, stream=3)  # use after free: a GPU kernel would corrupt the next owner
+        faults = pool.device_faults()
+        assert len(faults) == 1 and pool.device_fault_count() == 1
+        assert faults[0]["addr"] == p and faults[0]["stream"] == 3
+        assert "not handed out" in faults[0]["what"]
+        pool.clear_device_faults()
+        assert pool.device_faults() == []
+        with pytest.raises(ValueError):
+            pool.launch(p, size=0)
+
+
+def test_lag_completes_old_work_on_its_own():
+    with Pool(64 * MiB) as pool:
+        p = pool.alloc(4096)
+        pool.record_stream(p, 5)
+        pool.set_lag(1)  # a stream runs at most one launch behind
+        pool.launch(p, stream=5)
+        pool.free(p)  # waits for stream 5's launch
+        assert pool.info()["pending_blocks"] == 1
+        q = pool.alloc(8192)
+        pool.launch(q, stream=5)  # the second launch: the first has run
+        pool.free(q)
+        assert pool.alloc(4096) == p
+

@@ -76,6 +76,11 @@ class SimPoolMachine(RuleBasedStateMachine):
         self.pending = {}
         self.cached = []
         self.freed = set()
+        # Work launched on each stream, and how much of it the device has run: an event waits
+        # for the launches before it (Note [Simulated asynchrony] in csrc/backend/sim.h).
+        self.launched = {}
+        self.done = {}
+        self.pending_seq = {}  # ptr -> {stream: launches its free's event waits for}
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -88,14 +93,26 @@ class SimPoolMachine(RuleBasedStateMachine):
         if after["num_sync_all_streams"] != before["num_sync_all_streams"]:
             self._all_pending_done()
         if after["num_device_free"] != before["num_device_free"]:
+            # cudaFree waits for the whole device: every launch has run.
+            self.done = dict(self.launched)
+            self._all_pending_done()
             # Only wholly free segments go back; the model cannot tell which ones, so it forgets
             # every free range (live blocks keep their segments).
             self.cached = []
 
+    def _launch(self, ptr, stream):
+        self.pool.launch(ptr, stream)
+        self.launched[stream] = self.launched.get(stream, 0) + 1
+
     def _all_pending_done(self):
+        # Waiting for the events ran each stream up to its event.
+        for seqs in self.pending_seq.values():
+            for s, q in seqs.items():
+                self.done[s] = max(self.done.get(s, 0), q)
         for blk, _ in self.pending.values():
             self.cached.append((blk.ptr, blk.rounded, blk.stream))
         self.pending.clear()
+        self.pending_seq.clear()
 
     def _stream_done(self, stream):
         for ptr in list(self.pending):
@@ -103,6 +120,7 @@ class SimPoolMachine(RuleBasedStateMachine):
             waiting.discard(stream)
             if not waiting:
                 del self.pending[ptr]
+                del self.pending_seq[ptr]
                 self.cached.append((blk.ptr, blk.rounded, blk.stream))
 
     def _check_new_block(self, blk):
@@ -166,6 +184,7 @@ class SimPoolMachine(RuleBasedStateMachine):
         self._check_new_block(blk)
         self.live[ptr] = blk
         self.freed.discard(ptr)
+        self._launch(ptr, stream)  # work on its stream uses it (runs behind the host)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -174,8 +193,12 @@ class SimPoolMachine(RuleBasedStateMachine):
         self.pool.free(ptr)
         blk = self.live.pop(ptr)
         self.freed.add(ptr)
-        if blk.uses:
-            self.pending[ptr] = (blk, set(blk.uses))
+        # An event recorded on a stream waits for the work launched there before it: only the
+        # streams still busy keep the block pending.
+        seqs = {s: self.launched[s] for s in blk.uses if self.done.get(s, 0) < self.launched.get(s, 0)}
+        if seqs:
+            self.pending[ptr] = (blk, set(seqs))
+            self.pending_seq[ptr] = seqs
         else:
             self.cached.append((blk.ptr, blk.rounded, blk.stream))
 
@@ -202,7 +225,7 @@ class SimPoolMachine(RuleBasedStateMachine):
         if stream == blk.stream:
             stream = (stream + 1) % 6
         self.pool.record_stream(ptr, stream)
-        self.pool.launch(ptr, stream)  # work there uses it
+        self._launch(ptr, stream)  # work there uses it
         blk.uses.add(stream)
 
     @rule(stream=st.integers(min_value=0, max_value=5))
@@ -212,11 +235,13 @@ class SimPoolMachine(RuleBasedStateMachine):
         after = self.stats()
         # Completing work is the device's business: the pool notices at its next allocation.
         assert after == before
+        self.done[stream] = self.launched.get(stream, 0)
         self._stream_done(stream)
 
     @rule()
     def complete_all(self):
         self.pool.complete_all()
+        self.done = dict(self.launched)
         self._all_pending_done()
 
     @rule()
@@ -245,6 +270,11 @@ class SimPoolMachine(RuleBasedStateMachine):
     @invariant()
     def pool_is_consistent(self):
         assert self.pool.check() == 0, self.pool.check_report()
+
+    @invariant()
+    def no_device_fault(self):
+        # Nothing handed to another stream, unmapped or given back under queued work.
+        assert self.pool.device_faults() == []
 
     @invariant()
     def live_ranges_are_disjoint_and_aligned(self):

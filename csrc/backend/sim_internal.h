@@ -52,6 +52,7 @@ typedef struct sim_vmm_s {
   size_t page_bytes;
   size_t mapped_bytes;
   size_t max_mapping;   /* the longest mapping ever made, in bytes */
+  size_t aliased_pages; /* pages mapped at two addresses or more (maps >= 2) */
   uintptr_t last_range; /* the range vmm_holder found last (a hint, checked before use) */
   cp_ptrmap_t ranges;   /* range address -> size in bytes (never NULL: size > 0) */
   cp_ptrmap_t pages;    /* page handle -> sim_page_t (owned) */

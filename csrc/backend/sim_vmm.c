@@ -374,7 +374,7 @@ static int sim_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page) 
   m->page = page;
   m->access = 0;
   (void)cp_ptrmap_insert(&sim->vmm.mappings, addr, m); /* room made above */
-  pg->maps++;
+  if (++pg->maps == 2) sim->vmm.aliased_pages++;
   sim->vmm.mapped_bytes += size;
   if (size > sim->vmm.max_mapping) sim->vmm.max_mapping = size;
 out:
@@ -432,7 +432,8 @@ static int sim_page_unmap(void *ctx, uintptr_t addr, size_t size) {
     sim_mapping_t *m = cp_ptrmap_remove(&sim->vmm.mappings, keys[i]);
     sim_page_t *pg = cp_ptrmap_get(&sim->vmm.pages, m->page);
     sim->vmm.mapped_bytes -= m->size;
-    if (--pg->maps == 0 && pg->released) vmm_page_free(sim, m->page);
+    if (pg->maps-- == 2) sim->vmm.aliased_pages--;
+    if (pg->maps == 0 && pg->released) vmm_page_free(sim, m->page);
     free(m);
   }
 out:
@@ -604,11 +605,12 @@ static const sim_mapping_t *vmm_mapping_at(const cp_sim_t *sim, uintptr_t a, siz
 /* sim_internal.h */
 int cp_sim_vmm_accessible_locked(const cp_sim_t *sim, uintptr_t addr, size_t size) {
   if (sim->vmm.granularity == 0 || sim->vmm.mappings.count == 0) return 0;
-  const uintptr_t g = sim->vmm.granularity;
-  for (uintptr_t a = addr & ~(g - 1); a < addr + size; a += g) {
+  /* Mapping by mapping: each lookup walks back once, then the next starts where it ends. */
+  for (uintptr_t a = addr; a < addr + size;) {
     size_t off = 0;
     const sim_mapping_t *m = vmm_mapping_at(sim, a, &off);
     if (m == NULL || !m->access) return 0;
+    a = a - off + m->size;
   }
   return 1;
 }
@@ -616,11 +618,17 @@ int cp_sim_vmm_accessible_locked(const cp_sim_t *sim, uintptr_t addr, size_t siz
 /* The page behind each of `n` granules from `addr` (granule-aligned) and the granule's offset
  * in it; page 0 where nothing is mapped. */
 static void vmm_pages_of(const cp_sim_t *sim, uintptr_t addr, size_t n, cp_page_t *pages, size_t *offsets) {
+  const size_t g = sim->vmm.granularity;
+  const sim_mapping_t *m = NULL;
+  size_t off = 0;
   for (size_t i = 0; i < n; i++) {
-    size_t off = 0;
-    const sim_mapping_t *m = vmm_mapping_at(sim, addr + i * sim->vmm.granularity, &off);
+    if (m != NULL && off + g < m->size) {
+      off += g; /* the same mapping goes on */
+    } else {
+      m = vmm_mapping_at(sim, addr + i * g, &off);
+    }
     pages[i] = m != NULL ? m->page : 0;
-    offsets[i] = off;
+    offsets[i] = m != NULL ? off : 0;
   }
 }
 
@@ -628,7 +636,7 @@ static void vmm_pages_of(const cp_sim_t *sim, uintptr_t addr, size_t n, cp_page_
 
 /* sim_internal.h */
 int cp_sim_vmm_shares_locked(const cp_sim_t *sim, uintptr_t a, size_t a_size, uintptr_t b, size_t b_size) {
-  if (sim->vmm.granularity == 0 || sim->vmm.mappings.count == 0 || a_size == 0 || b_size == 0) return 0;
+  if (sim->vmm.granularity == 0 || sim->vmm.aliased_pages == 0 || a_size == 0 || b_size == 0) return 0;
   const uintptr_t g = sim->vmm.granularity;
   const uintptr_t alo = a & ~(g - 1), blo = b & ~(g - 1);
   const size_t na = (size_t)(((a + a_size + g - 1) & ~(g - 1)) - alo) / g;

@@ -53,13 +53,14 @@ void cp_sim_drain_locked(cp_sim_t *sim) {
   }
 }
 
-/* Drop the completed launches of the chain at `addr`. */
-static void sim_work_prune_at(cp_sim_t *sim, uintptr_t addr) {
+/* Drop the launches of the chain at `addr` that are complete, or that a new launch of
+ * `stream` over `size` bytes there covers (it completes after them, on the same stream). */
+static void sim_work_prune_at(cp_sim_t *sim, uintptr_t addr, cp_stream_t stream, size_t size) {
   sim_work_t *head = cp_ptrmap_get(&sim->work, addr);
   sim_work_t **link = &head;
   while (*link != NULL) {
     sim_work_t *w = *link;
-    if (sim_work_busy(sim, w)) {
+    if (sim_work_busy(sim, w) && !(w->stream == stream && w->size <= size)) {
       link = &w->next;
       continue;
     }
@@ -96,6 +97,7 @@ typedef struct sim_busy_scan_s {
   cp_stream_t skip;
   int physical;
   size_t found;
+  size_t stale; /* completed launches seen (dropped when they are many) */
   uintptr_t keys[SIM_FAULT_LOG]; /* where the first ones were, for their faults */
   const sim_work_t *items[SIM_FAULT_LOG];
 } sim_busy_scan_t;
@@ -103,7 +105,11 @@ typedef struct sim_busy_scan_s {
 static void sim_busy_visit(uintptr_t key, void *value, void *arg) {
   sim_busy_scan_t *s = arg;
   for (const sim_work_t *w = value; w != NULL; w = w->next) {
-    if ((s->skip_on && w->stream == s->skip) || !sim_work_busy(s->sim, w)) continue;
+    if (!sim_work_busy(s->sim, w)) {
+      s->stale++;
+      continue;
+    }
+    if (s->skip_on && w->stream == s->skip) continue;
     int hit = key < s->end && key + w->size > s->addr;
     if (!hit && s->physical) hit = cp_sim_vmm_shares_locked(s->sim, key, w->size, s->addr, (size_t)(s->end - s->addr));
     if (!hit) continue;
@@ -115,12 +121,40 @@ static void sim_busy_visit(uintptr_t key, void *value, void *arg) {
   }
 }
 
+/* Drop every completed launch (a scan found many): the table is built anew from the others. A
+ * table that cannot be built for want of host memory stays as it was (stale entries are only
+ * slower to scan). */
+static void sim_work_compact(cp_sim_t *sim) {
+  cp_ptrmap_t fresh;
+  if (cp_ptrmap_init(&fresh, 2 * sim->work.count + SIM_WORK_MIN_SLOTS) != CP_OK) return;
+  size_t items = 0;
+  for (size_t i = 0; i <= sim->work.mask; i++) {
+    sim_work_t *head = sim->work.slots[i].value, *kept = NULL;
+    if (head == NULL) continue;
+    for (sim_work_t *w = head, *next; w != NULL; w = next) {
+      next = w->next;
+      if (sim_work_busy(sim, w)) {
+        w->next = kept;
+        kept = w;
+        items++;
+      } else {
+        free(w);
+      }
+    }
+    if (kept != NULL) (void)cp_ptrmap_insert(&fresh, sim->work.slots[i].key, kept); /* room made at init */
+  }
+  cp_ptrmap_destroy(&sim->work);
+  sim->work = fresh;
+  sim->work_items = items;
+}
+
 static size_t sim_busy_fault(cp_sim_t *sim, sim_busy_scan_t *s, const char *what, const char *call) {
   if (sim->work_items == 0) return 0;
   cp_ptrmap_each(&sim->work, sim_busy_visit, s);
   for (size_t i = 0; i < s->found && i < SIM_FAULT_LOG; i++) {
     cp_sim_fault_locked(sim, what, call, s->keys[i], s->items[i]->size, s->items[i]->stream);
   }
+  if (s->stale > SIM_WORK_MIN_SLOTS && 2 * s->stale > sim->work_items) sim_work_compact(sim);
   return s->found;
 }
 
@@ -189,7 +223,7 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
     rc = cp_set_error(CP_ERR_HOST_OOM, "sim: launch: host memory for the work queue is short");
     goto out;
   }
-  sim_work_prune_at(sim, ptr); /* what ran already at this address is forgotten */
+  sim_work_prune_at(sim, ptr, stream, bytes); /* what ran, or this launch covers, is forgotten */
   w->stream = stream;
   w->size = bytes;
   w->seq = cp_sim_submit_locked(sim, st);

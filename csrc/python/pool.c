@@ -99,6 +99,9 @@ static void close_impl(PoolObject *self) {
     self->replay = NULL;
   }
   if (self->pool != NULL) {
+    /* The device finishes its queued work first (cp_pool_destroy's contract): closing is the
+     * owner saying it is done with every block. */
+    if (self->sim != NULL) cp_sim_complete_all(self->sim);
     cp_pool_destroy(self->pool);
     self->pool = NULL;
   }
