@@ -141,7 +141,8 @@ void cp_sim_set_lag(cp_sim_t *sim, uint64_t items);
 /* After an allocation of [ptr, ptr + bytes) for `stream`: a device fault (and 1) for each
  * incomplete launch of another stream that touches that memory; 0 when there is none. */
 size_t cp_sim_check_handoff(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
-/* Launches not yet complete, on every stream. */
+/* Launches not yet complete, on every stream. A launch that covers an earlier one of its
+ * stream at the same address (as many bytes or more) stands for both: it completes after it. */
 size_t cp_sim_queued_launches(const cp_sim_t *sim);
 /* Device faults so far; the first SIM_FAULT_LOG (64) are kept: fault `i` into *out
  * (CP_ERR_INVALID past those). A harness may add its own (`what` a static string), e.g. a

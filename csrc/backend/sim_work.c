@@ -215,8 +215,11 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
                       ptr, bytes, stream);
     goto out;
   }
-  if (sim->lag == 0) goto out; /* an always idle device: it ran at once */
   sim_stream_t *st = cp_sim_stream_get_locked(sim, stream);
+  if (st != NULL && sim->lag == 0) { /* an always idle device: it ran at once, after all before it */
+    st->completed_seq = ++st->submitted_seq;
+    goto out;
+  }
   sim_work_t *w = st != NULL ? malloc(sizeof *w) : NULL;
   if (w == NULL || cp_ptrmap_reserve(&sim->work, 1) != CP_OK) {
     free(w);

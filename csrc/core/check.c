@@ -225,11 +225,19 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   size_t retired = 0, draining_streams = 0;
   for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     retired += s->retired;
+    if (s->trim_only && !s->retired)
+      CP_VIOLATION("stitched: range %#lx marked trimmed but not retired", (unsigned long)s->addr);
     if (s->retired && (!s->broken || !s->stream->draining))
       CP_VIOLATION("stitched: range %#lx retired but %s", (unsigned long)s->addr,
                    !s->broken ? "still serving" : "its stream has no drain event");
   }
-  for (size_t i = 0; i < pool->streams.count; i++) draining_streams += pool->streams.list[i]->draining;
+  size_t stream_draining = 0;
+  for (size_t i = 0; i < pool->streams.count; i++) {
+    draining_streams += pool->streams.list[i]->draining;
+    stream_draining += pool->streams.list[i]->draining_bytes;
+  }
+  if (stream_draining != pool->draining_bytes)
+    CP_VIOLATION("draining: the streams count %zu bytes, the pool %zu", stream_draining, pool->draining_bytes);
   if (retired != pool->retired_ranges || draining_streams != pool->draining_streams)
     CP_VIOLATION("draining: %zu retired ranges and %zu draining streams, counts say %zu and %zu", retired,
                  draining_streams, pool->retired_ranges, pool->draining_streams);

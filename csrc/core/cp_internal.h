@@ -101,6 +101,7 @@ struct cp_segment_s {
   uint64_t born;       /* the pool's stitch count when it was stitched (its age) */
   bool broken;         /* never serves: kept only until it is unmapped and given back */
   bool retired;        /* broken by a release: waits for its stream's drain event (drain.c) */
+  bool trim_only;      /* retired by the trim of kept ranges alone: it may still serve its stream */
   bool release_failed; /* scratch of cp_stitch_drop_retired_locked */
 };
 
@@ -180,6 +181,7 @@ struct cp_stream_state_s {
    * stream after the retirement, has completed. */
   bool draining;
   bool reaping;           /* a thread is unmapping what it retired (the lock drops meanwhile) */
+  size_t draining_bytes;  /* bytes of its DRAINING blocks */
   cp_event_t drain_event; /* valid while draining */
 };
 
@@ -468,8 +470,9 @@ int cp_drain_arm_locked(cp_pool_t *pool, cp_stream_state_t *st);
 /* Unmap what the streams retired once their drain events are done: `wait` waits for them
  * (event_synchronize, those streams only, lock dropped); else only done ones are reaped. */
 int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait);
-/* For `st` alone: reap when done, else put what it retired back into service (an allocation
- * of the stream needs it more than the device does). Returns whether memory came back. */
+/* For `st` alone, while DRAINING memory of it waits: reap when its event is done, else put
+ * that memory back into service (an allocation of the stream needs it more than the device
+ * does). Returns whether memory came back. */
 bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st);
 /* At destroy: every drain event back to the spares (the memory is unmapped by destroy). */
 void cp_drain_destroy(cp_pool_t *pool);

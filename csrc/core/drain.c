@@ -26,9 +26,10 @@
  *     stays reserved, and a later empty_cache or allocation of the stream gives it back. The
  *     OOM retry waits for the drain events (event_synchronize: those streams only, never the
  *     whole device) and reaps.
- * An allocation of a stream that would otherwise stitch or map anew first reaps the stream if
- * its event is done, and else puts what it retired back into service (DRAINING -> FREE): the
- * memory is still mapped, and the stream needs it more than the device does.
+ * An allocation of a stream that would otherwise stitch or map anew, while DRAINING memory of
+ * the stream waits, first reaps the stream if its event is done, and else puts that memory
+ * back into service (DRAINING -> FREE): it is still mapped, and the stream needs it more than
+ * the device does. A range retired by the trim of kept ranges may serve again too (stitch.c).
  * During a capture nothing is retired, reaped or trimmed: the driver refuses event queries on
  * a capturing stream and memory given back during a capture may still be used by its graph. */
 
@@ -147,13 +148,21 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait) {
 }
 
 bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
-  if (!st->draining || st->reaping || pool->capture.windows != 0) return false;
+  /* Only DRAINING memory can serve the request: retired stitched ranges map pages that are
+   * free in their segments already, and wait for their event whatever happens here. */
+  if (!st->draining || st->reaping || st->draining_bytes == 0 || pool->capture.windows != 0) return false;
   bool done = false;
   if (cp_drain_done_locked(pool, st, false, &done) == CP_OK && done && st->draining && !st->reaping) {
     (void)cp_drain_reap_stream_locked(pool, st);
-  } else if (st->draining && !st->reaping) {
-    cp_drain_revive_locked(pool, st);
+    return true;
   }
+  if (!st->draining || st->reaping) return false;
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+    if (seg->paged && seg->stream == st) cp_expand_revive_locked(pool, seg);
+  }
+  bool ranges = false; /* retired ranges keep the drain (and its event) going */
+  for (const cp_segment_t *s = pool->stitched; s != NULL && !ranges; s = s->next) ranges = s->stream == st && s->retired;
+  if (!ranges) cp_drain_revive_locked(pool, st);
   return true;
 }
 

@@ -435,6 +435,7 @@ size_t cp_expand_retire_locked(cp_pool_t *pool, cp_segment_t *seg) {
     }
     mid->state = CP_BLOCK_DRAINING;
     pool->draining_bytes += mid->size;
+    seg->stream->draining_bytes += mid->size;
     bytes += mid->size;
     b = mid;
   }
@@ -446,6 +447,7 @@ void cp_expand_revive_locked(cp_pool_t *pool, cp_segment_t *seg) {
     next = b->next;
     if (b->state != CP_BLOCK_DRAINING) continue;
     pool->draining_bytes -= b->size;
+    seg->stream->draining_bytes -= b->size;
     b->state = CP_BLOCK_FREE;
     cp_block_t *p = b->prev;
     cp_block_t *into = p != NULL && p->state == CP_BLOCK_FREE ? p : b;
@@ -515,6 +517,7 @@ static size_t cp_expand_take_draining_locked(cp_pool_t *pool, cp_segment_t *seg,
     if (b->state != CP_BLOCK_DRAINING) continue;
     b->state = CP_BLOCK_UNMAPPING;
     pool->draining_bytes -= b->size;
+    seg->stream->draining_bytes -= b->size;
     seg->mapped -= b->size;
     cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, b->size);
     (*out)[i++] = (cp_range_t){b, b->addr, b->size, false};

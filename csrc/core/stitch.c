@@ -239,7 +239,7 @@ static void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s) {
 static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
   cp_stitch_unlink_locked(pool, s);
   if (s->retired) pool->retired_ranges--;
-  s->retired = false;
+  s->retired = s->trim_only = false;
   int rc = cp_stitch_unmap_locked(pool, s->addr, s->size, &s->mapped);
   if (rc != CP_OK) {
     /* Keep it: still mapped, as it was, or unmapped with its address range still held. It
@@ -255,7 +255,9 @@ static int cp_stitch_drop_locked(cp_pool_t *pool, cp_segment_t *s) {
 size_t cp_stitch_retire_idle_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   size_t n = 0;
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-    if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->retired) continue;
+    if (s->stream != st || s->head->state != CP_BLOCK_FREE) continue;
+    s->trim_only = false; /* its pages may be retired now too: it never serves again */
+    if (s->retired) continue;
     s->retired = true;
     s->broken = true;
     pool->retired_ranges++;
@@ -268,6 +270,7 @@ void cp_stitch_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     if (s->stream != st || !s->retired) continue;
     s->retired = false;
+    s->trim_only = false;
     s->broken = s->mapped != s->size;
     pool->retired_ranges--;
   }
@@ -345,7 +348,10 @@ static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state
   for (int tries = 0; tries < CP_STITCH_TRIES; tries++) {
     cp_segment_t *best = NULL;
     for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-      if (s->stream != st || s->head->state != CP_BLOCK_FREE || s->broken || s->size < need) continue;
+      /* A range retired by the trim alone still serves its stream (stream order makes that
+       * safe; its pages were never retired): taking it cancels the retirement. */
+      const bool usable = !s->broken || (s->retired && s->trim_only);
+      if (s->stream != st || s->head->state != CP_BLOCK_FREE || !usable || s->size < need) continue;
       if (tries > 0 && (s->size < above_size || (s->size == above_size && s->born <= above_born))) continue;
       if (best == NULL || s->size < best->size || (s->size == best->size && s->born < best->born)) best = s;
     }
@@ -448,6 +454,7 @@ static void cp_stitch_trim_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   if (lru == NULL) return;
   lru->retired = true;
   lru->broken = true;
+  lru->trim_only = true;
   pool->retired_ranges++;
   (void)cp_drain_arm_locked(pool, lru->stream);
 }
@@ -461,6 +468,10 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
   if (kept != NULL) {
     int rc = cp_reserve_metadata_locked(pool, (int)(2 * kept->run_count));
     if (rc == CP_OK) {
+      if (kept->retired) { /* trimmed, still mapped: back in service */
+        kept->retired = kept->broken = kept->trim_only = false;
+        pool->retired_ranges--;
+      }
       cp_stitch_take_locked(pool, kept, want * g, size, out_ptr);
       pool->stitch_reuses++;
     }

@@ -266,9 +266,13 @@ static PyObject *Pool_reset_accumulated_stats(PyObject *op, PyObject *Py_UNUSED(
   Py_RETURN_NONE;
 }
 
+/* A simulated pool's check counts the device faults too (what a GPU would have faulted on:
+ * Note [Simulated asynchrony] in backend/sim.h), so that every test checking a pool sees them. */
 static PyObject *Pool_check(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   ANY_POOL(op, self, pool);
-  return cpy_from_size(pool != NULL ? cp_pool_check(pool, NULL) : 0);
+  size_t n = pool != NULL ? cp_pool_check(pool, NULL) : 0;
+  if (pool != NULL && self->sim != NULL) n += (size_t)cp_sim_device_faults(self->sim);
+  return cpy_from_size(n);
 }
 
 static PyObject *Pool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -279,6 +283,7 @@ static PyObject *Pool_check_report(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   FILE *out = open_memstream(&buf, &len);
   if (out == NULL) return PyErr_SetFromErrno(PyExc_OSError);
   (void)cp_pool_check(pool, out);
+  if (self->sim != NULL) (void)cp_sim_print_device_faults(self->sim, out);
   if (fclose(out) != 0) {
     free(buf);
     return PyErr_SetFromErrno(PyExc_OSError);
@@ -826,7 +831,8 @@ static PyMethodDef Pool_methods[] = {
     {"reset_peak_stats", Pool_reset_peak_stats, METH_NOARGS, "Set every peak to its current."},
     {"reset_accumulated_stats", Pool_reset_accumulated_stats, METH_NOARGS,
      "Zero the accumulated statistics and counters."},
-    {"check", Pool_check, METH_NOARGS, "Walk the pool and count invariant violations (0 = healthy)."},
+    {"check", Pool_check, METH_NOARGS,
+     "Walk the pool and count invariant violations, and on a simulated device the device faults (0 = healthy)."},
     {"check_report", Pool_check_report, METH_NOARGS, "The invariant violations, one per line (\"\" when healthy)."},
     {"oom_report", Pool_oom_report, METH_O,
      "oom_report(size) -> str\n\nThe out-of-memory report for a request of size bytes."},

@@ -26,8 +26,8 @@ What a replay reports (the keys of the returned dict)
 - ``device_faults``: what a GPU would have faulted on (0 for a sound pool). The simulated
   device runs behind the host as a GPU does: each block's last use is queued on its stream
   when the trace frees it, and completes only at a call that waits for the device
-  (cudaFree, an event synchronize), so memory unmapped or handed to another stream before
-  that work is known done counts here (Note [Simulated asynchrony] in csrc/backend/sim.h);
+  (cudaFree, an event synchronize), so memory unmapped before that work is known done counts
+  here (Note [Simulated asynchrony] in csrc/backend/sim.h);
 - ``device_calls``: every call the replay's pool made to the simulated device, per kind
   (the names of ``_C.Pool.backend_calls()``: reserve, release, event_create, event_destroy,
   event_record, event_query, event_synchronize, mem_info, vmm_granularity, va_reserve,

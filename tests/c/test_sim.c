@@ -548,13 +548,13 @@ TEST(launches_lag_and_drains) {
   CHECK(query(&be, e[0]) == 1);
   CHECK(query(&be, e[1]) == 0);
   CHECK(query(&be, e[2]) == 0);
-  CHECK_EQ_U(cp_sim_queued_launches(sim), 2);
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 1); /* the last launch at `a` stands for the one before */
   CHECK(cp_sim_launch(sim, 2, b, 4096) == CP_OK); /* another stream keeps its own count */
   CHECK(query(&be, e[1]) == 0);
   CHECK(cp_sim_launch(sim, 1, a, 4096) == CP_OK);
   CHECK(query(&be, e[1]) == 1);
   CHECK(query(&be, e[2]) == 0);
-  CHECK_EQ_U(cp_sim_queued_launches(sim), 3); /* two on stream 1, one on stream 2 */
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 2); /* stream 1's last at `a`, stream 2's at `b` */
   cp_sim_set_lag(sim, UINT64_MAX);
 
   /* release is cudaFree: it waits for every stream of the device. */
@@ -620,12 +620,14 @@ TEST(device_faults_of_launches_and_handoffs) {
   CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
   CHECK(strcmp(f.call, "handoff") == 0);
   CHECK(f.addr == b + 4096 && f.size == 1024 && f.stream == 1); /* the work's, not the call's */
-  CHECK(cp_sim_launch(sim, 1, b + 4096, 1024) == CP_OK);        /* two launches there: two faults */
+  CHECK(cp_sim_launch(sim, 1, b + 4096, 1024) == CP_OK); /* covers the first: still one fault */
+  CHECK_EQ_U(cp_sim_check_handoff(sim, 2, b, 8192), 1);
+  CHECK(cp_sim_launch(sim, 1, b + 4096, 512) == CP_OK); /* a smaller one there: a launch of its own */
   CHECK_EQ_U(cp_sim_check_handoff(sim, 2, b, 8192), 2);
-  CHECK_EQ_U(cp_sim_device_faults(sim), 3);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 4);
   cp_sim_complete(sim, 1);
   CHECK_EQ_U(cp_sim_check_handoff(sim, 2, b, 8192), 0);
-  CHECK_EQ_U(cp_sim_device_faults(sim), 3);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 4);
   cp_sim_clear_device_faults(sim);
 
   /* The first 64 faults are kept in detail; the count goes on. */
