@@ -541,4 +541,3 @@ def test_lag_completes_old_work_on_its_own():
         pool.launch(q, stream=5)  # the second launch: the first has run
         pool.free(q)
         assert pool.alloc(4096) == p
-

@@ -97,7 +97,7 @@ typedef struct sim_busy_scan_s {
   cp_stream_t skip;
   int physical;
   size_t found;
-  size_t stale; /* completed launches seen (dropped when they are many) */
+  size_t stale;                  /* completed launches seen (dropped when they are many) */
   uintptr_t keys[SIM_FAULT_LOG]; /* where the first ones were, for their faults */
   const sim_work_t *items[SIM_FAULT_LOG];
 } sim_busy_scan_t;

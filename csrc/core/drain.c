@@ -161,7 +161,8 @@ bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
     if (seg->paged && seg->stream == st) cp_expand_revive_locked(pool, seg);
   }
   bool ranges = false; /* retired ranges keep the drain (and its event) going */
-  for (const cp_segment_t *s = pool->stitched; s != NULL && !ranges; s = s->next) ranges = s->stream == st && s->retired;
+  for (const cp_segment_t *s = pool->stitched; s != NULL && !ranges; s = s->next)
+    ranges = s->stream == st && s->retired;
   if (!ranges) cp_drain_revive_locked(pool, st);
   return true;
 }

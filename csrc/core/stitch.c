@@ -451,7 +451,7 @@ static void cp_stitch_trim_locked(cp_pool_t *pool, cp_stream_state_t *st) {
         (lru == NULL || s->last_use < lru->last_use))
       lru = s;
   }
-  if (lru == NULL) return;
+  if (lru == NULL || (lru->stream != st && cp_capturing_locked(pool, lru->stream->handle))) return;
   lru->retired = true;
   lru->broken = true;
   lru->trim_only = true;

@@ -548,7 +548,7 @@ TEST(launches_lag_and_drains) {
   CHECK(query(&be, e[0]) == 1);
   CHECK(query(&be, e[1]) == 0);
   CHECK(query(&be, e[2]) == 0);
-  CHECK_EQ_U(cp_sim_queued_launches(sim), 1); /* the last launch at `a` stands for the one before */
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 1);     /* the last launch at `a` stands for the one before */
   CHECK(cp_sim_launch(sim, 2, b, 4096) == CP_OK); /* another stream keeps its own count */
   CHECK(query(&be, e[1]) == 0);
   CHECK(cp_sim_launch(sim, 1, a, 4096) == CP_OK);
@@ -620,7 +620,7 @@ TEST(device_faults_of_launches_and_handoffs) {
   CHECK(cp_sim_device_fault(sim, 0, &f) == CP_OK);
   CHECK(strcmp(f.call, "handoff") == 0);
   CHECK(f.addr == b + 4096 && f.size == 1024 && f.stream == 1); /* the work's, not the call's */
-  CHECK(cp_sim_launch(sim, 1, b + 4096, 1024) == CP_OK); /* covers the first: still one fault */
+  CHECK(cp_sim_launch(sim, 1, b + 4096, 1024) == CP_OK);        /* covers the first: still one fault */
   CHECK_EQ_U(cp_sim_check_handoff(sim, 2, b, 8192), 1);
   CHECK(cp_sim_launch(sim, 1, b + 4096, 512) == CP_OK); /* a smaller one there: a launch of its own */
   CHECK_EQ_U(cp_sim_check_handoff(sim, 2, b, 8192), 2);
