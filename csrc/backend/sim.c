@@ -150,8 +150,8 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
                       sim->used_bytes, sim->capacity_bytes);
     goto out;
   }
-  /* Room first, so that the insert below cannot fail once memory is taken. */
-  if (cp_ptrmap_reserve(&sim->reservations, 1) != CP_OK) {
+  /* Room first, so that the inserts below cannot fail once memory is taken. */
+  if (cp_ptrmap_reserve(&sim->reservations, 1) != CP_OK || cp_sim_index_room_locked(sim) != CP_OK) {
     rc = cp_set_error(CP_ERR_BACKEND,
                       "sim: reserve(%zu bytes): host memory for the "
                       "reservation table is short",
@@ -185,6 +185,7 @@ static int sim_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   }
 
   (void)cp_ptrmap_insert(&sim->reservations, addr, sim_size_value(size)); /* room made above */
+  cp_sim_index_add_locked(sim, addr, size);
   sim->used_bytes += size;
   *out_addr = addr;
 out:
@@ -218,7 +219,7 @@ static int sim_release(void *ctx, uintptr_t addr, size_t size) {
   if (!(sim->flags & CP_SIM_NO_TOUCH)) free((void *)addr);
   sim->used_bytes -= size;
   cp_ptrmap_remove(&sim->reservations, addr);
-  if (sim->last_reservation == addr) sim->last_reservation = 0;
+  cp_sim_index_remove_locked(sim, addr);
 out:
   sim_unlock(sim);
   return rc;

@@ -134,6 +134,9 @@ int cp_sim_set_vmm_granularity(cp_sim_t *sim, size_t bytes);
  * device's (reserved, or page-mapped with access) is a device fault, and CP_ERR_INVALID; a
  * lost device is CP_ERR_BACKEND; host memory for the queue short, CP_ERR_HOST_OOM. */
 int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
+/* cp_sim_launch for a caller that vouches for the memory (a replay's pool handed it out and
+ * has not freed it yet): queued without looking it up, so that a replay stays fast. */
+int cp_sim_queue(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes);
 /* How many items a stream may run behind the host before its oldest completes on its own:
  * 0 completes everything at once, UINT64_MAX (the default without CP_SIM_AUTO_COMPLETE)
  * only when told or drained. Affects later submissions. */

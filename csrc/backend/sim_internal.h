@@ -82,6 +82,12 @@ typedef struct sim_work_s {
 
 #define SIM_FAULT_LOG 64 /* device faults kept in detail; the count goes on */
 
+/* A reservation in the sorted index of sim_work.c. */
+typedef struct sim_span_s {
+  uintptr_t addr;
+  size_t size;
+} sim_span_t;
+
 /* Invariants (all under `lock`):
  *  - used_bytes == sum of the sizes in `reservations` + vmm.page_bytes, and
  *    used_bytes <= capacity_bytes;
@@ -113,7 +119,9 @@ struct cp_sim_s {
   uint64_t capture_violations;         /* calls refused because a stream was capturing */
   uint64_t lag;                        /* items a stream runs behind; UINT64_MAX: until told */
   cp_ptrmap_t work;                    /* address -> sim_work_t chain (owned) */
-  uintptr_t last_reservation;          /* the reservation a launch found last (a hint) */
+  sim_span_t *res_index;               /* every reservation, by address (a launch's lookup) */
+  size_t res_count, res_cap;
+  sim_work_t *spare_work; /* unused work nodes, linked through `next` */
   size_t work_items;
   uint64_t device_faults;                         /* every fault so far */
   cp_sim_device_fault_t fault_log[SIM_FAULT_LOG]; /* the first ones, in order */
@@ -151,6 +159,11 @@ size_t cp_sim_fault_if_busy_locked(cp_sim_t *sim, const char *what, const char *
 /* sim_work.c: every stream completes what was submitted to it (a device-wide drain), and the
  * work table empties. */
 void cp_sim_drain_locked(cp_sim_t *sim);
+/* sim_work.c: the index of reservations a launch looks its memory up in. Room for one more
+ * is made first (CP_ERR_HOST_OOM), so that adding cannot fail. */
+int cp_sim_index_room_locked(cp_sim_t *sim);
+void cp_sim_index_add_locked(cp_sim_t *sim, uintptr_t addr, size_t size);
+void cp_sim_index_remove_locked(cp_sim_t *sim, uintptr_t addr);
 int cp_sim_work_init(cp_sim_t *sim);
 void cp_sim_work_destroy(cp_sim_t *sim);
 

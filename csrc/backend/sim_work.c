@@ -18,19 +18,81 @@ int cp_sim_work_init(cp_sim_t *sim) {
   return cp_ptrmap_init(&sim->work, SIM_WORK_MIN_SLOTS);
 }
 
+/* Work nodes are kept for reuse: a replay queues one per free. */
+static sim_work_t *sim_work_node(cp_sim_t *sim) {
+  sim_work_t *w = sim->spare_work;
+  if (w == NULL) return malloc(sizeof *w);
+  sim->spare_work = w->next;
+  return w;
+}
+
+static void sim_work_unnode(cp_sim_t *sim, sim_work_t *w) {
+  w->next = sim->spare_work;
+  sim->spare_work = w;
+}
+
 static void sim_work_free_chain(uintptr_t key, void *value, void *arg) {
   (void)key;
-  (void)arg;
+  cp_sim_t *sim = arg;
   for (sim_work_t *w = value, *next; w != NULL; w = next) {
     next = w->next;
-    free(w);
+    sim_work_unnode(sim, w);
   }
 }
 
 void cp_sim_work_destroy(cp_sim_t *sim) {
-  if (sim->work.slots != NULL) cp_ptrmap_each(&sim->work, sim_work_free_chain, NULL);
+  if (sim->work.slots != NULL) cp_ptrmap_each(&sim->work, sim_work_free_chain, sim);
   cp_ptrmap_destroy(&sim->work);
   sim->work_items = 0;
+  for (sim_work_t *w = sim->spare_work, *next; w != NULL; w = next) {
+    next = w->next;
+    free(w);
+  }
+  sim->spare_work = NULL;
+  free(sim->res_index);
+  sim->res_index = NULL;
+  sim->res_count = sim->res_cap = 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The index of reservations (sorted by address; a launch looks its memory up by bisection)
+ * ---------------------------------------------------------------------------------------- */
+
+/* The first entry whose address is above `addr`. */
+static size_t sim_index_upper(const cp_sim_t *sim, uintptr_t addr) {
+  size_t lo = 0, hi = sim->res_count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (sim->res_index[mid].addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+int cp_sim_index_room_locked(cp_sim_t *sim) {
+  if (sim->res_count < sim->res_cap) return CP_OK;
+  const size_t cap = sim->res_cap != 0 ? 2 * sim->res_cap : 64;
+  sim_span_t *grown = realloc(sim->res_index, cap * sizeof *grown);
+  if (grown == NULL) return CP_ERR_HOST_OOM;
+  sim->res_index = grown;
+  sim->res_cap = cap;
+  return CP_OK;
+}
+
+void cp_sim_index_add_locked(cp_sim_t *sim, uintptr_t addr, size_t size) {
+  const size_t at = sim_index_upper(sim, addr);
+  memmove(sim->res_index + at + 1, sim->res_index + at, (sim->res_count - at) * sizeof *sim->res_index);
+  sim->res_index[at] = (sim_span_t){addr, size};
+  sim->res_count++;
+}
+
+void cp_sim_index_remove_locked(cp_sim_t *sim, uintptr_t addr) {
+  const size_t at = sim_index_upper(sim, addr);
+  if (at == 0 || sim->res_index[at - 1].addr != addr) return;
+  memmove(sim->res_index + at - 1, sim->res_index + at, (sim->res_count - at) * sizeof *sim->res_index);
+  sim->res_count--;
 }
 
 /* Whether the launch `w` has not completed yet. */
@@ -42,7 +104,7 @@ static int sim_work_busy(const cp_sim_t *sim, const sim_work_t *w) {
 void cp_sim_drain_locked(cp_sim_t *sim) {
   if (sim->work_items != 0 || sim->work.count != 0) {
     /* Every launch is done: the table empties in place (all slots empty is a valid map). */
-    cp_ptrmap_each(&sim->work, sim_work_free_chain, NULL);
+    cp_ptrmap_each(&sim->work, sim_work_free_chain, sim);
     memset(sim->work.slots, 0, (sim->work.mask + 1) * sizeof *sim->work.slots);
     sim->work.count = 0;
     sim->work_items = 0;
@@ -65,7 +127,7 @@ static void sim_work_prune_at(cp_sim_t *sim, uintptr_t addr, cp_stream_t stream,
       continue;
     }
     *link = w->next;
-    free(w);
+    sim_work_unnode(sim, w);
     sim->work_items--;
   }
   if (head == NULL) {
@@ -138,7 +200,7 @@ static void sim_work_compact(cp_sim_t *sim) {
         kept = w;
         items++;
       } else {
-        free(w);
+        sim_work_unnode(sim, w);
       }
     }
     if (kept != NULL) (void)cp_ptrmap_insert(&fresh, sim->work.slots[i].key, kept); /* room made at init */
@@ -172,33 +234,14 @@ size_t cp_sim_fault_if_busy_locked(cp_sim_t *sim, const char *what, const char *
  * ---------------------------------------------------------------------------------------- */
 
 /* Whether [ptr, ptr + bytes) lies inside one plain reservation. */
-typedef struct sim_holder_scan_s {
-  uintptr_t addr, end;
-  int found;
-} sim_holder_scan_t;
-
-static void sim_holder_visit(uintptr_t key, void *value, void *arg) {
-  sim_holder_scan_t *s = arg;
-  if (key <= s->addr && s->end <= key + (size_t)(uintptr_t)value) s->found = 1;
+static int sim_reserved_locked(const cp_sim_t *sim, uintptr_t ptr, size_t bytes) {
+  const size_t at = sim_index_upper(sim, ptr);
+  if (at == 0) return 0;
+  const sim_span_t *r = &sim->res_index[at - 1];
+  return ptr - r->addr < r->size && bytes <= r->size - (ptr - r->addr);
 }
 
-static int sim_reserved_locked(cp_sim_t *sim, uintptr_t ptr, size_t bytes) {
-  const uintptr_t hint = sim->last_reservation;
-  if (hint != 0 && hint <= ptr) {
-    const size_t len = (size_t)(uintptr_t)cp_ptrmap_get(&sim->reservations, hint);
-    if (len != 0 && ptr + bytes <= hint + len) return 1;
-  }
-  size_t len = (size_t)(uintptr_t)cp_ptrmap_get(&sim->reservations, ptr);
-  if (len != 0 && bytes <= len) {
-    sim->last_reservation = ptr;
-    return 1;
-  }
-  sim_holder_scan_t s = {ptr, ptr + bytes, 0};
-  cp_ptrmap_each(&sim->reservations, sim_holder_visit, &s);
-  return s.found;
-}
-
-int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes) {
+static int sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes, int check) {
   if (sim == NULL) return cp_set_error(CP_ERR_INVALID, "cp_sim_launch: no device");
   if (bytes == 0) return cp_set_error(CP_ERR_INVALID, "cp_sim_launch: bytes must be > 0");
   sim_lock(sim);
@@ -208,7 +251,7 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
     goto out;
   }
   if (bytes > UINTPTR_MAX - ptr ||
-      (!sim_reserved_locked(sim, ptr, bytes) && !cp_sim_vmm_accessible_locked(sim, ptr, bytes))) {
+      (check && !sim_reserved_locked(sim, ptr, bytes) && !cp_sim_vmm_accessible_locked(sim, ptr, bytes))) {
     cp_sim_fault_locked(sim, "launch on memory that is not the device's (not reserved, or not mapped with access)",
                         "launch", ptr, bytes, stream);
     rc = cp_set_error(CP_ERR_INVALID, "sim: launch(0x%" PRIxPTR ", %zu bytes, stream 0x%" PRIxPTR "): device fault",
@@ -220,9 +263,9 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
     st->completed_seq = ++st->submitted_seq;
     goto out;
   }
-  sim_work_t *w = st != NULL ? malloc(sizeof *w) : NULL;
+  sim_work_t *w = st != NULL ? sim_work_node(sim) : NULL;
   if (w == NULL || cp_ptrmap_reserve(&sim->work, 1) != CP_OK) {
-    free(w);
+    if (w != NULL) sim_work_unnode(sim, w);
     rc = cp_set_error(CP_ERR_HOST_OOM, "sim: launch: host memory for the work queue is short");
     goto out;
   }
@@ -231,7 +274,7 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
   w->size = bytes;
   w->seq = cp_sim_submit_locked(sim, st);
   if (!sim_work_busy(sim, w)) { /* ran at once (lag 0) */
-    free(w);
+    sim_work_unnode(sim, w);
     goto out;
   }
   w->next = cp_ptrmap_remove(&sim->work, ptr);
@@ -240,6 +283,14 @@ int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes
 out:
   sim_unlock(sim);
   return rc;
+}
+
+int cp_sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes) {
+  return sim_launch(sim, stream, ptr, bytes, 1);
+}
+
+int cp_sim_queue(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t bytes) {
+  return sim_launch(sim, stream, ptr, bytes, 0);
 }
 
 void cp_sim_set_lag(cp_sim_t *sim, uint64_t items) {

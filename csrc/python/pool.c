@@ -701,7 +701,7 @@ static PyObject *Pool_invalidate_stream(PyObject *op, PyObject *stream_obj) {
 /* The replay's last use of a block before its free: a launch on the simulated device, which
  * runs it behind the host (set_lag), so that memory given back too early is a device fault. */
 static void replay_use(void *arg, uintptr_t ptr, size_t size, cp_stream_t stream) {
-  (void)cp_sim_launch(arg, stream, ptr, size); /* a fault is counted by the device */
+  (void)cp_sim_queue(arg, stream, ptr, size); /* a live block of the pool: no lookup needed */
 }
 
 static PyObject *Pool_replay_start(PyObject *op, PyObject *args) {
