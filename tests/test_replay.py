@@ -1119,6 +1119,30 @@ def test_cli_out_of_memory_with_a_capacity(trace_file, tmp_path):
     assert data["capacity"] == 30 * MiB
 
 
+def test_the_device_runs_behind_the_replay_without_a_fault():
+    """Each freed block's last use is queued on its stream; the device lag changes when that
+    work completes, never the memory figures, and no policy gives memory back under it."""
+    t = synthetic(20_000, seed=5, streams=(0, 1))
+    for policy in ("builtin", "expandable", "cudapool"):
+        behind = replay(t, policy=policy)  # nothing runs until a call waits for the device
+        idle = replay(t, policy=policy, lag=0)
+        capped = replay(t, policy=policy, capacity=int(behind["peak_allocated"] * 1.2))
+        assert behind["lag"] is None and idle["lag"] == 0
+        assert behind["peak_reserved"] == idle["peak_reserved"]
+        assert behind["device_faults"] == idle["device_faults"] == capped["device_faults"] == 0, policy
+    with pytest.raises(ValueError, match="lag must be"):
+        replay(t, lag=-1)
+
+
+def test_cli_lag(trace_file):
+    proc = cli(trace_file, "--lag", "0", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["lag"] == 0 and data["device_faults"] == 0
+    proc = cli(trace_file, "--lag", "-2")
+    assert proc.returncode == 2 and "lag must be" in proc.stderr
+
+
 def test_cli_snapshot_shows_the_builtin_peak(tmp_path):
     path = write_pickle(tmp_path, basic_snapshot())
     proc = cli(path, "--policy", "builtin")

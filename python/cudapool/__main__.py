@@ -253,6 +253,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
             device=ns.device,
             progress=not ns.no_progress,
             window_start=not ns.empty_start,
+            lag=ns.lag,
         )
     except ValueError as exc:  # a device the trace does not have
         _err(str(exc))
@@ -334,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="device memory: bytes or with a unit, e.g. 80GB (10^9), 16GiB (2^30), 512MiB (default: unlimited)",
     )
     replay.add_argument("--config", metavar="STR", help="configuration on top of the policy's: 'key:value,...'")
+    replay.add_argument(
+        "--lag",
+        type=int,
+        metavar="N",
+        help="launches a stream of the simulated device may run behind the replay before its oldest "
+        "completes (0: always idle; default: nothing runs until a call waits for the device)",
+    )
     replay.add_argument("--device", type=int, metavar="N", help="replay only device N's events")
     replay.add_argument(
         "--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)"

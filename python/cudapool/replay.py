@@ -397,6 +397,7 @@ def _replay_data(
     stream: IO[str],
     start: Optional[Dict[str, Any]] = None,
     mode: Optional[str] = None,
+    lag: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Replay the records in ``data`` on a fresh pool, seeded with ``start`` (the window's
     start state, see _seed) when given; the C replay's result, the curve, and the effective
@@ -406,6 +407,7 @@ def _replay_data(
     # auto_complete): each block's last use is queued at its free, so memory given back before
     # that work is known done is a device fault (device_faults).
     pool = _C.Pool(capacity, config, False, False)
+    pool.set_lag(lag)
     bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
     seed: Dict[str, Any] = {"mode": None, "events": 0, "oom": False}
     try:
@@ -497,6 +499,7 @@ def replay(
     progress_stream: Optional[IO[str]] = None,
     window_start: bool = True,
     costs: Union[None, str, "os.PathLike[str]", Dict[str, Any]] = None,
+    lag: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Replay ``trace`` (a Trace, or the path of a .cptrace file or torch snapshot) under
     ``policy`` (see :mod:`cudapool.policies`) with ``config`` ("key:value,...") on top.
@@ -509,6 +512,9 @@ def replay(
     ``window_start``: seed each device's pool with the memory live at the trace's first
     event when the trace knows it (a torch snapshot's window; see the module notes); False
     starts from an empty pool.
+    ``lag``: how many launches a stream of the simulated device may run behind before its
+    oldest completes on its own (0: a device that is always idle); None, the default, runs
+    nothing until a call waits for the device (see ``device_faults`` in the module notes).
     ``costs``: the per-call cost table that prices the device calls (cudapool.device_costs):
     None for the default one, a JSON file's path, or a dict with a ``costs`` object.
 
@@ -545,7 +551,9 @@ def replay(
             return trace.builtin_peak_reserved
         return None
 
-    common = {"policy": policy, "config": cfg, "capacity": cap}
+    if lag is not None and (not isinstance(lag, int) or isinstance(lag, bool) or lag < 0):
+        raise ValueError(f"lag must be a non-negative number of launches or None, not {lag!r}")
+    common = {"policy": policy, "config": cfg, "capacity": cap, "lag": lag}
     starts = trace.meta.get("window_start") if isinstance(trace.meta, dict) else None
 
     def start_of(d: Optional[int]) -> Optional[Dict[str, Any]]:
@@ -557,7 +565,7 @@ def replay(
         d = device if device is not None else (devices[0] if devices else None)
         data = trace.data if len(devices) <= 1 or d is None else _device_data(trace.data, d)
         label = "replay" if len(devices) <= 1 else f"replay device {d}"
-        res = _replay_data(data, cfg, cap, progress, label, curve_points, stream, start_of(d), mode)
+        res = _replay_data(data, cfg, cap, progress, label, curve_points, stream, start_of(d), mode, lag)
         _derive(res)
         _price(res, table)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
@@ -568,7 +576,7 @@ def replay(
     per: Dict[str, Dict[str, Any]] = {}
     for d in devices:
         data = _device_data(trace.data, d)
-        res = _replay_data(data, cfg, cap, progress, f"replay device {d}", curve_points, stream, start_of(d), mode)
+        res = _replay_data(data, cfg, cap, progress, f"replay device {d}", curve_points, stream, start_of(d), mode, lag)
         _derive(res)
         _price(res, table)
         res.update(common, device=d, builtin_peak_reserved=builtin_peak(d))
