@@ -33,17 +33,26 @@
  * During a capture nothing is retired, reaped or trimmed: the driver refuses event queries on
  * a capturing stream and memory given back during a capture may still be used by its graph. */
 
-/* Put what `st` retired back into service and end its drain. */
-static void cp_drain_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+/* The drain of `st` is over: its event goes back to the spares. */
+static void cp_drain_end_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  if (!st->draining) return;
+  cp_streams_event_release_locked(&pool->streams, st->drain_event);
+  st->draining = false;
+  pool->draining_streams--;
+}
+
+/* The DRAINING blocks of `st`'s segments back to FREE. */
+static void cp_drain_revive_blocks_locked(cp_pool_t *pool, const cp_stream_state_t *st) {
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
     if (seg->paged && seg->stream == st) cp_expand_revive_locked(pool, seg);
   }
+}
+
+/* Put what `st` retired back into service and end its drain. */
+static void cp_drain_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  cp_drain_revive_blocks_locked(pool, st);
   if (pool->stitch) cp_stitch_revive_locked(pool, st);
-  if (st->draining) {
-    cp_streams_event_release_locked(&pool->streams, st->drain_event);
-    st->draining = false;
-    pool->draining_streams--;
-  }
+  cp_drain_end_locked(pool, st);
 }
 
 int cp_drain_arm_locked(cp_pool_t *pool, cp_stream_state_t *st) {
@@ -109,9 +118,7 @@ static int cp_drain_reap_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
     if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
   }
   st->reaping = false;
-  cp_streams_event_release_locked(&pool->streams, st->drain_event);
-  st->draining = false;
-  pool->draining_streams--;
+  cp_drain_end_locked(pool, st);
   return first_rc;
 }
 
@@ -157,22 +164,14 @@ bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
     return true;
   }
   if (!st->draining || st->reaping) return false;
-  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
-    if (seg->paged && seg->stream == st) cp_expand_revive_locked(pool, seg);
-  }
+  cp_drain_revive_blocks_locked(pool, st);
   bool ranges = false; /* retired ranges keep the drain (and its event) going */
   for (const cp_segment_t *s = pool->stitched; s != NULL && !ranges; s = s->next)
     ranges = s->stream == st && s->retired;
-  if (!ranges) cp_drain_revive_locked(pool, st);
+  if (!ranges) cp_drain_end_locked(pool, st);
   return true;
 }
 
 void cp_drain_destroy(cp_pool_t *pool) {
-  for (size_t i = 0; i < pool->streams.count; i++) {
-    cp_stream_state_t *st = pool->streams.list[i];
-    if (!st->draining) continue;
-    cp_streams_event_release_locked(&pool->streams, st->drain_event);
-    st->draining = false;
-  }
-  pool->draining_streams = 0;
+  for (size_t i = 0; i < pool->streams.count; i++) cp_drain_end_locked(pool, pool->streams.list[i]);
 }
