@@ -29,7 +29,8 @@ over the window (the truth); the JSON holds them under ``"windows"``.
 Beside the memory, the table shows what each policy costs in device calls: their estimated
 milliseconds (``dev call ms``: calls x per-call cost, from ``cudapool.device_costs`` or the
 JSON of ``benchmarks/device_call_costs.py`` given with --device-costs) and how many calls
-come after warm-up (the second half of the events: 0 for a loop that is warm). A second,
+come after warm-up (from the later of half the events and the trace's peak of live bytes on:
+0 for a loop that is warm). A second,
 narrower table (printed after it) splits the estimate into warm-up and after warm-up, and counts the calls after
 warm-up that wait for the device's queued work (``device_costs.SYNC_KINDS``: cudaFree,
 cudaEventSynchronize, cuMemUnmap, cuMemSetAccess; the wait is in no estimate), each cell
@@ -63,7 +64,7 @@ except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from cudapool import device_costs  # noqa: E402
-from cudapool.replay import format_bytes, replay  # noqa: E402
+from cudapool.replay import AT_MIN_KEYS, format_bytes, min_capacity, replay  # noqa: E402
 from cudapool.torch_snapshot import from_snapshot  # noqa: E402
 from cudapool.trace import load, save  # noqa: E402
 from window_snapshot import simulate  # noqa: E402
@@ -77,6 +78,14 @@ WINDOW_CUT = 0.5
 
 #: Target figures (reported, not enforced).
 STRICT_BELOW_UTILIZATION = 0.95
+#: The smallest device: at most this many times peak allocated, on workloads of at least
+#: SMALLEST_DEVICE_FROM bytes allocated at peak.
+SMALLEST_DEVICE_RATIO = 1.05
+SMALLEST_DEVICE_FROM = 256 << 20
+#: cudapool's warm-up device time: at most this many times expandable segments'.
+WARMUP_RATIO = 1.5
+#: The snapshots with recorded releases give memory back every this fraction of the events.
+RELEASE_EVERY = 0.25
 GPT_UTILIZATION = 0.90
 EVENTS_PER_S = 1_000_000
 
@@ -128,9 +137,27 @@ def get_trace(name: str, entry: Any, scale: str, trace_dir: str, recapture: bool
     return {"trace": trace, "path": path, "captured": True, "capture_s": capture_s}
 
 
-def check_targets(name: str, b: Dict[str, Any], c: Dict[str, Any]) -> Dict[str, Any]:
+def check_targets(name: str, b: Dict[str, Any], c: Dict[str, Any], e: Dict[str, Any]) -> Dict[str, Any]:
     """Each target: {"ok": bool, "why": text}; "ok" overall."""
     targets: Dict[str, Any] = {}
+    if c.get("min_capacity") is not None:
+        fits = [c["min_capacity"] <= r["min_capacity"] for r in (b, e) if r.get("min_capacity") is not None]
+        big = c["peak_allocated"] >= SMALLEST_DEVICE_FROM
+        targets["smallest"] = {
+            "ok": all(fits) and (not big or c["min_capacity_ratio"] <= SMALLEST_DEVICE_RATIO),
+            "why": f"cudapool's smallest device ({c['min_capacity_ratio']:.3f} x peak allocated) must be at most "
+            "builtin's and expandable's" + (f", and at most {SMALLEST_DEVICE_RATIO} x" if big else ""),
+        }
+    targets["calls"] = {
+        "ok": c["device_calls_after_warmup_total"] <= e["device_calls_after_warmup_total"],
+        "why": f"cudapool's device calls after warm-up ({c['device_calls_after_warmup_total']:,}) must be at most "
+        f"expandable's ({e['device_calls_after_warmup_total']:,})",
+    }
+    targets["warmup"] = {
+        "ok": c["device_ms_warmup"] <= WARMUP_RATIO * e["device_ms_warmup"],
+        "why": f"cudapool's warm-up device time ({c['device_ms_warmup']:.2f} ms, est.) must be at most "
+        f"{WARMUP_RATIO} x expandable's ({e['device_ms_warmup']:.2f} ms)",
+    }
     strict = b["utilization"] < STRICT_BELOW_UTILIZATION
     ok = c["peak_reserved"] < b["peak_reserved"] if strict else c["peak_reserved"] <= b["peak_reserved"]
     why = (
@@ -156,7 +183,10 @@ def check_targets(name: str, b: Dict[str, Any], c: Dict[str, Any]) -> Dict[str, 
 
 def _targets_cell(targets: Dict[str, Any]) -> str:
     marks = []
-    for key, label in (("reserved", "reserved"), ("utilization", "util ≥ 90 %"), ("speed", "≥ 1 M ev/s")):
+    for key, label in (
+        ("reserved", "reserved"), ("smallest", "smallest device"), ("calls", "calls ≤ exp."),
+        ("warmup", "warm-up ≤ 1.5 x exp."), ("utilization", "util ≥ 90 %"), ("speed", "≥ 1 M ev/s"),
+    ):  # fmt: skip
         t = targets.get(key)
         if t is None:
             continue
@@ -214,6 +244,64 @@ def format_device_table(rows: List[Dict[str, Any]]) -> str:
         for _, cell in _DEVICE_COLUMNS:
             cells.append(" / ".join(cell(row["policies"][p]) for p in POLICIES))
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_capacity_table(rows: List[Dict[str, Any]]) -> str:
+    """The smallest-device table: per workload, peak allocated, and per policy (each cell
+    "builtin / expandable / cudapool") the smallest device as a ratio to peak allocated and
+    the estimated device ms there (all, and after warm-up)."""
+    head = ["workload", "peak allocated (cudapool)", "sim smallest device / peak allocated",
+            "sim smallest device", "sim device ms there (est.)", "sim ms after warm-up there"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        ps = [row["policies"][p] for p in POLICIES]
+        if any(r.get("min_capacity") is None for r in ps):
+            continue
+        cells = [
+            row["workload"],
+            format_bytes(row["policies"]["cudapool"]["peak_allocated"]),
+            " / ".join(f"{r['min_capacity_ratio']:.3f}" for r in ps),
+            " / ".join(format_bytes(r["min_capacity"]) for r in ps),
+            " / ".join(f"{r['at_min_capacity']['device_call_ms']:.1f}" for r in ps),
+            " / ".join(f"{r['at_min_capacity']['device_ms_after_warmup']:.1f}" for r in ps),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replay_releases(name: str, trace: Any) -> Dict[str, Any]:
+    """The trace as a whole torch snapshot whose history gives memory back (empty_cache every
+    RELEASE_EVERY of the events, made on the simulator under the built-in rules), replayed under
+    builtin with its recorded releases and without them."""
+    made = simulate(trace, cut=0, empty_cache_every=max(1, int(len(trace) * RELEASE_EVERY)))
+    snap = from_snapshot(made["full"], source=f"{name} with releases")
+    with_r = replay(snap, policy="builtin")
+    without = replay(snap, policy="builtin", releases=False)
+    return {
+        "workload": name,
+        "recorded_peak_reserved": snap.builtin_peak_reserved,
+        "releases": with_r["releases"],
+        "builtin_peak_reserved": with_r["peak_reserved"],
+        "builtin_peak_reserved_without_releases": without["peak_reserved"],
+    }
+
+
+def format_release_table(rows: List[Dict[str, Any]]) -> str:
+    def pct(x: int, truth: int) -> str:
+        return f"{100.0 * (x - truth) / truth:+.1f} %" if truth else "-"
+
+    lines = [
+        "| workload | recorded releases | recorded builtin peak | builtin replay | builtin replay without releases |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        truth = r["recorded_peak_reserved"]
+        w, wo = r["builtin_peak_reserved"], r["builtin_peak_reserved_without_releases"]
+        lines.append(
+            f"| {r['workload']} | {r['releases']:,} | {format_bytes(truth)} | {format_bytes(w)} ({pct(w, truth)}) | "
+            f"{format_bytes(wo)} ({pct(wo, truth)}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -381,6 +469,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     rows: List[Dict[str, Any]] = []
     windows: List[Dict[str, Any]] = []
+    released: List[Dict[str, Any]] = []
     errors: List[Dict[str, str]] = []
     plot_data = None
     for name in names:
@@ -397,6 +486,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     curve_points=CURVE_POINTS if want_curve else 0,
                     costs=args.device_costs,
                 )
+                found = min_capacity(trace, policy=policy, unlimited=results[policy], costs=args.device_costs)
+                results[policy]["min_capacity"] = found["min_capacity"]
+                results[policy]["min_capacity_ratio"] = found["ratio"]
+                results[policy]["min_capacity_tries"] = len(found["tries"])
+                at = found["at_min"]
+                results[policy]["at_min_capacity"] = {k: at[k] for k in AT_MIN_KEYS if k in at}
             curves = {p: r.pop("curve") for p, r in results.items() if "curve" in r}
             row = {
                 "workload": name,
@@ -406,11 +501,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "capture_s": got["capture_s"],
                 "trace_builtin_peak_reserved": trace.builtin_peak_reserved,
                 "policies": results,
-                "targets": check_targets(name, results["builtin"], results["cudapool"]),
+                "targets": check_targets(name, results["builtin"], results["cudapool"], results["expandable"]),
                 "versus_expandable": compare_expandable(results["cudapool"], results["expandable"]),
             }
             rows.append(row)
             windows.append(replay_window(name, trace))
+            released.append(replay_releases(name, trace))
             if curves:
                 plot_data = (row, curves, trace.builtin_reserved)
         except Exception as exc:  # report it, go on with the others
@@ -421,18 +517,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"replay of the {args.scale} workloads on a simulated device: every figure below is the simulator's "
         f"(peak reserved: lower is better; util = peak allocated / peak reserved; ns/op = host time of the replay, "
         f"the simulated device's work included; dev call ms = the device calls' estimated milliseconds, costs "
-        f"from {args.device_costs or 'cudapool.device_costs'}; calls after warm-up = device calls in the second "
-        f"half of the events)\n"
+        f"from {args.device_costs or 'cudapool.device_costs'}; calls after warm-up = device calls after warm-up: from "
+        f"the later of half the events and the trace's peak of live bytes on)\n"
     )
     print(format_table(rows))
     print(
         f"device calls and their estimated time, per policy (each cell: {' / '.join(POLICIES)}; sim = counted "
         "on the simulated device, not measured on a GPU; est. ms = those calls priced by the cost table, "
-        "without the waits; warm-up = the first half of the events, calls of the pool's start-up included; "
+        "without the waits; warm-up = up to the later of half the events and the trace's peak of live bytes, calls of the pool's start-up included; "
         "sync calls = calls that wait for the device's queued work: "
         f"{', '.join(device_costs.SYNC_KINDS)}):\n"
     )
     print(format_device_table(rows))
+    print(
+        f"the smallest device each policy runs on, simulated (bisection of the capacity to 1 % of peak "
+        f"allocated, the pool's whole out-of-memory ladder at each try; each cell: {' / '.join(POLICIES)}), and "
+        "the device calls' estimated time there:\n"
+    )
+    print(format_capacity_table(rows))
     met = sum(1 for r in rows if r["targets"]["ok"])
     print(
         f"targets met on {met} of {len(rows)} workload(s); replay speed (min over policies): "
@@ -455,6 +557,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             "made on the simulator under the built-in rules), replayed from the reconstructed start:\n"
         )
         print(format_window_table(windows))
+    if released:
+        print(
+            f"\nsnapshots with recorded releases (made on the simulator under the built-in rules, empty_cache every "
+            f"{RELEASE_EVERY:.0%} of the events: segment_free entries), replayed under builtin with the releases "
+            "(the default) and without (--ignore-releases):\n"
+        )
+        print(format_release_table(released))
     for e in errors:
         print(f"{e['workload']}: FAILED: {e['error']}")
 
@@ -480,6 +589,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "device_costs": {"source": args.device_costs or "cudapool.device_costs", "costs": costs},
                 "rows": rows,
                 "windows": windows,
+                "releases": released,
                 "errors": errors,
             },
             f,

@@ -14,7 +14,7 @@ from cudapool import _C, device_costs
 from cudapool import replay as rp
 from cudapool.replay import ReplayError, config_text, format_bytes, parse_size, replay
 from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
-from cudapool.trace import ALLOC, EVENT, FREE, Trace, TraceWriter, load, save
+from cudapool.trace import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter, load, save
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -386,7 +386,7 @@ def test_replay_device_calls_are_the_sims_counters(policy):
         assert call_bytes["page_create"] == r["peak_reserved"]  # chunks only grow here
     else:
         assert calls["reserve"] == r["device_allocs"] > 0
-    assert r["warmup_events"] == len(CALL_EVENTS) // 2
+    assert r["warmup_events"] == rp.warmup_events(Trace.from_events(CALL_EVENTS).data) >= len(CALL_EVENTS) // 2
     for k in calls:
         assert 0 <= r["device_calls_after_warmup"][k] <= calls[k]
     # the cost: calls x us + bytes / GiB x us_per_gib, per kind
@@ -427,9 +427,87 @@ def test_no_device_calls_after_warm_up_in_a_periodic_loop(policy):
     assert r["device_calls_after_warmup_total"] == 0
     assert set(r["device_calls_after_warmup"].values()) == {0}
     assert r["device_call_ms_after_warmup"] == 0.0
-    g = replay(growing_loop(), policy=policy)
+    # Memory given back every step (a recorded release) is taken again: calls after warm-up.
+    g = replay(releasing_loop(), policy=policy)
+    assert g["releases"] == 12
     assert g["device_calls_after_warmup_total"] > 0 and g["device_call_ms_after_warmup"] > 0
     assert g["device_calls_after_warmup_total"] < g["device_calls_total"]
+    # A loop that keeps growing to its last step is warming up to its last step.
+    grow = replay(growing_loop(), policy=policy)
+    assert grow["warmup_events"] >= grow["events"] - 1  # its last event frees a small tensor
+    assert grow["device_calls_after_warmup_total"] == 0
+
+
+def releasing_loop(steps=12):
+    """The periodic loop with an empty_cache (a RELEASE event) at the end of every step."""
+    events = []
+    for action, ident, size, _st, _dev, _t in periodic_loop(steps):
+        events.append((action, ident, size))
+        if action == FREE and ident % 6 == 0:
+            events.append((RELEASE, 0, 0))
+    return Trace.from_events(events)
+
+
+def test_warm_up_ends_after_the_peak_of_live_bytes(monkeypatch):
+    # Ten steps of 10 MiB, then one step of 100 MiB at three quarters, then ten more small ones.
+    events, ident = [], 0
+    for step in range(21):
+        ident += 1
+        events += [(ALLOC, ident, (100 if step == 15 else 10) * MiB), (FREE, ident, 0)]
+    t = Trace.from_events(events)
+    assert rp.warmup_events(t.data) == 31  # after the free's alloc at event 30
+    r = replay(t, policy="expandable")
+    assert r["warmup_events"] == 31
+    # Without numpy: the same answer.
+    monkeypatch.setitem(sys.modules, "numpy", None)
+    assert rp.warmup_events.__wrapped__(t.data) == 31
+    half = Trace.from_events([(ALLOC, 1, MiB), (FREE, 1, 0)] * 1 + [(ALLOC, 2, 512), (FREE, 2, 0)] * 4)
+    assert rp.warmup_events(half.data) == len(half) // 2
+
+
+def test_min_capacity_is_the_smallest_that_fits():
+    t = synthetic(3000)
+    for policy in ("builtin", "cudapool"):
+        found = rp.min_capacity(t, policy=policy)
+        cap, floor = found["min_capacity"], found["peak_allocated"]
+        assert floor <= cap and found["ratio"] == pytest.approx(cap / floor)
+        assert not replay(t, policy=policy, capacity=cap)["oom"]
+        below = [c for c, fits in found["tries"] if not fits]
+        assert all(c < cap for c in below) and (not below or cap - max(below) <= 0.01 * floor)
+        assert found["at_min"]["capacity"] == cap and not found["at_min"]["oom"]
+    with pytest.raises(ValueError):
+        rp.min_capacity(t, tolerance=0)
+
+
+def test_min_capacity_from_the_command_line(tmp_path):
+    path = tmp_path / "t.cptrace"
+    save(synthetic(2000), str(path))
+    out = subprocess.run(
+        [sys.executable, "-m", "cudapool", "replay", str(path), "--policy", "builtin", "--min-capacity", "--json", "-"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    res = json.loads(out.stdout)
+    assert res["min_capacity"] >= res["peak_allocated"] and res["min_capacity_ratio"] >= 1.0
+    assert res["at_min_capacity"]["device_call_ms"] >= 0
+    text = subprocess.run(
+        [sys.executable, "-m", "cudapool", "replay", str(path), "--min-capacity", "--no-progress"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "smallest device" in text and "x peak allocated" in text
+    both = subprocess.run(
+        [sys.executable, "-m", "cudapool", "replay", str(path), "--min-capacity", "--capacity", "1GiB"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_handles_follow_growth():
+    # One 100 MiB request on the default policy: five 20 MiB handles, not fifty 2 MiB pages.
+    t = Trace.from_events([(ALLOC, 1, 100 * MiB), (FREE, 1, 0)])
+    r = replay(t, policy="cudapool")
+    assert r["device_calls"]["page_create"] == 5
+    e = replay(t, policy="expandable")
+    assert e["device_calls"]["page_create"] == 5
 
 
 def test_device_calls_of_several_devices_add_up():
@@ -487,7 +565,7 @@ def test_report_shows_device_calls():
     calls = next(line for line in text.splitlines() if line.startswith("device calls"))
     assert "estimated" in calls and "page_create" in calls
     after = next(line for line in text.splitlines() if line.startswith("after warm-up"))
-    assert "second half of the events" in after
+    assert "calls made from event" in after
     assert "0 calls" in rp.format_report(replay(periodic_loop(), policy="builtin"))
 
 
@@ -580,7 +658,8 @@ def test_a_pool_that_must_give_memory_back_makes_sync_calls():
     assert not r["oom"] and r["device_frees"] >= 1
     assert r["device_calls"]["release"] >= 1
     assert r["sync_calls"] >= r["device_calls"]["release"] > 0
-    assert r["sync_calls_after_warmup"] > 0  # the give-back comes with the third event
+    # The give-back comes with the third event, the trace's peak of live bytes: warm-up.
+    assert r["sync_calls_after_warmup"] == 0 and r["warmup_events"] == 3
     text = rp.format_report(r)
     waiting = next(line for line in text.splitlines() if line.startswith("waiting calls"))
     assert f"{r['sync_calls']:,} ({r['sync_calls_after_warmup']:,} after warm-up)" in waiting
@@ -882,6 +961,7 @@ def test_snapshot_events_and_reserved_curve(tmp_path):
         (ALLOC, SEG_C, 512, 5, 0, 13_000),
         (ALLOC, SEG_C + 512, 600, 5, 0, 15_000),
         (FREE, SEG_B, 40 * MiB, 0, 0, 17_000),  # at the completion, not the request
+        (RELEASE, 0, 0, 0, 0, 18_000),  # the segment_free: cached memory given back
         (FREE, SEG_C, 512, 5, 0, 20_000),
     ]
     # At dump time 22 MiB; the window added 40 + 2 and took 40 back: it began with 20 MiB.
@@ -889,7 +969,7 @@ def test_snapshot_events_and_reserved_curve(tmp_path):
         [0, 20 * MiB],
         [2, 60 * MiB],  # before event 2 (the 40 MiB alloc), the 40 MiB segment
         [3, 62 * MiB],
-        [6, 22 * MiB],
+        [7, 22 * MiB],  # from the event after the RELEASE (6) the segment_free became
     ]
     assert t.builtin_peak_reserved == 62 * MiB
     m = t.meta
@@ -910,7 +990,7 @@ def test_snapshot_replays_beside_the_builtin_peak(tmp_path):
     r = replay(t, policy="builtin")
     assert r["builtin_peak_reserved"] == 62 * MiB
     assert r["bad_events"] == 0  # the free of the block allocated before the window frees the seeded block
-    assert r["allocs"] == 4 and r["frees"] == 3 and r["events"] == 7
+    assert r["allocs"] == 4 and r["frees"] == 3 and r["events"] == 8 and r["releases"] == 1
     assert r["window_start"]["seeded"] == "segments" and r["comparable"]
     # The seeded 20 MiB segment, then 2 + 40 + 2 MiB: the window's first allocation (1000 B)
     # goes to a small segment, not into SEG_A as this made-up run had it.
@@ -922,7 +1002,7 @@ def test_snapshot_replays_beside_the_builtin_peak(tmp_path):
     assert "no percentage" in rp.format_report(r)
     # Other policies: the live block allocated by the policy, not counted as an event.
     r = replay(t, policy="cudapool")
-    assert r["window_start"]["seeded"] == "allocations" and r["events"] == 7 and r["allocs"] == 4
+    assert r["window_start"]["seeded"] == "allocations" and r["events"] == 8 and r["allocs"] == 4
 
 
 def test_snapshot_free_requested_without_completion_falls_back(tmp_path):
@@ -968,7 +1048,8 @@ def test_snapshot_expandable_segments_map_and_unmap():
         ],
     }
     t = from_snapshot(snap)
-    assert [list(p) for p in t.builtin_reserved] == [[0, 0], [0, 2 * MiB], [1, 10 * MiB], [3, 6 * MiB]]
+    # The unmap is a RELEASE event (index 2): the curve drops from the event after it.
+    assert [list(p) for p in t.builtin_reserved] == [[0, 0], [0, 2 * MiB], [1, 10 * MiB], [4, 6 * MiB]]
     assert t.builtin_peak_reserved == 10 * MiB
 
 
@@ -1308,7 +1389,7 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     # cudapool, the figures of the JSON.
     assert "every figure below is the simulator's" in main_part
     assert "sim = counted on the simulated device" in device_part
-    dev_table = [line for line in device_part.splitlines() if line.startswith("|")]
+    dev_table = [line for line in device_part.split("\n\n")[1].splitlines() if line.startswith("|")]
     dev_head = [c.strip() for c in dev_table[0].strip("|").split("|")]
     assert dev_head == [
         "workload",
@@ -1339,7 +1420,7 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
     assert v["ratio"] == v["cudapool_peak_reserved"] / v["expandable_peak_reserved"]
     # Each trace again as a windowed snapshot: the builtin replay from the reconstructed start
     # reaches the recorded peak exactly.
-    window_table = [line for line in window_part.splitlines() if line.startswith("|")]
+    window_table = [line for line in window_part.split("\n\n")[1].splitlines() if line.startswith("|")]
     assert window_table[0].startswith("| workload | window from event | live / reserved at its start |")
     assert "| expandable replay | cudapool replay |" in window_table[0]
     assert len(window_table) == 4 and window_table[2].startswith("| gpt | 100 |")

@@ -264,3 +264,28 @@ def test_binding_refuses_bad_seeds_and_changes_nothing():
     pool.replay_stop()
     assert pool.check() == 0 and pool.info()["live_blocks"] == 0
     pool.close()
+
+
+def test_recorded_releases_replay_to_the_recorded_peak():
+    """A history whose run gave memory back (segment_free) replays under builtin to its
+    recorded peak; without the releases the replay keeps everything and can only be higher."""
+    rng = random.Random(5)
+    events, live, ident = [], [], 0
+    for _ in range(3000):
+        if live and rng.random() < 0.5:
+            events.append((FREE, live.pop(rng.randrange(len(live))), 0))
+        else:
+            ident += 1
+            live.append(ident)
+            events.append((ALLOC, ident, rng.choice([4096, 700 << 10, 3 << 20, 12 << 20, 40 << 20])))
+    trace = Trace.from_events(events)
+    made = simulate(trace, cut=0, empty_cache_every=500)
+    snap = from_snapshot(made["full"], source="with releases")
+    assert snap.meta["releases"] >= 5
+    with_r = replay(snap, policy="builtin")
+    without = replay(snap, policy="builtin", releases=False)
+    assert with_r["releases"] == snap.meta["releases"] and without["releases_ignored"] == snap.meta["releases"]
+    assert with_r["peak_reserved"] == snap.builtin_peak_reserved
+    assert without["peak_reserved"] >= with_r["peak_reserved"]
+    for policy in ("expandable", "cudapool"):
+        assert replay(snap, policy=policy)["releases"] == snap.meta["releases"]

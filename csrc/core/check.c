@@ -150,6 +150,8 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
           draining_bytes += b->size;
           if (!seg->paged || (b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)
             CP_VIOLATION("block %#lx: draining but not whole chunks of a page-mapped segment", (unsigned long)b->addr);
+          else if (!cp_expand_handle_edge(seg, b->addr) || !cp_expand_handle_edge(seg, b->addr + b->size))
+            CP_VIOLATION("block %#lx: draining but not whole handles", (unsigned long)b->addr);
           if (!seg->stream->draining)
             CP_VIOLATION("block %#lx: draining but its stream has no drain event", (unsigned long)b->addr);
           if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)

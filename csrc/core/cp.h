@@ -473,11 +473,14 @@ void cp_history_set_context(uint64_t context);
  * Replay of allocation traces (replay.c)
  * ---------------------------------------------------------------------------------------- */
 
-enum { CP_TRACE_ALLOC = 0, CP_TRACE_FREE = 1 };
+/* RELEASE: the recorded program gave cached memory back there (torch's empty_cache, or its
+ * out-of-memory retry: a snapshot's segment_free/segment_unmap); id, size and stream are 0.
+ * The replay calls cp_empty_cache at it. */
+enum { CP_TRACE_ALLOC = 0, CP_TRACE_FREE = 1, CP_TRACE_RELEASE = 3 };
 
 /* One event of a trace, 40 bytes, little-endian on disk (python/cudapool/trace.py). */
 typedef struct cp_trace_event_s {
-  uint8_t action; /* CP_TRACE_ALLOC or CP_TRACE_FREE */
+  uint8_t action; /* CP_TRACE_ALLOC, CP_TRACE_FREE or CP_TRACE_RELEASE */
   uint8_t pad[3];
   int32_t device;
   uint64_t id;   /* names one allocation from alloc to free */
@@ -492,6 +495,7 @@ typedef struct cp_replay_result_s {
   uint64_t frees;        /* frees made */
   uint64_t skipped;      /* other devices' events, size-0 allocations, and their frees */
   uint64_t bad_events;   /* frees of unknown ids, allocations of live ids */
+  uint64_t releases;     /* RELEASE events (each an empty_cache) */
   size_t peak_allocated; /* bytes in live blocks (rounded sizes) */
   size_t peak_requested; /* bytes the trace asked for, live at once */
   size_t peak_reserved;

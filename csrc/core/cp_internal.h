@@ -456,6 +456,11 @@ size_t cp_expand_chunk(const cp_pool_t *pool, int kind);
 cp_block_t *cp_expand_find_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size);
 /* Map the first `bytes` (whole chunks) of the UNMAPPED block `u` (see expand.c). */
 int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_t **out_free);
+/* Handle edges of a page-mapped segment (Note [Handles follow growth], expand.c): whether
+ * `addr` starts a handle, and the nearest edge at or above / at or below `addr`. */
+bool cp_expand_handle_edge(const cp_segment_t *seg, uintptr_t addr);
+uintptr_t cp_expand_edge_up(const cp_segment_t *seg, uintptr_t addr);
+uintptr_t cp_expand_edge_down(const cp_segment_t *seg, uintptr_t addr);
 
 /* ------------------------------------------------------------------------------------------
  * Stream-ordered release (drain.c), Note [Stream-ordered release]

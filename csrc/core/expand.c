@@ -71,6 +71,47 @@ size_t cp_expand_chunk(const cp_pool_t *pool, int kind) {
 }
 
 /* The size a FREE block could grow to: itself and the unmapped block after it. */
+/* Note [Handles follow growth]
+ * With page_stitching, a growth maps exactly what the request lacks (whole granules, nothing
+ * ahead), in physical handles of at most large_segment (20 MiB: the chunk expandable segments
+ * map at a time), not one handle per granule. A cuMemCreate costs about the same fixed time
+ * whatever its size (device_costs.py), so 2 MiB handles cost ten times the calls of 20 MiB
+ * ones; and a handle is mapped and unmapped whole (the driver maps a handle from offset 0,
+ * and cuMemUnmap takes whole mappings), so a stitched range and a release move whole handles
+ * only. The bound keeps both at the grain of expandable segments: no more handles per byte
+ * than it creates, and memory given back in pieces no coarser than its chunks. Handles of
+ * one growth are the pieces the program asked for, which it tends to free together.
+ * seg->pages holds the handle at every granule it covers; a handle's edges are where the
+ * value changes. Without page_stitching every mapping is one chunk, as in torch. */
+
+/* The largest handle a mapping creates with kept handles: the large pool's chunk. */
+static size_t cp_expand_handle_max(const cp_pool_t *pool) {
+  const size_t g = pool->vmm_granularity;
+  return pool->cfg.large_segment <= g ? g : pool->cfg.large_segment / g * g;
+}
+
+/* Whether `addr` (in `seg`) starts a handle: a chunk edge, and with kept handles a granule
+ * whose handle is not the one before it. */
+bool cp_expand_handle_edge(const cp_segment_t *seg, uintptr_t addr) {
+  const size_t off = addr - seg->addr;
+  if (off % seg->chunk != 0) return false;
+  const size_t slot = off / seg->chunk;
+  return slot == 0 || slot >= seg->page_slots || seg->pages[slot] == 0 || seg->pages[slot] != seg->pages[slot - 1];
+}
+
+/* The first handle edge at or above `addr`, and the last at or below it. */
+uintptr_t cp_expand_edge_up(const cp_segment_t *seg, uintptr_t addr) {
+  uintptr_t a = seg->addr + (addr - seg->addr + seg->chunk - 1) / seg->chunk * seg->chunk;
+  while (!cp_expand_handle_edge(seg, a)) a += seg->chunk;
+  return a;
+}
+
+uintptr_t cp_expand_edge_down(const cp_segment_t *seg, uintptr_t addr) {
+  uintptr_t a = seg->addr + (addr - seg->addr) / seg->chunk * seg->chunk;
+  while (!cp_expand_handle_edge(seg, a)) a -= seg->chunk;
+  return a;
+}
+
 static size_t cp_expandable_size(const cp_block_t *b) {
   const cp_block_t *n = b->next;
   return b->size + (n != NULL && (n->state == CP_BLOCK_UNMAPPED || n->state == CP_BLOCK_MAPPING) ? n->size : 0);
@@ -254,21 +295,24 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
   pthread_mutex_unlock(&pool->lock);
 
   const cp_backend_t *be = &pool->backend;
+  /* Kept handles: one for the whole mapping (Note [Handles follow growth]); else a chunk each. */
+  const size_t most = cp_expand_handle_max(pool);
   size_t mapped = 0, maps = 0;
   while (mapped < bytes) {
     const uintptr_t a = base + mapped;
+    const size_t unit = kept == NULL ? chunk : bytes - mapped < most ? bytes - mapped : most;
     cp_page_t page = 0;
-    rc = be->page_create(be->ctx, chunk, &page);
+    rc = be->page_create(be->ctx, unit, &page);
     if (rc != CP_OK) break;
-    rc = be->page_map(be->ctx, a, chunk, page);
+    rc = be->page_map(be->ctx, a, unit, page);
     if (rc != CP_OK) {
       (void)cp_expand_page_release(be, page);
       break;
     }
     maps++;
     if (kept != NULL) { /* the pool keeps the handle; access is set once, below */
-      kept[mapped / chunk] = page;
-      mapped += chunk;
+      for (size_t i = 0; i < unit / chunk; i++) kept[mapped / chunk + i] = page;
+      mapped += unit;
       continue;
     }
     /* The mapping keeps the memory; it goes with the unmap. A refused release is not tried
@@ -289,7 +333,9 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
     const int access = be->page_set_access(be->ctx, base, mapped);
     if (access != CP_OK) {
       if (cp_expand_undo_map(be, base, mapped) == CP_OK) {
-        for (size_t i = 0; i < mapped / chunk; i++) (void)cp_expand_page_release(be, kept[i]);
+        for (size_t i = 0; i < mapped / chunk; i++) {
+          if (i == 0 || kept[i] != kept[i - 1]) (void)cp_expand_page_release(be, kept[i]);
+        }
         memset(kept, 0, mapped / chunk * sizeof *kept);
         mapped = 0;
       }
@@ -416,11 +462,13 @@ size_t cp_expand_retire_locked(cp_pool_t *pool, cp_segment_t *seg) {
   for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
     if (b->state != CP_BLOCK_FREE) continue;
     const size_t off = b->addr - seg->addr;
-    const size_t lo = (off + seg->chunk - 1) / seg->chunk * seg->chunk;
-    size_t hi = (off + b->size) / seg->chunk * seg->chunk;
+    const size_t lo = cp_expand_edge_up(seg, b->addr) - seg->addr; /* whole handles only */
+    size_t hi = cp_expand_edge_down(seg, b->addr + b->size) - seg->addr;
     /* Free pages a stitched block in use still maps behind its end stay (stitch.c). */
-    if (pool->stitch && lo < hi)
+    if (pool->stitch && lo < hi) {
       hi = cp_stitch_alias_from_locked(pool, seg, seg->addr + lo, seg->addr + hi) - seg->addr;
+      if (lo < hi) hi = cp_expand_edge_down(seg, seg->addr + hi) - seg->addr;
+    }
     if (lo >= hi) continue;
     if (cp_reserve_metadata_locked(pool, 2) != CP_OK) break;
     cp_free_remove_locked(pool, b);
@@ -539,15 +587,23 @@ int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *ou
   }
   /* With page_stitching the pool holds the pages' handles: released after their unmap. */
   cp_page_t *handles = NULL;
+  size_t *counts = NULL; /* handles per range (a range is whole handles) */
   if (n > 0 && seg->page_slots != 0) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += ranges[i].size / seg->chunk;
     handles = malloc(total * sizeof *handles);
-    if (handles == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to release pages");
+    counts = calloc(n, sizeof *counts);
+    if (handles == NULL || counts == NULL) {
+      free(handles);
+      handles = NULL;
+      rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to release pages");
+    }
     for (size_t i = 0, h = 0; handles != NULL && i < n; i++) {
       for (uintptr_t a = ranges[i].addr; a < ranges[i].addr + ranges[i].size; a += seg->chunk) {
         const size_t slot = (a - seg->addr) / seg->chunk;
+        if (a != ranges[i].addr && !cp_expand_handle_edge(seg, a)) continue; /* the same handle */
         handles[h++] = slot < seg->page_slots ? seg->pages[slot] : 0;
+        counts[i]++;
       }
     }
   }
@@ -560,7 +616,7 @@ int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *ou
       ranges[i].unmapped = r == CP_OK;
       if (r != CP_OK) rc = r;
       /* One release per handle: after a failure the handle may be gone already. */
-      for (size_t k = 0; handles != NULL && k < ranges[i].size / seg->chunk; k++, h++) {
+      for (size_t k = 0; handles != NULL && k < counts[i]; k++, h++) {
         if (r == CP_OK && handles[h] != 0) (void)pool->backend.page_release(pool->backend.ctx, handles[h]);
       }
     }
@@ -585,6 +641,7 @@ int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *ou
     }
   }
   free(handles);
+  free(counts);
   free(ranges);
   if (seg->head->state == CP_BLOCK_UNMAPPED && seg->head->next == NULL) {
     const int r = cp_expand_drop_segment_locked(pool, seg);
@@ -608,7 +665,8 @@ void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {
     be->page_unmap(be->ctx, start, len);
   }
   for (size_t i = 0; i < seg->page_slots; i++) {
-    if (seg->pages[i] != 0) (void)cp_expand_page_release(be, seg->pages[i]);
+    if (seg->pages[i] != 0 && (i == 0 || seg->pages[i] != seg->pages[i - 1]))
+      (void)cp_expand_page_release(be, seg->pages[i]);
   }
   free(seg->pages);
   be->va_free(be->ctx, seg->addr, seg->size);

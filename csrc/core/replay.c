@@ -73,6 +73,13 @@ int cp_replay_feed(cp_replay_t *r, const cp_trace_event_t *events, size_t n) {
     const cp_trace_event_t *e = &events[i];
     uint64_t index = r->res.events++;
     bool ours = r->device < 0 || e->device == r->device;
+    if (e->action == CP_TRACE_RELEASE) {
+      if (ours) {
+        r->res.releases++;
+        (void)cp_empty_cache(r->pool); /* what the device refuses back stays cached */
+      }
+      continue;
+    }
     if (e->action == CP_TRACE_ALLOC) {
       if (cp_ptrmap_get(&r->live, e->id) != NULL) {
         r->res.bad_events++; /* the id is live already */

@@ -6,8 +6,8 @@
 #include "core/cp_internal.h"
 
 /* Note [Stitched ranges]
- * With page_stitching (on top of expandable_segments; expand.c), every mapping is one page of
- * the device's granularity and the pool keeps each page's handle (seg->pages), so a page can
+ * With page_stitching (on top of expandable_segments; expand.c), the pool keeps the handle of
+ * every mapping, one per growth (seg->pages; Note [Handles follow growth]), so a handle can
  * be mapped at a second address while it stays mapped in its segment. Scattered free memory
  * is then as good as contiguous memory for a large request:
  *  - One range per stream serves requests of every size: they all count in the large pool
@@ -21,8 +21,9 @@
  *    pages free again when it is next wanted), when they hold enough, or when mapping the missing pages and stitching costs fewer new pages than
  *    growing one segment would; else growth as in expand.c. A request of one page or less
  *    never stitches: a free page would have fitted it.
- *  - A stitched range is an address range of exactly the pages the request needs, with one
- *    block at its start (never split). While that block is in use (LIVE, or PENDING on other streams), the
+ *  - A stitched range is an address range of the whole handles that hold the pages the
+ *    request needs (the last one may map a little more), with one block at its start (never
+ *    split), of exactly those pages. While that block is in use (LIVE, or PENDING on other streams), the
  *    pages' bytes in their own segments are LENT blocks: out of every index, so nothing else
  *    can be placed on them. When it is freed, the LENT blocks become FREE again (and merge)
  *    and the range is kept, mapped, with its FREE block in no index.
@@ -65,8 +66,9 @@ static cp_block_t *cp_stitch_block_at(const cp_segment_t *seg, uintptr_t addr, c
   return b;
 }
 
-/* Whole pages of FREE blocks of (st, large) segments, one stretch per block (a page whose
- * handle the pool does not hold ends it), largest stretches first, until `want` pages: the
+/* Whole handles of FREE blocks of (st, large) segments, one stretch per block (a page whose
+ * handle the pool does not hold ends it), largest stretches first, until `want` pages (the
+ * last stretch taken up to the end of a handle, so the pages found may pass `want`): the
  * runs chosen, in address order, in *out_runs (allocated, *out_n of them) and the blocks that
  * hold them in *out_blocks (allocated). Returns the pages found; 0, with nothing allocated,
  * when there is no free page or no host memory. Block pointers hold until the lock drops. */
@@ -102,14 +104,17 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
     if (!seg->paged || seg->stream != st || seg->kind != CP_KIND_LARGE) continue;
     for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
       if (b->state != CP_BLOCK_FREE) continue;
-      const uintptr_t lo = (b->addr + g - 1) / g * g, hi = (b->addr + b->size) / g * g;
+      /* Whole handles only (Note [Handles follow growth], expand.c). */
+      const uintptr_t lo = cp_expand_edge_up(seg, b->addr), hi = cp_expand_edge_down(seg, b->addr + b->size);
       uintptr_t a = lo;
       while (a < hi) {
         const size_t slot = (a - seg->addr) / g;
         if (slot >= seg->page_slots || seg->pages[slot] == 0) break;
-        a += g;
+        const uintptr_t e = cp_expand_edge_up(seg, a + g);
+        if (e > hi) break;
+        a = e;
       }
-      if (a == lo) continue;
+      if (a <= lo) continue;
       if (ncand == candcap) {
         size_t nc = candcap ? candcap * 2 : 64;
         cp_stitch_cand_t *grown = realloc(cand, nc * sizeof *grown);
@@ -127,7 +132,10 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
   size_t found = 0, n = 0;
   for (size_t i = 0; i < ncand && found < want; i++) {
     size_t take = cand[i].pages;
-    if (found + take > want) take = want - found;
+    if (found + take > want) { /* up to the end of the handle that holds the last page wanted */
+      const uintptr_t e = cp_expand_edge_up(cand[i].seg, cand[i].addr + (want - found) * g);
+      take = (e - cand[i].addr) / g;
+    }
     cand[n] = cand[i];
     cand[n].pages = take;
     n++;
@@ -366,12 +374,19 @@ static cp_segment_t *cp_stitch_find_kept_locked(cp_pool_t *pool, cp_stream_state
 /* Map the pages of the runs `runs` side by side into a new range, and hand out its block.
  * The runs are lent before the lock is dropped, so no one else can take their pages. */
 static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitch_run_t *runs, cp_block_t **blocks,
-                                size_t nruns, size_t size, void **out_ptr) {
+                                size_t nruns, size_t need, size_t size, void **out_ptr) {
   const size_t g = pool->vmm_granularity;
   size_t bytes = 0;
   for (size_t i = 0; i < nruns; i++) bytes += runs[i].size;
   cp_segment_t *s = calloc(1, sizeof *s);
+  /* The handles to map, in order, and the bytes of each (a handle is mapped whole). */
   cp_page_t *pages = malloc(bytes / g * sizeof *pages);
+  size_t *lens = malloc(bytes / g * sizeof *lens);
+  size_t nhandles = 0;
+  if (lens == NULL) {
+    free(pages);
+    pages = NULL;
+  }
   int rc = s != NULL && pages != NULL ? cp_reserve_metadata_locked(pool, (int)(2 * nruns + 1)) : CP_ERR_HOST_OOM;
   if (rc != CP_OK) {
     free(s);
@@ -385,9 +400,12 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   s->size = bytes;
   s->runs = runs;
   s->run_count = nruns;
-  for (size_t i = 0, p = 0; i < nruns; i++) {
-    for (uintptr_t a = runs[i].addr; a < runs[i].addr + runs[i].size; a += g) {
-      pages[p++] = runs[i].seg->pages[(a - runs[i].seg->addr) / g];
+  for (size_t i = 0; i < nruns; i++) {
+    const cp_segment_t *seg = runs[i].seg;
+    for (uintptr_t a = runs[i].addr, e; a < runs[i].addr + runs[i].size; a = e) {
+      e = cp_expand_edge_up(seg, a + g);
+      pages[nhandles] = seg->pages[(a - seg->addr) / g];
+      lens[nhandles++] = e - a;
     }
     cp_stitch_lend_locked(pool, &runs[i], blocks[i], runs[i].size);
   }
@@ -398,10 +416,10 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   uintptr_t addr = 0;
   size_t mapped = 0, maps = 0;
   rc = be->va_reserve(be->ctx, bytes, &addr);
-  while (rc == CP_OK && mapped < bytes) {
-    rc = be->page_map(be->ctx, addr + mapped, g, pages[mapped / g]);
+  for (size_t h = 0; rc == CP_OK && h < nhandles; h++) {
+    rc = be->page_map(be->ctx, addr + mapped, lens[h], pages[h]);
     if (rc == CP_OK) {
-      mapped += g;
+      mapped += lens[h];
       maps++;
     }
   }
@@ -409,6 +427,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   pthread_mutex_lock(&pool->lock);
   pool->stitch_inflight -= bytes;
   free(pages);
+  free(lens);
   pool->device_maps += maps;
   if (rc != CP_OK) {
     char msg[448];
@@ -434,6 +453,13 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   cp_block_t *head = cp_segment_head_locked(pool, s, CP_BLOCK_FREE);
   cp_stitch_link_locked(pool, s);
   s->born = ++pool->stitches;
+  if (need < bytes && cp_reserve_metadata_locked(pool, (int)(2 * nruns)) == CP_OK) {
+    /* Whole handles were mapped past the request: its block is the prefix, as when a kept
+     * range serves, and the pages behind the rest go back to their segments' free blocks. */
+    cp_stitch_return_locked(pool, s);
+    cp_stitch_take_locked(pool, s, need, size, out_ptr);
+    return CP_OK;
+  }
   cp_block_make_live_locked(pool, head, size);
   *out_ptr = (void *)addr;
   return CP_OK;
@@ -499,7 +525,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     if (rc != CP_OK) return rc;
     found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
-  if (found == want && pool->stitched_count - pool->retired_ranges >= CP_STITCH_KEEP) {
+  if (found >= want && pool->stitched_count - pool->retired_ranges >= CP_STITCH_KEEP) {
     /* Room for one more kept range; reaping lets go of the lock, so gather again. */
     free(runs);
     free(blocks);
@@ -511,7 +537,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     free(blocks);
     return CP_ERR_OOM;
   }
-  int rc = cp_stitch_new_locked(pool, st, runs, blocks, n, size, out_ptr);
+  int rc = cp_stitch_new_locked(pool, st, runs, blocks, n, want * g, size, out_ptr);
   free(blocks);
   return rc;
 }

@@ -767,15 +767,16 @@ static PyObject *Pool_replay_result(PyObject *op, PyObject *Py_UNUSED(ignored)) 
   if (require_replay(self, "replay_result()") < 0) return NULL;
   cp_replay_result_t r;
   cp_replay_result(self->replay, &r);
-  return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:O,s:K,s:K,s:K}", "events", (unsigned long long)r.events,
-      "allocs", (unsigned long long)r.allocs, "frees", (unsigned long long)r.frees, "skipped",
-      (unsigned long long)r.skipped, "bad_events", (unsigned long long)r.bad_events, "peak_allocated",
-      (Py_ssize_t)r.peak_allocated, "peak_requested", (Py_ssize_t)r.peak_requested, "peak_reserved",
-      (Py_ssize_t)r.peak_reserved, "cached_free_at_peak", (Py_ssize_t)r.cached_free_at_peak, "largest_free_at_peak",
-      (Py_ssize_t)r.largest_free_at_peak, "device_allocs", (unsigned long long)r.device_allocs, "device_frees",
-      (unsigned long long)r.device_frees, "oom", r.oom ? Py_True : Py_False, "oom_event",
-      (unsigned long long)r.oom_event, "oom_size", (unsigned long long)r.oom_size, "ns", (unsigned long long)r.ns);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:O,s:K,s:K,s:K}", "events",
+                       (unsigned long long)r.events, "allocs", (unsigned long long)r.allocs, "frees",
+                       (unsigned long long)r.frees, "skipped", (unsigned long long)r.skipped, "bad_events",
+                       (unsigned long long)r.bad_events, "releases", (unsigned long long)r.releases, "peak_allocated",
+                       (Py_ssize_t)r.peak_allocated, "peak_requested", (Py_ssize_t)r.peak_requested, "peak_reserved",
+                       (Py_ssize_t)r.peak_reserved, "cached_free_at_peak", (Py_ssize_t)r.cached_free_at_peak,
+                       "largest_free_at_peak", (Py_ssize_t)r.largest_free_at_peak, "device_allocs",
+                       (unsigned long long)r.device_allocs, "device_frees", (unsigned long long)r.device_frees, "oom",
+                       r.oom ? Py_True : Py_False, "oom_event", (unsigned long long)r.oom_event, "oom_size",
+                       (unsigned long long)r.oom_size, "ns", (unsigned long long)r.ns);
 }
 
 static PyObject *Pool_replay_window(PyObject *op, PyObject *Py_UNUSED(ignored)) {

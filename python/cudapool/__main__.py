@@ -254,7 +254,28 @@ def cmd_replay(ns: argparse.Namespace) -> int:
             progress=not ns.no_progress,
             window_start=not ns.empty_start,
             lag=ns.lag,
+            releases=not ns.ignore_releases,
         )
+        if ns.min_capacity:
+            if capacity is not None:
+                _err("--min-capacity finds the capacity itself: give --capacity or --min-capacity, not both")
+                return EXIT_USAGE
+            found = rp.min_capacity(
+                trace,
+                policy=ns.policy,
+                config=ns.config,
+                device=ns.device,
+                unlimited=result,
+                progress=None if ns.no_progress or ns.json == "-" else sys.stderr,
+                window_start=not ns.empty_start,
+                lag=ns.lag,
+                releases=not ns.ignore_releases,
+            )
+            at = found["at_min"]
+            result["min_capacity"] = found["min_capacity"]
+            result["min_capacity_ratio"] = found["ratio"]
+            result["min_capacity_tries"] = found["tries"]
+            result["at_min_capacity"] = {k: at[k] for k in rp.AT_MIN_KEYS if k in at}
     except ValueError as exc:  # a device the trace does not have
         _err(str(exc))
         return EXIT_USAGE
@@ -343,6 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
         "completes (0: always idle; default: nothing runs until a call waits for the device)",
     )
     replay.add_argument("--device", type=int, metavar="N", help="replay only device N's events")
+    replay.add_argument(
+        "--min-capacity",
+        action="store_true",
+        help="also find the smallest device memory the trace runs on without running out of memory "
+        "(bisection to 1 %% of peak allocated, the pool's whole out-of-memory ladder at each try); "
+        "JSON key min_capacity",
+    )
+    replay.add_argument(
+        "--ignore-releases",
+        action="store_true",
+        help="leave out the trace's recorded releases (a snapshot's segment_free/segment_unmap: empty_cache "
+        "or the built-in allocator's out-of-memory retry), which are otherwise replayed as an empty_cache",
+    )
     replay.add_argument(
         "--json", metavar="PATH", help="also write the result as JSON to PATH ('-': only JSON, to stdout)"
     )

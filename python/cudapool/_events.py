@@ -11,10 +11,14 @@ import io
 import struct
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["ALLOC", "FREE", "EVENT", "Trace", "TraceWriter"]
+__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "Trace", "TraceWriter"]
 
 ALLOC = 0
 FREE = 1
+#: The recorded program gave cached memory back here (empty_cache, or the built-in
+#: allocator's out-of-memory retry); id, size and stream are 0. 2 is the pool's own
+#: failed-allocation record (never in a trace).
+RELEASE = 3
 
 #: One event: action u8, 3 pad bytes, device i32, id u64, size u64, stream u64, time_ns i64.
 EVENT = struct.Struct("<B3xiQQQq")
@@ -75,8 +79,8 @@ class TraceWriter:
         self._n = 0
 
     def add(self, action: int, ident: int, size: int, stream: int = 0, device: int = 0, time_ns: int = -1) -> None:
-        if action not in (ALLOC, FREE):
-            raise ValueError(f"unknown action {action!r} (expected ALLOC=0 or FREE=1)")
+        if action not in (ALLOC, FREE, RELEASE):
+            raise ValueError(f"unknown action {action!r} (expected ALLOC=0, FREE=1 or RELEASE=3)")
         if size < 0:
             raise ValueError(f"negative size {size}")
         self._buf.write(EVENT.pack(action, device, ident, size, stream, time_ns))

@@ -37,11 +37,18 @@ What a replay reports (the keys of the returned dict)
   the simulated device's own counters, read then. ``device_call_bytes``: the bytes those
   calls named, per kind (``backend_bytes()``); ``device_calls_total``, their sum;
 - ``device_calls_after_warmup`` (and ``device_call_bytes_after_warmup``,
-  ``device_calls_after_warmup_total``): the calls made after warm-up, which is the first half
-  of the trace's events, ``warmup_events`` = events // 2 (per device). One rule for every
-  trace, with nothing to tune: a training loop that repeats its steps has its steady state in
-  the second half, so a pool that makes no device calls once warm shows 0 there, whereas
-  one whose memory keeps growing, or that gives memory back and takes it again, does not;
+  ``device_calls_after_warmup_total``): the calls made after warm-up. Warm-up is the first
+  ``warmup_events`` events (per device): the later of half the events and the event after
+  the one at which the bytes the trace holds live first reach their maximum (its requested
+  sizes, whatever the policy). One rule for every trace, with nothing to tune: a training
+  loop that repeats its steps has its steady state in the second half, so a pool that makes
+  no device calls once warm shows 0 there, whereas one whose memory keeps growing, or that
+  gives memory back and takes it again, does not; and a run whose largest step comes late
+  (a longer sequence, an evaluation pass) is still warming up until that step, as every
+  allocator must grow for it;
+- ``releases``: the trace's RELEASE events replayed (the recorded run gave its cached memory
+  back there; each is an empty_cache of the replayed pool), ``releases_ignored``: those left
+  out (``releases=False``);
 - ``device_call_ms``, ``device_call_ms_after_warmup``: the estimated milliseconds those calls
   take, sum(calls x us + bytes / GiB x us_per_gib) over the kinds, from the cost table of
   :mod:`cudapool.device_costs` (the ``costs`` argument overrides it); no wait for the device's
@@ -99,6 +106,7 @@ top-level curve.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -111,9 +119,12 @@ from typing import IO, Any, Dict, List, Optional, Union
 from . import _C, _config, device_costs, policies
 from . import snapshots as _snapshot
 from ._units import format_bytes
-from .trace import EVENT, Trace, load
+from .trace import ALLOC, EVENT, FREE, RELEASE, Trace, load
 
-__all__ = ["DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "format_report", "parse_size", "replay"]
+__all__ = [
+    "AT_MIN_KEYS", "DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "format_report", "min_capacity", "parse_size",
+    "replay",
+]  # fmt: skip
 
 #: The simulated device's capacity when none is given: more than any trace asks for.
 DEFAULT_CAPACITY = 1 << 50
@@ -300,6 +311,61 @@ def _device_data(data: bytes, device: int) -> bytes:
 # ------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4)
+def warmup_events(data: bytes) -> int:
+    """Where the steady state of the records ``data`` begins (see ``warmup_events`` in the
+    module notes): the later of half the events and the event after the one at which the bytes
+    the trace holds live (as requested) first reach their maximum."""
+    n = len(data) // EVENT.size
+    half = n // 2
+    if n == 0:
+        return 0
+    try:
+        import numpy as np
+    except ImportError:  # pure Python: one pass with a dict
+        live: Dict[int, int] = {}
+        now = top = 0
+        at = -1
+        for i, (action, _dev, ident, size, _st, _t) in enumerate(EVENT.iter_unpack(data)):
+            if action == ALLOC and ident not in live:
+                live[ident] = size
+                now += size
+            elif action == FREE:
+                now -= live.pop(ident, 0)
+            if now > top:
+                top, at = now, i
+        return max(half, at + 1)
+    rec = np.frombuffer(data, dtype=np.dtype([("a", "u1"), ("p", "V3"), ("d", "<i4"), ("id", "<u8"),
+                                              ("size", "<u8"), ("st", "<u8"), ("t", "<i8")]))  # fmt: skip
+    action = rec["a"]
+    size = rec["size"].astype(np.int64)
+    order = np.lexsort((np.arange(n), rec["id"]))  # by id, then in trace order
+    sa, si, ss = action[order], rec["id"][order], size[order]
+    delta = np.zeros(n, dtype=np.int64)
+    delta[sa == ALLOC] = ss[sa == ALLOC]
+    # A free takes back the size of the allocation of its id just before it.
+    prev_alloc = np.zeros(n, dtype=bool)
+    prev_alloc[1:] = (sa[1:] == FREE) & (sa[:-1] == ALLOC) & (si[1:] == si[:-1])
+    delta[prev_alloc] = -ss[np.flatnonzero(prev_alloc) - 1]
+    live_bytes = np.empty(n, dtype=np.int64)
+    live_bytes[order] = delta
+    live_bytes = np.cumsum(live_bytes)
+    return max(half, int(np.argmax(live_bytes)) + 1)
+
+
+def _without_releases(data: bytes) -> bytes:
+    """The records of ``data`` less its RELEASE events."""
+    size = EVENT.size
+    try:
+        import numpy as np
+    except ImportError:
+        return b"".join(
+            data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if e[0] != RELEASE
+        )
+    rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, size)
+    return rows[rows[:, 0] != RELEASE].tobytes()
+
+
 def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
@@ -419,7 +485,7 @@ def _replay_data(
         curve: Optional[List[List[int]]] = [] if curve_points > 0 else None
         step = max(1, math.ceil(n / curve_points)) if curve_points > 0 else 0
         next_sample = step if curve is not None else n + 1
-        warm = n // 2  # warm-up: the first half of the events (see the module notes)
+        warm = warmup_events(data)  # see the module notes
         warm_calls: Optional[Dict[str, int]] = None
         warm_bytes: Optional[Dict[str, int]] = None
         pos = 0
@@ -500,6 +566,7 @@ def replay(
     window_start: bool = True,
     costs: Union[None, str, "os.PathLike[str]", Dict[str, Any]] = None,
     lag: Optional[int] = None,
+    releases: bool = True,
 ) -> Dict[str, Any]:
     """Replay ``trace`` (a Trace, or the path of a .cptrace file or torch snapshot) under
     ``policy`` (see :mod:`cudapool.policies`) with ``config`` ("key:value,...") on top.
@@ -517,6 +584,9 @@ def replay(
     nothing until a call waits for the device (see ``device_faults`` in the module notes).
     ``costs``: the per-call cost table that prices the device calls (cudapool.device_costs):
     None for the default one, a JSON file's path, or a dict with a ``costs`` object.
+    ``releases``: replay the trace's RELEASE events (the recorded run gave its cached memory
+    back there: a snapshot's ``segment_free``/``segment_unmap``) as an empty_cache, under every
+    policy; False leaves them out (``releases_ignored`` counts them).
 
     Returns a dict (see the module notes). ValueError for an unknown policy, a bad
     configuration, or a device the trace has no events on; ReplayError when the pool's
@@ -524,6 +594,12 @@ def replay(
     """
     if not isinstance(trace, Trace):
         trace = load(trace)
+    ignored = 0
+    if not releases:
+        kept = _without_releases(trace.data)
+        ignored = (len(trace.data) - len(kept)) // EVENT.size
+        if ignored:
+            trace = Trace(kept, meta=trace.meta, builtin_reserved=trace.builtin_reserved)
     cfg = config_text(policy, config)
     cap = DEFAULT_CAPACITY if capacity is None else parse_size(capacity)
     if cap <= 0:
@@ -553,7 +629,7 @@ def replay(
 
     if lag is not None and (not isinstance(lag, int) or isinstance(lag, bool) or lag < 0):
         raise ValueError(f"lag must be a non-negative number of launches or None, not {lag!r}")
-    common = {"policy": policy, "config": cfg, "capacity": cap, "lag": lag}
+    common = {"policy": policy, "config": cfg, "capacity": cap, "lag": lag, "releases_ignored": ignored}
     starts = trace.meta.get("window_start") if isinstance(trace.meta, dict) else None
 
     def start_of(d: Optional[int]) -> Optional[Dict[str, Any]]:
@@ -585,7 +661,7 @@ def replay(
 
     total: Dict[str, Any] = dict(common, device=None, devices=per)
     for key in (
-        "events", "allocs", "frees", "skipped", "bad_events", "peak_allocated", "peak_requested",
+        "events", "allocs", "frees", "skipped", "bad_events", "releases", "peak_allocated", "peak_requested",
         "peak_reserved", "cached_free_at_peak", "largest_free_at_peak", "device_allocs",
         "device_frees", "ns",
     ):  # fmt: skip
@@ -733,7 +809,7 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
                 if res["device_calls_after_warmup_total"]
                 else ""
             )
-            + " (calls made in the second half of the events)",
+            + f" (calls made from event {res['warmup_events']:,} on)",
         )
         if "sync_calls" in res:
             row(
@@ -742,6 +818,19 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
                 + ", ".join(device_costs.SYNC_KINDS)
                 + ", the calls that wait for the device's queued work (the wait is not in the estimate)",
             )
+    if res.get("min_capacity") is not None:
+        at = res.get("at_min_capacity") or {}
+        row(
+            "smallest device",
+            f"{format_bytes(res['min_capacity'])} ({res['min_capacity_ratio']:.3f} x peak allocated; "
+            f"{len(res.get('min_capacity_tries') or ())} tries, to 1 % of peak allocated); there: "
+            f"{at.get('device_calls_total', 0):,} device calls, estimated {at.get('device_call_ms', 0.0):.1f} ms "
+            f"({at.get('device_ms_after_warmup', 0.0):.1f} ms after warm-up)",
+        )
+    if res.get("releases"):
+        row("releases", f"{res['releases']:,} recorded releases replayed as empty_cache")
+    elif res.get("releases_ignored"):
+        row("releases", f"{res['releases_ignored']:,} recorded releases left out (--ignore-releases)")
     row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
     if res["oom"]:
         where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
@@ -773,6 +862,109 @@ def format_report(res: Dict[str, Any], title: Optional[str] = None) -> str:
         lines.append(f"device {d}:")
         lines += _report_lines(r, indent="  ")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------
+# The smallest device
+# ------------------------------------------------------------------------------------------
+
+#: The bisection stops when the bracket is narrower than this fraction of peak allocated.
+MIN_CAPACITY_TOLERANCE = 0.01
+
+#: What a report shows of the replay at the smallest device: its device calls and their cost.
+AT_MIN_KEYS = (
+    "peak_reserved", "device_calls_total", "device_call_ms", "device_ms_warmup", "device_ms_after_warmup",
+    "device_calls_after_warmup_total", "sync_calls", "sync_calls_after_warmup",
+)  # fmt: skip
+
+
+def min_capacity(
+    trace: Union[Trace, str, "os.PathLike[str]"],
+    policy: str = policies.DEFAULT_POLICY,
+    config: Optional[str] = None,
+    device: Optional[int] = None,
+    *,
+    tolerance: float = MIN_CAPACITY_TOLERANCE,
+    unlimited: Optional[Dict[str, Any]] = None,
+    progress: Optional[IO[str]] = None,
+    window_start: bool = True,
+    costs: Union[None, str, "os.PathLike[str]", Dict[str, Any]] = None,
+    lag: Optional[int] = None,
+    releases: bool = True,
+) -> Dict[str, Any]:
+    """The smallest device memory on which ``trace`` replays under ``policy`` without running
+    out of memory, found by bisection in this process (each try a fresh pool, with the pool's
+    whole out-of-memory ladder: waiting for pending frees, giving cached memory back, and
+    stitching where the policy does).
+
+    The bracket starts at [peak allocated, peak reserved on an unlimited device] (``unlimited``:
+    that replay's result, when the caller has it): nothing runs below the bytes it holds at once,
+    and on a device of its unlimited peak the pool never runs short. It is halved until it is
+    narrower than ``tolerance`` x peak allocated. Fitting is not monotonic in the capacity for
+    every policy (a pool that runs short earlier gives memory back earlier): the answer is a
+    capacity that fits, with one ``tolerance`` below it that does not.
+
+    With several devices, every device gets the same capacity (one GPU model), and the floor is
+    the largest device's peak allocated. ``progress``: a stream that gets one line per try.
+
+    Returns ``{"min_capacity": bytes, "ratio": min_capacity / peak_allocated, "peak_allocated",
+    "tries": [[capacity, fits], ...], "at_min": the replay's result at min_capacity (device
+    calls and their estimated time there)}``; ``min_capacity`` is None (and ``at_min`` the
+    unlimited replay) when the trace allocates nothing.
+    """
+    if not isinstance(trace, Trace):
+        trace = load(trace)
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be in (0, 1), not {tolerance!r}")
+    kw: Dict[str, Any] = dict(
+        policy=policy, config=config, device=device, window_start=window_start, costs=costs, lag=lag,
+        releases=releases,
+    )  # fmt: skip
+    if unlimited is None:
+        unlimited = replay(trace, **kw)
+    per = unlimited.get("devices") or {"": unlimited}
+    floor = max(r["peak_allocated"] for r in per.values())
+    ceiling = max(r["peak_reserved"] for r in per.values())
+    out: Dict[str, Any] = {
+        "min_capacity": None,
+        "ratio": None,
+        "peak_allocated": floor,
+        "tries": [],
+        "at_min": unlimited,
+    }
+    if floor == 0:
+        return out
+    tries: List[List[Any]] = out["tries"]
+
+    def attempt(cap: int) -> Dict[str, Any]:
+        res = replay(trace, capacity=cap, **kw)
+        tries.append([cap, not res["oom"]])
+        if progress is not None:
+            verdict = "fits" if not res["oom"] else "out of memory"
+            progress.write(
+                f"min-capacity: try {len(tries)}: {format_bytes(cap)} ({cap / floor:.4f} x peak allocated): {verdict}\n"
+            )
+            progress.flush()
+        return res
+
+    hi = max(ceiling, floor)
+    best = attempt(hi)
+    while best["oom"] and hi < DEFAULT_CAPACITY:  # the device's size changed a policy's choices
+        hi = min(hi * 2, DEFAULT_CAPACITY)
+        best = attempt(hi)
+    if best["oom"]:
+        raise ReplayError("the trace runs out of memory on every capacity tried")
+    lo = floor - 1  # known not to fit: reserved bytes hold every allocated byte
+    step = max(1, int(tolerance * floor))
+    while hi - lo > step:
+        mid = lo + (hi - lo) // 2
+        res = attempt(mid)
+        if res["oom"]:
+            lo = mid
+        else:
+            hi, best = mid, res
+    out.update(min_capacity=hi, ratio=hi / floor, at_min=best)
+    return out
 
 
 PEAK_HISTORY = 20_000  # history records kept up to the peak (the snapshot's timeline)

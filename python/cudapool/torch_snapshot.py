@@ -25,7 +25,11 @@ Each device's entries become events of that device, in order:
   or an older torch that wrote only the request), the FREE goes where the request was. An
   old-style ``free`` entry counts as a request;
 - ``segment_alloc``/``segment_free``, ``segment_map``/``segment_unmap`` (expandable segments)
-  make the built-in allocator's reserved curve (below); ``oom`` entries are counted in
+  make the built-in allocator's reserved curve (below). The built-in allocator gives memory
+  back only in ``empty_cache`` and in its out-of-memory retry (and its garbage collection,
+  when configured), so each run of ``segment_free``/``segment_unmap`` entries with no
+  allocation or free between them becomes one RELEASE event where it began: a replay gives
+  its cached memory back there too (``meta["releases"]`` counts them); ``oom`` entries are counted in
   ``meta["builtin_ooms"]``; ``snapshot``, ``annotate`` and other entries are ignored.
 
 With several devices, the events of all devices are merged by ``time_us`` when every entry
@@ -93,7 +97,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from ._events import ALLOC, EVENT, FREE, Trace
+from ._events import ALLOC, EVENT, FREE, RELEASE, Trace
 
 __all__ = ["load_snapshot", "from_snapshot", "SnapshotError"]
 
@@ -513,9 +517,17 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
     n = 0
     seen_alloc: set = set()
     frees_without_alloc = 0
+    releases = 0
+    released: set = set()  # devices whose last record is a RELEASE
     for _, dev, _, item in merged:
         action = item[0]
         if action is None:
+            if item[1] < 0 and dev not in released:
+                # Memory given back (a burst of segment_free/segment_unmap): one RELEASE.
+                buf += pack(RELEASE, dev, 0, 0, 0, -1 if item[-1] is None else item[-1])
+                n += 1
+                releases += 1
+                released.add(dev)
             reserved[dev] = reserved.get(dev, 0) + item[1]
             total += item[1]
             if reserved[dev] > peak.get(dev, 0):
@@ -530,6 +542,7 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
         else:
             frees_without_alloc += 1
         buf += pack(action, dev, addr, size, stream, tn)
+        released.discard(dev)
         n += 1
 
     meta: Dict[str, Any] = {
@@ -541,6 +554,7 @@ def from_snapshot(snapshot: Any, source: str = "snapshot") -> Trace:
         "frees_without_alloc": frees_without_alloc,
         "free_requested_fallbacks": stats["free_requested_fallbacks"],
         "builtin_ooms": stats["builtin_ooms"],
+        "releases": releases,
         "trace_entries": sum(len(t) for t in traces),
     }
     if adjusted:

@@ -2,7 +2,9 @@
 
 A trace is a list of events, each ``(action, id, size, stream, device, time_ns)``:
 
-- ``action``: ``ALLOC`` (0) or ``FREE`` (1);
+- ``action``: ``ALLOC`` (0), ``FREE`` (1) or ``RELEASE`` (3: the program gave its cached
+  memory back there, as ``torch.cuda.empty_cache()`` or the built-in allocator's
+  out-of-memory retry do; id, size and stream 0; a replay calls empty_cache there);
 - ``id``: names one allocation from its alloc to its free (an address or a counter; an id
   may be reused after its free);
 - ``size``: requested bytes (on a free: the size of what is freed, or 0 when unknown);
@@ -27,9 +29,9 @@ import json
 import os
 
 from . import torch_snapshot
-from ._events import ALLOC, EVENT, FREE, Trace, TraceWriter
+from ._events import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter
 
-__all__ = ["ALLOC", "FREE", "EVENT", "Trace", "TraceWriter", "load", "save"]
+__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "Trace", "TraceWriter", "load", "save"]
 
 FORMAT_NAME = "cudapool-trace"
 FORMAT_VERSION = 1
