@@ -25,7 +25,7 @@ TSAN_ENV := TSAN_OPTIONS=halt_on_error=1
 TSAN_ARGS ?= --threads 8
 
 # Sources. The CUDA backend builds everywhere: it loads libcuda with dlopen at run time.
-# Layers (README, "Layout"): base <- core, backend <- torch <- python. The C tests link the
+# Layers (docs/design.md, "Repository layout"): base <- core, backend <- torch <- python. The C tests link the
 # first four; the CPython binding (csrc/python) is built by setup.py only.
 BASE_SRC  := $(sort $(wildcard csrc/base/*.c))
 CORE_SRC  := $(sort $(wildcard csrc/core/*.c))
@@ -49,7 +49,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
 .PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke \
-        lint lint-layers lint-format lint-types format
+        lint lint-layers lint-docs lint-format lint-types format
 
 all: $(ASAN_TESTS)
 
@@ -248,8 +248,10 @@ test-py: deps-py
 	$(PYTHON) -m pytest -q -rs tests
 
 # ---- Lint ----------------------------------------------------------------------------------
-# lint-layers: no #include or import against the layers (scripts/check_layers.py), and the
-#              README's table of configuration keys is the one CP_CONFIG_KEYS gives;
+# lint-layers: no #include, core call or import against the layers (scripts/check_layers.py);
+# lint-docs:   every link and every `make`/`python -m cudapool` command of README.md and docs/
+#              exists (scripts/check_docs.py), and docs/configuration.md's table of keys is the
+#              one CP_CONFIG_KEYS gives;
 # lint-format: clang-format (.clang-format) on every C/C++ file, ruff format and ruff check on
 #              the Python; `make format` rewrites both in place;
 # lint-types:  mypy on the package, and stubtest: _C.pyi / _testhooks.pyi against the built modules.
@@ -259,10 +261,13 @@ C_FORMAT_FILES = $(sort $(wildcard csrc/*/*.c csrc/*/*.h csrc/*/*.cpp csrc/*/*/*
                    tests/c/*.c tests/c/*.h tests/fuzz/*.c benchmarks/*.c))
 PY_LINT_DIRS := python tests benchmarks scripts setup.py
 
-lint: lint-layers lint-format lint-types
+lint: lint-layers lint-docs lint-format lint-types
 
 lint-layers:
 	$(PYTHON) scripts/check_layers.py
+
+lint-docs:
+	$(PYTHON) scripts/check_docs.py
 	$(PYTHON) scripts/config_doc.py --check
 
 lint-format: deps-py

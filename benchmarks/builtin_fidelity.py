@@ -11,7 +11,7 @@ its cudaMalloc count (``memory_stats()["num_device_alloc"]``, or the snapshot's
 whose allocator holds nothing yet, before any tensor exists, so the snapshot holds the whole
 run (no frees of blocks allocated before it).
 
-This process then reads each snapshot with ``cudapool.trace.load`` and replays it through the
+This process then reads each snapshot with ``cudapool.lab.trace.load`` and replays it through the
 real C pool on a simulated device with the policy ``builtin`` (the built-in allocator's
 default rules) and ``cudapool``, and prints one row per workload: trace events, the real peak
 reserved bytes, the peak rebuilt from the snapshot's segment events, the replayed peak and
@@ -350,8 +350,8 @@ def compare(workload: str, snapshot: "os.PathLike[str] | str", real: Dict[str, A
     """Replay ``snapshot`` under the policies builtin and cudapool and set the results beside
     ``real`` (the recorded run's figures: peak_reserved, peak_allocated, num_device_alloc or
     snapshot.segment_alloc). One row of the table, as a dict."""
-    from cudapool.replay import replay
-    from cudapool.trace import load
+    from cudapool.lab.replay import replay
+    from cudapool.lab.trace import load
 
     trace = load(snapshot)
     builtin = replay(trace, policy="builtin")
@@ -478,17 +478,17 @@ def main(argv=None) -> int:
 
     try:
         try:
-            import cudapool.replay  # noqa: F401  (the replays below; checked before any GPU time is spent)
+            import cudapool.lab.replay  # noqa: F401  (the replays below; checked before any GPU time is spent)
         except ImportError:  # not installed: the in-place build
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-            import cudapool.replay  # noqa: F401
+            import cudapool.lab.replay  # noqa: F401
     except Exception as exc:
         print(
-            f"builtin_fidelity: cannot import cudapool.replay ({exc.__class__.__name__}: {exc}); "
+            f"builtin_fidelity: cannot import cudapool.lab.replay ({exc.__class__.__name__}: {exc}); "
             f"install cudapool first (pip install -e .)",
             file=sys.stderr,
         )
-        write_json(args.json, {"error": f"cudapool.replay is not importable: {exc}"})
+        write_json(args.json, {"error": f"cudapool.lab.replay is not importable: {exc}"})
         return 1
 
     cleared = {name: os.environ[name] for name in ALLOCATOR_SETTINGS if name in os.environ}

@@ -19,7 +19,7 @@ host with perf_counter_ns around the call itself (median of --reps):
 
 Each kind measured at several sizes is fitted to us + us_per_gib x GiB (least squares,
 clamped at 0); the others get us_per_gib 0. Prints a table and writes the JSON that
-cudapool.device_costs.load (and replay_all.py --device-costs, and
+cudapool.lab.device_costs.load (and replay_all.py --device-costs, and
 replay(costs=...)) read: ``{"device", "driver", "reps", "costs": {kind: {"us", "us_per_gib",
 "source", "samples": {"<bytes>": us}}}}``.
 
@@ -229,7 +229,7 @@ def format_table(result: Dict[str, Any]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Measure the cost of each device call of cudapool's CUDA backend.")
-    parser.add_argument("--json", metavar="PATH", help="write the costs there (cudapool.device_costs reads it)")
+    parser.add_argument("--json", metavar="PATH", help="write the costs there (cudapool.lab.device_costs reads it)")
     parser.add_argument("--reps", type=int, default=20, help="calls per kind and size (default 20)")
     parser.add_argument(
         "--sizes-mib",

@@ -12,7 +12,7 @@ the ``builtin``, ``expandable`` (expandable_segments:True) and ``cudapool`` poli
 results as JSON (default ``build/replay-all.json``:
 ``{"scale": ..., "device_costs": {"source", "costs"}, "rows": [{"workload", "events",
 "policies": {"builtin": {...}, "cudapool": {...}}, "targets": {...}}], "errors": [...]}``,
-the policies' dicts holding cudapool.replay's keys less the curve, among them the device
+the policies' dicts holding cudapool.lab.replay's keys less the curve, among them the device
 calls per kind, all and after warm-up, their estimated milliseconds, during and after warm-up, and the
 counts of the calls that wait for the device) and draw the gpt workload's allocated and reserved
 memory over the trace under both policies (default ``build/replay-gpt.png``; needs
@@ -27,7 +27,7 @@ reconstructed the start). The last table puts those peaks beside the recorded bu
 over the window (the truth); the JSON holds them under ``"windows"``.
 
 Beside the memory, the table shows what each policy costs in device calls: their estimated
-milliseconds (``dev call ms``: calls x per-call cost, from ``cudapool.device_costs`` or the
+milliseconds (``dev call ms``: calls x per-call cost, from ``cudapool.lab.device_costs`` or the
 JSON of ``benchmarks/device_call_costs.py`` given with --device-costs) and how many calls
 come after warm-up (from the later of half the events and the trace's peak of live bytes on:
 0 for a loop that is warm). A second,
@@ -63,10 +63,11 @@ try:
 except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from cudapool import device_costs  # noqa: E402
-from cudapool.replay import AT_MIN_KEYS, format_bytes, min_capacity, replay  # noqa: E402
-from cudapool.torch_snapshot import from_snapshot  # noqa: E402
-from cudapool.trace import load, save  # noqa: E402
+from cudapool.lab import device_costs  # noqa: E402
+from cudapool.lab.capacity import AT_MIN_KEYS, min_capacity  # noqa: E402
+from cudapool.lab.replay import format_bytes, replay  # noqa: E402
+from cudapool.lab.torch_snapshot import from_snapshot  # noqa: E402
+from cudapool.lab.trace import load, save  # noqa: E402
 from window_snapshot import simulate  # noqa: E402
 
 POLICIES = ("builtin", "expandable", "cudapool")
@@ -225,7 +226,7 @@ _COLUMNS = (
 
 #: The second table's figures, one column each, the policies' in POLICIES order in every cell:
 #: (header, cell from a replay's result). All come from the simulated device's counters; the
-#: milliseconds are those counts priced by the cost table (cudapool.device_costs).
+#: milliseconds are those counts priced by the cost table (cudapool.lab.device_costs).
 _DEVICE_COLUMNS = (
     ("sim warm-up device ms (est.)", lambda r: f"{r['device_ms_warmup']:.2f}"),
     ("sim device ms after warm-up (est.)", lambda r: f"{r['device_ms_after_warmup']:.2f}"),
@@ -434,7 +435,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--device-costs",
         metavar="PATH",
         help="per-call costs measured on a GPU (benchmarks/device_call_costs.py's JSON) in place of "
-        "cudapool.device_costs' default table",
+        "cudapool.lab.device_costs' default table",
     )
     parser.add_argument("--trace-dir", metavar="DIR", default=os.path.join(ROOT, "build", "traces"))
     parser.add_argument(
@@ -517,7 +518,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"replay of the {args.scale} workloads on a simulated device: every figure below is the simulator's "
         f"(peak reserved: lower is better; util = peak allocated / peak reserved; ns/op = host time of the replay, "
         f"the simulated device's work included; dev call ms = the device calls' estimated milliseconds, costs "
-        f"from {args.device_costs or 'cudapool.device_costs'}; calls after warm-up = device calls after warm-up: from "
+        f"from {args.device_costs or 'cudapool.lab.device_costs'}; calls after warm-up = device calls after warm-up: from "
         f"the later of half the events and the trace's peak of live bytes on)\n"
     )
     print(format_table(rows))
@@ -586,7 +587,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(
             {
                 "scale": args.scale,
-                "device_costs": {"source": args.device_costs or "cudapool.device_costs", "costs": costs},
+                "device_costs": {"source": args.device_costs or "cudapool.lab.device_costs", "costs": costs},
                 "rows": rows,
                 "windows": windows,
                 "releases": released,

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from cudapool.trace import ALLOC  # noqa: E402
-from cudapool.tracer import Tracer  # noqa: E402
+from cudapool.lab.trace import ALLOC  # noqa: E402
+from cudapool.lab.tracer import Tracer  # noqa: E402
 
 Event = Tuple[str, int]  # ("A" or "F", bytes)
 
@@ -262,7 +262,7 @@ def gpu_rows(out_dir: Path) -> List[Dict[str, Any]]:
     """The programs on a real GPU with the built-in allocator, recorded as torch memory
     snapshots (kept in ``out_dir``) from after model creation, against the tracer's traces.
     A matmul runs before recording so that the cuBLAS workspace is not in the window."""
-    from cudapool.torch_snapshot import load_snapshot
+    from cudapool.lab.torch_snapshot import load_snapshot
 
     out_dir.mkdir(parents=True, exist_ok=True)
     programs = [

@@ -36,8 +36,8 @@ except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from cudapool import _C  # noqa: E402
+from cudapool.lab.trace import ALLOC, Trace, load  # noqa: E402
 from cudapool.policies import config_for  # noqa: E402
-from cudapool.trace import ALLOC, Trace, load  # noqa: E402
 
 MiB = 1 << 20
 SMALL_SEGMENT = 2 * MiB

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The README's table of configuration keys, generated from CP_CONFIG_KEYS in csrc/core/cp.h.
+"""The table of configuration keys in docs/configuration.md, generated from CP_CONFIG_KEYS in csrc/core/cp.h.
 
     config_doc.py            print the table (Markdown)
-    config_doc.py --check    exit 1 when README.md's table differs from the generated one
-    config_doc.py --write    rewrite README.md's table in place
+    config_doc.py --check    exit 1 when docs/configuration.md's table differs from the generated one
+    config_doc.py --write    rewrite docs/configuration.md's table in place
 
-The table sits in README.md between the lines `<!-- config-keys: begin -->` and
+The table sits in docs/configuration.md between the lines `<!-- config-keys: begin -->` and
 `<!-- config-keys: end -->`.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "csrc" / "core" / "cp.h"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "configuration.md"
 BEGIN = "<!-- config-keys: begin -->"
 END = "<!-- config-keys: end -->"
 
@@ -59,15 +59,15 @@ def readme_parts(text: str) -> tuple[str, str, str]:
         head, rest = text.split(BEGIN + "\n", 1)
         body, tail = rest.split(END, 1)
     except ValueError:
-        raise SystemExit(f"config_doc: README.md lacks the lines {BEGIN} ... {END}") from None
+        raise SystemExit(f"config_doc: the page lacks the lines {BEGIN} ... {END}") from None
     return head, body, tail
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="fail when README.md's table is not the generated one")
-    mode.add_argument("--write", action="store_true", help="rewrite README.md's table")
+    mode.add_argument("--check", action="store_true", help="fail when the table is not the generated one")
+    mode.add_argument("--write", action="store_true", help="rewrite the table in place")
     parser.add_argument("--readme", type=Path, default=README)
     args = parser.parse_args(argv)
     generated = table(keys())

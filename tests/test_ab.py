@@ -14,7 +14,8 @@ import sys
 import textwrap
 
 import pytest
-from cudapool import _ab, ab
+from cudapool import ab
+from cudapool.ab import command as _ab
 
 MiB = 1 << 20
 

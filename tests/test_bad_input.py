@@ -1,7 +1,7 @@
 """Bad input through every Python-facing entry: the C entry points torch calls (through
 ctypes on ``_C.__file__``), ``cudapool.sim.Pool``, ``_C`` and ``cudapool``'s own functions,
 and the configuration of ``enable()``. Each case must end in a clear error or a documented
-no-op, never a crash, a hang or a pool left broken. Each test backs a row of the README's
+no-op, never a crash, a hang or a pool left broken. Each test backs a row of docs/testing.md's
 "Bad input" table and is named after it.
 
 The entry points share the process-wide device table, so those scenarios run in a fresh

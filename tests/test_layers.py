@@ -65,10 +65,40 @@ def test_a_wrong_include_fails(tree: Path, file: str, line: str, expect: str) ->
 
 def test_an_import_against_the_ranks_fails(tree: Path) -> None:
     pkg = tree / "python" / "cudapool"
-    add_line(pkg / "trace.py", "from . import replay  # noqa")
+    add_line(pkg / "lab" / "trace.py", "from . import replay  # noqa")
     result = run_checker(tree)
     assert result.returncode == 1
-    assert "trace (rank 2) imports replay (rank 3)" in result.stdout, result.stdout
+    assert "lab.trace (rank 2) imports lab.replay (rank 3)" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    "file, line, expect",
+    [
+        # the lab must not reach up into the allocator's OOM report
+        ("lab/replay.py", "from .. import oom  # noqa", "lab.replay (rank 3) imports oom (rank 5)"),
+        # absolute imports of a subpackage's module count too
+        (
+            "lab/plot.py",
+            "from cudapool.lab.replay import replay  # noqa",
+            "lab.plot (rank 2) imports lab.replay (rank 3)",
+        ),
+        # step() for user scripts imports nothing of cudapool
+        ("ab/__init__.py", "from .. import _config  # noqa", "ab (rank 0) imports _config (rank 1)"),
+        ("ab/command.py", "import cudapool.__main__  # noqa", "ab.command (rank 7) imports __main__ (rank 8)"),
+    ],
+)
+def test_an_import_across_the_packages_fails(tree: Path, file: str, line: str, expect: str) -> None:
+    add_line(tree / "python" / "cudapool" / file, line)
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert expect in result.stdout, result.stdout
+
+
+def test_a_new_module_without_a_rank_fails(tree: Path) -> None:
+    (tree / "python" / "cudapool" / "lab" / "newtool.py").write_text("", encoding="utf-8")
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert "python/cudapool/lab.newtool: not in the layer table" in result.stdout, result.stdout
 
 
 def test_an_import_inside_a_function_counts(tree: Path) -> None:
@@ -93,3 +123,72 @@ def test_a_new_directory_needs_a_layer(tree: Path) -> None:
     result = run_checker(tree)
     assert result.returncode == 1
     assert "csrc/misc is not a layer" in result.stdout
+
+
+def append(path: Path, text: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + text, encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "file, text, expect",
+    [
+        # the block layer calling up into stream-ordered release
+        (
+            "csrc/core/block.c",
+            "void cp_zz_probe(cp_pool_t *pool);\nvoid cp_zz_probe(cp_pool_t *pool) { cp_drain_destroy(pool); }\n",
+            "block (rank 6) calls cp_drain_destroy of drain (rank 9)",
+        ),
+        # a memory source calling the ladder's neighbour source of the same rank
+        (
+            "csrc/core/expand.c",
+            "void cp_zz_probe(cp_pool_t *pool);\nvoid cp_zz_probe(cp_pool_t *pool) { cp_segment_release_free_locked(pool); }\n",
+            "expand (rank 7) calls cp_segment_release_free_locked of segment (rank 7)",
+        ),
+        # a function-like macro counts as a call of the header that defines it
+        (
+            "csrc/core/capture.c",
+            "void cp_zz_probe(cp_pool_t *pool);\nvoid cp_zz_probe(cp_pool_t *pool) { CP_HISTORY(pool, 0, 0, 0, 0); }\n",
+            "capture (rank 5) calls CP_HISTORY of history (rank 5)",
+        ),
+        # an inline function of a header is its file's too
+        (
+            "csrc/core/stream.c",
+            "void cp_zz_probe(cp_pool_t *pool, cp_block_t *b);\n"
+            "void cp_zz_probe(cp_pool_t *pool, cp_block_t *b) { cp_block_end_use_locked(pool, b); }\n",
+            "stream (rank 3) calls cp_block_end_use_locked of block (rank 6)",
+        ),
+    ],
+)
+def test_a_core_call_back_up_fails(tree: Path, file: str, text: str, expect: str) -> None:
+    append(tree / file, text)
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert file in result.stdout and expect in result.stdout, result.stdout
+
+
+def test_a_call_in_a_comment_or_string_is_no_call(tree: Path) -> None:
+    append(tree / "csrc/core/block.c", '/* cp_drain_destroy(pool) */\nstatic const char *zz = "cp_alloc(p)";\n')
+    assert run_checker(tree).returncode == 0
+
+
+def test_a_core_include_back_up_fails(tree: Path) -> None:
+    add_line(tree / "csrc/core/block.c", '#include "core/drain.h"')
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert 'block (rank 6) includes "core/drain.h" (rank 9)' in result.stdout, result.stdout
+
+
+def test_a_core_file_without_a_rank_fails(tree: Path) -> None:
+    (tree / "csrc/core/newsource.c").write_text('#include "core/block.h"\n', encoding="utf-8")
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert "csrc/core/newsource.c: not in CORE_RANKS" in result.stdout, result.stdout
+
+
+def test_a_file_over_its_size_fails(tree: Path) -> None:
+    append(tree / "csrc/core/index.c", "\n" * 700)
+    append(tree / "python/cudapool/summary.py", "\n" * 800)
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert "csrc/core/index.c:" in result.stdout and "over 700" in result.stdout, result.stdout
+    assert "python/cudapool/summary.py:" in result.stdout and "over 800" in result.stdout, result.stdout

@@ -7,7 +7,8 @@ import sys
 import textwrap
 
 import pytest
-from cudapool import _C, oom, replay
+from cudapool import _C, oom
+from cudapool.lab import replay
 from cudapool.summary import format_all_ranks
 
 MiB = 1 << 20

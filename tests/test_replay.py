@@ -1,4 +1,4 @@
-"""Trace replay: cudapool.replay, the torch snapshot reader, `python -m cudapool replay`, and
+"""Trace replay: cudapool.lab.replay, the torch snapshot reader, `python -m cudapool replay`, and
 the `builtin` policy checked segment by segment against the built-in allocator's rules."""
 
 import io
@@ -10,11 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from cudapool import _C, device_costs
-from cudapool import replay as rp
-from cudapool.replay import ReplayError, config_text, format_bytes, parse_size, replay
-from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
-from cudapool.trace import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter, load, save
+from cudapool import _C
+from cudapool.lab import capacity as lab_capacity
+from cudapool.lab import device_costs, replay_report
+from cudapool.lab import replay as rp
+from cudapool.lab.replay import ReplayError, config_text, format_bytes, parse_size, replay
+from cudapool.lab.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
+from cudapool.lab.trace import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter, load, save
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -468,7 +470,7 @@ def test_warm_up_ends_after_the_peak_of_live_bytes(monkeypatch):
 def test_min_capacity_is_the_smallest_that_fits():
     t = synthetic(3000)
     for policy in ("builtin", "cudapool"):
-        found = rp.min_capacity(t, policy=policy)
+        found = lab_capacity.min_capacity(t, policy=policy)
         cap, floor = found["min_capacity"], found["peak_allocated"]
         assert floor <= cap and found["ratio"] == pytest.approx(cap / floor)
         assert not replay(t, policy=policy, capacity=cap)["oom"]
@@ -476,7 +478,7 @@ def test_min_capacity_is_the_smallest_that_fits():
         assert all(c < cap for c in below) and (not below or cap - max(below) <= 0.01 * floor)
         assert found["at_min"]["capacity"] == cap and not found["at_min"]["oom"]
     with pytest.raises(ValueError):
-        rp.min_capacity(t, tolerance=0)
+        lab_capacity.min_capacity(t, tolerance=0)
 
 
 def test_min_capacity_from_the_command_line(tmp_path):
@@ -561,12 +563,12 @@ def test_cost_table_from_a_json_file(tmp_path):
 
 
 def test_report_shows_device_calls():
-    text = rp.format_report(replay(growing_loop(), policy="expandable"))
+    text = replay_report.format_report(replay(growing_loop(), policy="expandable"))
     calls = next(line for line in text.splitlines() if line.startswith("device calls"))
     assert "estimated" in calls and "page_create" in calls
     after = next(line for line in text.splitlines() if line.startswith("after warm-up"))
     assert "calls made from event" in after
-    assert "0 calls" in rp.format_report(replay(periodic_loop(), policy="builtin"))
+    assert "0 calls" in replay_report.format_report(replay(periodic_loop(), policy="builtin"))
 
 
 NEW_DEVICE_KEYS = ("sync_calls", "sync_calls_after_warmup", "device_ms_warmup", "device_ms_after_warmup")
@@ -660,7 +662,7 @@ def test_a_pool_that_must_give_memory_back_makes_sync_calls():
     assert r["sync_calls"] >= r["device_calls"]["release"] > 0
     # The give-back comes with the third event, the trace's peak of live bytes: warm-up.
     assert r["sync_calls_after_warmup"] == 0 and r["warmup_events"] == 3
-    text = rp.format_report(r)
+    text = replay_report.format_report(r)
     waiting = next(line for line in text.splitlines() if line.startswith("waiting calls"))
     assert f"{r['sync_calls']:,} ({r['sync_calls_after_warmup']:,} after warm-up)" in waiting
 
@@ -999,7 +1001,7 @@ def test_snapshot_replays_beside_the_builtin_peak(tmp_path):
     r = replay(t, policy="builtin", window_start=False)
     assert r["bad_events"] == 1 and r["peak_reserved"] == 2 * MiB + 40 * MiB + 2 * MiB
     assert not r["comparable"] and "empty pool" in r["not_comparable"][0]
-    assert "no percentage" in rp.format_report(r)
+    assert "no percentage" in replay_report.format_report(r)
     # Other policies: the live block allocated by the policy, not counted as an event.
     r = replay(t, policy="cudapool")
     assert r["window_start"]["seeded"] == "allocations" and r["events"] == 8 and r["allocs"] == 4
@@ -1287,7 +1289,7 @@ REPLAY_ALL = os.path.join(REPO, "benchmarks", "replay_all.py")
 
 FAKE_REGISTRY = """
 import os
-from cudapool.trace import ALLOC, FREE, Trace
+from cudapool.lab.trace import ALLOC, FREE, Trace
 
 MiB = 1 << 20
 CAPTURES = os.environ.get("FAKE_CAPTURE_LOG")
@@ -1377,7 +1379,7 @@ def test_replay_all_table_json_and_cached_traces(tmp_path):
         for res in row["policies"].values():
             assert REPLAY_KEYS <= set(res) and "curve" not in res
         assert "ok" in row["targets"] and "reserved" in row["targets"]
-    assert data["device_costs"]["source"] == "cudapool.device_costs"
+    assert data["device_costs"]["source"] == "cudapool.lab.device_costs"
     assert set(data["device_costs"]["costs"]) == set(device_costs.KINDS)
     for policy, res in rows["gpt"]["policies"].items():
         # the fake gpt workload is a loop of 20 identical steps: warm after the first

@@ -1,6 +1,6 @@
 """A stateful property test of the sim pool: Hypothesis drives cudapool.sim.Pool with random
 allocations, frees, record_stream, stream completions and cache flushes, and after every step
-the pool is compared with a small pure-Python model of what it promises (README, "How the pool
+the pool is compared with a small pure-Python model of what it promises (docs/design.md, "How the pool
 decides" and "Statistics"). No torch, no GPU."""
 
 import pytest

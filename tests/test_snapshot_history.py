@@ -12,10 +12,11 @@ import sys
 import zlib
 
 import pytest
-from cudapool import _C, plot
-from cudapool import replay as rp
+from cudapool import _C
 from cudapool import snapshots as snapshot
-from cudapool.trace import ALLOC, FREE, Trace, save
+from cudapool.lab import peak_snapshot, plot
+from cudapool.lab import replay as rp
+from cudapool.lab.trace import ALLOC, FREE, Trace, save
 
 MiB = 1 << 20
 # Subprocesses import this checkout's package, wherever they run.
@@ -177,7 +178,7 @@ def _trace(n=3000, seed=1):
 def test_replay_snapshot_at_peak_round_trip(tmp_path):
     t = _trace()
     r = rp.replay(t, policy="builtin")
-    s = rp.snapshot_at_peak(t, policy="builtin")
+    s = peak_snapshot.snapshot_at_peak(t, policy="builtin")
     reserved = sum(seg["total_size"] for seg in s["segments"])
     assert reserved == r["peak_reserved"] == s["cudapool_replay"]["peak_reserved"]
     assert s["device_traces"][0] and s["device_traces"][0][-1]["action"] in ("alloc", "segment_alloc")
@@ -297,7 +298,7 @@ def test_plot_of_a_trace_and_bad_input(tmp_path):
 def test_plot_without_matplotlib_says_so(tmp_path):
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from cudapool import plot\n"
+        "from cudapool.lab import plot\n"
         "try:\n plot.render({'segments': []}, 'x.png')\n"
         "except plot.PlotError as e:\n print(e)\n"
     )

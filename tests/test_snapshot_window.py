@@ -10,9 +10,10 @@ import sys
 
 import pytest
 from cudapool import _C
-from cudapool.replay import config_text, format_report, replay
-from cudapool.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
-from cudapool.trace import ALLOC, FREE, Trace
+from cudapool.lab.replay import config_text, replay
+from cudapool.lab.replay_report import format_report
+from cudapool.lab.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
+from cudapool.lab.trace import ALLOC, FREE, Trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))

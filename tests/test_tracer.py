@@ -1,4 +1,4 @@
-"""The allocation tracer (cudapool.tracer) and the workload scripts (benchmarks/workloads).
+"""The allocation tracer (cudapool.lab.tracer) and the workload scripts (benchmarks/workloads).
 
 The tracer tests need torch (they skip without it); the rmm_random generator tests do not.
 The small captures of the torch workloads take a few seconds each on fake CUDA tensors.
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cudapool.trace import ALLOC, FREE, load, save
+from cudapool.lab.trace import ALLOC, FREE, load, save
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,7 +28,7 @@ except Exception:  # not installed, or a broken install
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not importable")
 
 if torch is not None:
-    from cudapool.tracer import Tracer
+    from cudapool.lab.tracer import Tracer
 
 GiB = 1 << 30
 MiB = 1 << 20

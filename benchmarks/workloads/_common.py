@@ -17,16 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def ensure_cudapool() -> None:
     """Make ``import cudapool`` work from a source checkout that is not installed."""
     try:
-        import cudapool.trace  # noqa: F401
+        import cudapool.lab.trace  # noqa: F401
     except ImportError:
         sys.path.insert(0, str(ROOT / "python"))
-        import cudapool.trace  # noqa: F401
+        import cudapool.lab.trace  # noqa: F401
 
 
 ensure_cudapool()
 
-from cudapool.replay import format_bytes  # noqa: E402
-from cudapool.trace import ALLOC, Trace, save  # noqa: E402
+from cudapool.lab.replay import format_bytes  # noqa: E402
+from cudapool.lab.trace import ALLOC, Trace, save  # noqa: E402
 
 
 def peak_live_bytes(trace: Trace) -> int:
@@ -123,7 +123,7 @@ def capture_training(
     end. The trace's meta: workload, scale, seed, config and ``meta``.
     """
     import torch
-    from cudapool.tracer import Tracer
+    from cudapool.lab.tracer import Tracer
 
     torch.manual_seed(seed)
     with Tracer(device=cfg["device"], **tracer_kw(cfg["device"])) as tr:

@@ -25,7 +25,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 # What every scale shares; the model and the batch grow with the scale.
 _TRAINING = dict(lr=0.1, weight_decay=5e-4, device="cuda")

@@ -33,7 +33,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 # What every scale shares; the model and the shapes grow with the scale.
 _TRAINING = dict(lr=3e-4, weight_decay=0.1, optimizer="adamw", device="cuda")

@@ -35,7 +35,7 @@ except ImportError:  # run as a script
     import _common
     import gpt
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 # fmt: off
 SCALES = {
@@ -118,7 +118,7 @@ def draw_requests(seed: int, cfg: dict) -> List[Tuple[int, int, int]]:
 def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace inference over ``requests`` requests with the model at ``scale`` (kw overrides settings)."""
     import torch
-    from cudapool.tracer import Tracer
+    from cudapool.lab.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)
     if cfg["cache"] not in ("cat", "chunked"):

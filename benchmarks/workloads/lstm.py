@@ -39,7 +39,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 _TRAINING = dict(lr=0.05, weight_decay=0.0, clip=5.0, optimizer="adagrad", device="cuda")
 # fmt: off

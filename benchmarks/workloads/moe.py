@@ -39,7 +39,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 _TRAINING = dict(router_alpha=1.0, aux_weight=0.01, lr=1e-2, weight_decay=0.0, optimizer="adafactor", device="cuda")
 # fmt: off

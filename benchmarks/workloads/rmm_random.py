@@ -29,7 +29,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace, TraceWriter
+from cudapool.lab.trace import Trace, TraceWriter
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -37,7 +37,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 _TRAINING = dict(timesteps=1000, lr=2e-4, weight_decay=0.0, optimizer="adam", device="cuda")
 # fmt: off

@@ -33,7 +33,7 @@ try:
 except ImportError:  # run as a script
     import _common
 
-from cudapool.trace import Trace
+from cudapool.lab.trace import Trace
 
 _TRAINING = dict(lr=1e-3, weight_decay=0.05, label_smoothing=0.1, optimizer="adamw", device="cuda")
 # fmt: off

@@ -2,7 +2,7 @@
  * Owns: capture windows, and the frees that wait for the end of a capture. */
 #include <stdlib.h>
 
-#include "core/cp_internal.h"
+#include "core/capture.h"
 
 /* Note [Capture in the pool]
  * While a stream is captured into a graph (CUDA graphs), the driver refuses event queries,
@@ -68,53 +68,10 @@ int cp_capture_defer_locked(cp_pool_t *pool, cp_block_t *b) {
   return CP_OK;
 }
 
-void cp_capture_flush_locked(cp_pool_t *pool) {
-  cp_capture_t *c = &pool->capture;
-  if (c->windows != 0) return;
-  size_t kept = 0;
-  for (size_t i = 0; i < c->deferred_count; i++) {
-    cp_block_t *b = c->deferred[i];
-    /* A free that fails (an event record refused) is kept and tried again later. */
-    if (cp_capture_must_defer_locked(pool, b) || cp_free_block_locked(pool, b, "cp_free") != CP_OK) {
-      c->deferred[kept++] = b;
-    }
-  }
-  c->deferred_count = kept;
-}
-
 void cp_capture_destroy(cp_pool_t *pool) {
   free(pool->capture.deferred);
   pool->capture.deferred = NULL;
   pool->capture.deferred_count = pool->capture.deferred_cap = 0;
-}
-
-int cp_pool_capture_begin(cp_pool_t *pool) {
-  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_capture_begin: NULL pool");
-  pthread_mutex_lock(&pool->lock);
-  pool->capture.windows++;
-  pthread_mutex_unlock(&pool->lock);
-  return CP_OK;
-}
-
-int cp_pool_capture_end(cp_pool_t *pool) {
-  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_capture_end: NULL pool");
-  pthread_mutex_lock(&pool->lock);
-  int rc = CP_OK;
-  if (pool->capture.windows == 0) {
-    rc = cp_set_error(CP_ERR_STATE, "cp_pool_capture_end: no capture window is open");
-  } else if (--pool->capture.windows == 0 && pool->capture.deferred_count != 0) {
-    cp_capture_flush_locked(pool);
-  }
-  CP_DEBUG_CHECK(pool, "cp_pool_capture_end");
-  pthread_mutex_unlock(&pool->lock);
-  return rc;
-}
-
-void cp_pool_capture_state(cp_pool_t *pool, unsigned *out_windows, size_t *out_deferred_frees) {
-  pthread_mutex_lock(&pool->lock);
-  if (out_windows != NULL) *out_windows = pool->capture.windows;
-  if (out_deferred_frees != NULL) *out_deferred_frees = pool->capture.deferred_count;
-  pthread_mutex_unlock(&pool->lock);
 }
 
 void cp_pool_backend(cp_pool_t *pool, cp_backend_t *out_backend) { *out_backend = pool->backend; }

@@ -1,8 +1,10 @@
 /* check.c — the invariant checker: walks the whole pool and counts what is wrong.
- * Owns: the equations of cp_internal.h, recomputed from the blocks themselves. */
+ * Owns: the equations of core/types.h, stream.h and state.h, recomputed from the blocks themselves. */
 #include <stdlib.h>
 
-#include "core/cp_internal.h"
+#include "core/check.h"
+#include "core/expand.h"
+#include "core/stitch.h"
 
 #define CP_VIOLATION(...)        \
   do {                           \

@@ -46,7 +46,7 @@ typedef struct cp_config_s {
 /* The configuration keys, one row each, in the order cp_config_format writes them:
  *   X(ID, "name", KIND, field, "default", "meaning")
  * Parsing, per-key validation and formatting (config.c), the key list the binding exposes and
- * the README's table (scripts/config_doc.py) are all generated from this table; only the
+ * the table of docs/configuration.md (scripts/config_doc.py) are all generated from this table; only the
  * relations between keys are checked by hand (cp_config_validate). Kinds:
  *   BYTES             a size in bytes;
  *   MIB               a size in MiB (fractional when it comes to a whole number of bytes);
@@ -57,34 +57,34 @@ typedef struct cp_config_s {
  *   FRACTION          a number in (0, 1]; 0 means unset and is not written;
  *   BOOL              True/False (also true/false, 1/0); expandable_segments and page_stitching
  *                     are written only when True, so that default configurations read as they always have. */
-#define CP_CONFIG_KEYS(X)                                                                                             \
-  X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")   \
-  X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")      \
-  X(SMALL_SEGMENT_MB, "small_segment_mb", MIB_GRANULAR, small_segment, "2", "segment size of the small pool")         \
-  X(LARGE_SEGMENT_MB, "large_segment_mb", MIB_GRANULAR, large_segment, "20",                                          \
-    "segment size for large requests below `min_large_alloc_mb`")                                                     \
-  X(MIN_LARGE_ALLOC_MB, "min_large_alloc_mb", MIB_GRANULAR, min_large_alloc, "10",                                    \
-    "from here on, one segment per request")                                                                          \
-  X(ROUND_LARGE_MB, "round_large_mb", MIB_GRANULAR, round_large, "2", "such segments round up to this")               \
-  X(MAX_SPLIT_SIZE_MB, "max_split_size_mb", MIB_OR_UNLIMITED, max_split_size, "unlimited",                            \
-    "blocks this large or larger are never split (must exceed `large_segment_mb`)")                                   \
-  X(MAX_NON_SPLIT_ROUNDING_MB, "max_non_split_rounding_mb", MIB, max_non_split_rounding, "20",                        \
-    "how much larger than an oversize request a reused block may be")                                                 \
-  X(ROUNDUP_POWER2_DIVISIONS, "roundup_power2_divisions", DIVISIONS, roundup_power2_divisions, "0 (off)",             \
-    "`N`, or `[256:1,512:2,>:4]` per size interval (sizes in MiB, powers of two)")                                    \
-  X(RELEASE_BEFORE_GROW, "release_before_grow", BOOL, release_before_grow, "False",                                   \
-    "True: before growing past the high-water mark, give back wholly free segments (the `cudapool` policy sets it)")  \
-  X(MEMORY_CAP_MB, "memory_cap_mb", MIB, memory_cap, "0 (none)", "growth stops at this many MiB")                     \
-  X(GARBAGE_COLLECTION_THRESHOLD, "garbage_collection_threshold", FRACTION_OPEN, garbage_collection_threshold, "off", \
-    "in (0, 1): give back free segments before growing past this fraction of the limit")                              \
-  X(MEMORY_FRACTION, "memory_fraction", FRACTION, memory_fraction, "unset",                                           \
-    "in (0, 1]: cap at this fraction of the device's total")                                                          \
-  X(EXPANDABLE_SEGMENTS, "expandable_segments", BOOL, expandable_segments, "False",                                   \
-    "True: serve each (stream, pool) from one page-mapped segment that grows in place (falls back to plain "          \
-    "segments on a device without page-mapped memory)")                                                               \
-  X(PAGE_STITCHING, "page_stitching", BOOL, page_stitching, "False",                                                  \
-    "True: page-mapped segments (as `expandable_segments`) mapped in single pages, one per stream for every size; "   \
-    "a request no free block fits is served from the free "                                                           \
+#define CP_CONFIG_KEYS(X)                                                                                              \
+  X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")    \
+  X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")       \
+  X(SMALL_SEGMENT_MB, "small_segment_mb", MIB_GRANULAR, small_segment, "2", "segment size of the small pool")          \
+  X(LARGE_SEGMENT_MB, "large_segment_mb", MIB_GRANULAR, large_segment, "20",                                           \
+    "segment size for large requests below `min_large_alloc_mb`")                                                      \
+  X(MIN_LARGE_ALLOC_MB, "min_large_alloc_mb", MIB_GRANULAR, min_large_alloc, "10",                                     \
+    "from here on, one segment per request")                                                                           \
+  X(ROUND_LARGE_MB, "round_large_mb", MIB_GRANULAR, round_large, "2", "such segments round up to this")                \
+  X(MAX_SPLIT_SIZE_MB, "max_split_size_mb", MIB_OR_UNLIMITED, max_split_size, "unlimited",                             \
+    "blocks this large or larger are never split (must exceed `large_segment_mb`)")                                    \
+  X(MAX_NON_SPLIT_ROUNDING_MB, "max_non_split_rounding_mb", MIB, max_non_split_rounding, "20",                         \
+    "how much larger than an oversize request a reused block may be")                                                  \
+  X(ROUNDUP_POWER2_DIVISIONS, "roundup_power2_divisions", DIVISIONS, roundup_power2_divisions, "0 (off)",              \
+    "`N`, or `[256:1,512:2,>:4]` per size interval (sizes in MiB, powers of two)")                                     \
+  X(RELEASE_BEFORE_GROW, "release_before_grow", BOOL, release_before_grow, "False",                                    \
+    "True: before growing past the high-water mark, give back wholly free segments (the `cudapool` policy sets it)")   \
+  X(MEMORY_CAP_MB, "memory_cap_mb", MIB, memory_cap, "0 (none)", "growth stops at this many MiB")                      \
+  X(GARBAGE_COLLECTION_THRESHOLD, "garbage_collection_threshold", FRACTION_OPEN, garbage_collection_threshold, "off",  \
+    "in (0, 1): give back free segments before growing past this fraction of the limit")                               \
+  X(MEMORY_FRACTION, "memory_fraction", FRACTION, memory_fraction, "unset",                                            \
+    "in (0, 1]: cap at this fraction of the device's total")                                                           \
+  X(EXPANDABLE_SEGMENTS, "expandable_segments", BOOL, expandable_segments, "False",                                    \
+    "True: serve each (stream, pool) from one page-mapped segment that grows in place (falls back to plain "           \
+    "segments on a device without page-mapped memory)")                                                                \
+  X(PAGE_STITCHING, "page_stitching", BOOL, page_stitching, "False",                                                   \
+    "True: page-mapped segments (as `expandable_segments`) mapped as growth needs it, one per stream for every size; " \
+    "a request no free block fits is served from the free "                                                            \
     "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */

@@ -1,6 +1,9 @@
 /* drain.c — page-mapped memory given back in stream order: retired first, unmapped once the
  * work queued on its stream has finished. Owns: the drain events and when retired memory goes. */
-#include "core/cp_internal.h"
+#include "core/drain.h"
+#include "core/capture.h"
+#include "core/expand.h"
+#include "core/stitch.h"
 
 /* Note [Stream-ordered release]
  * A GPU runs behind the host: when the pool frees a block, kernels that use it may still be
@@ -32,6 +35,28 @@
  * the device does. A range retired by the trim of kept ranges may serve again too (stitch.c).
  * During a capture nothing is retired, reaped or trimmed: the driver refuses event queries on
  * a capturing stream and memory given back during a capture may still be used by its graph. */
+
+/* Retire the whole free handles of the page-mapped segment `seg`: FREE -> DRAINING, leaving out
+ * free pages a stitched block in use still maps behind its end (stitch.c). Returns the bytes
+ * retired. No device call. */
+static size_t cp_drain_retire_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  size_t bytes = 0;
+  for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+    if (b->state != CP_BLOCK_FREE) continue;
+    const uintptr_t lo = cp_expand_edge_up(seg, b->addr); /* whole handles only */
+    uintptr_t hi = cp_expand_edge_down(seg, b->addr + b->size);
+    if (pool->stitch && lo < hi) {
+      hi = cp_stitch_alias_from_locked(pool, seg, lo, hi);
+      if (lo < hi) hi = cp_expand_edge_down(seg, hi);
+    }
+    if (lo >= hi) continue;
+    cp_block_t *mid = cp_expand_retire_range_locked(pool, b, lo, hi);
+    if (mid == NULL) break; /* no metadata: the rest stays in service */
+    bytes += mid->size;
+    b = mid;
+  }
+  return bytes;
+}
 
 /* The drain of `st` is over: its event goes back to the spares. */
 static void cp_drain_end_locked(cp_pool_t *pool, cp_stream_state_t *st) {
@@ -78,7 +103,7 @@ int cp_drain_retire_all_locked(cp_pool_t *pool) {
     if (st->reaping || cp_capturing_locked(pool, st->handle)) continue; /* not now */
     size_t retired = pool->stitch ? cp_stitch_retire_idle_locked(pool, st) : 0;
     for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
-      if (seg->paged && seg->stream == st) retired += cp_expand_retire_locked(pool, seg);
+      if (seg->paged && seg->stream == st) retired += cp_drain_retire_segment_locked(pool, seg);
     }
     if (retired == 0) continue; /* what it retired before keeps its event */
     const int rc = cp_drain_arm_locked(pool, st);
@@ -174,4 +199,11 @@ bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
 
 void cp_drain_destroy(cp_pool_t *pool) {
   for (size_t i = 0; i < pool->streams.count; i++) cp_drain_end_locked(pool, pool->streams.list[i]);
+}
+
+void cp_drain_trim_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  if (cp_capturing_locked(pool, st->handle)) return;
+  if (pool->retired_ranges != 0) cp_drain_reap_all_locked(pool, pool->retired_ranges >= CP_STITCH_KEEP);
+  cp_stream_state_t *of = cp_stitch_retire_lru_locked(pool, st);
+  if (of != NULL) (void)cp_drain_arm_locked(pool, of);
 }

@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cp_internal.h"
+#include "core/expand.h"
+#include "core/history.h"
 #include "core/sizes.h"
 
 /* Note [Expandable segments]
@@ -39,7 +40,7 @@
  * Per chunk, mapping is page_create, page_map, page_release (the mapping keeps the memory;
  * a refused release is tried once more, as a page never released is lost to the device)
  * and page_set_access; the page-mapped calls run without the pool lock, with the range held
- * in a MAPPING or UNMAPPING block meanwhile (cp_internal.h). Where this differs from torch:
+ * in a MAPPING or UNMAPPING block meanwhile (core/types.h). Where this differs from torch:
  * the cap counts the bytes really mapped, not the segment size a plain pool would reserve;
  * the retry searches the index again before growing (as the plain ladder does); free blocks
  * of page-mapped segments count in inactive_split (torch leaves them out); garbage collection
@@ -143,6 +144,12 @@ static int cp_expand_take_locked(cp_pool_t *pool, cp_block_t *b, size_t rounded,
   cp_block_make_live_locked(pool, b, size);
   *out_ptr = (void *)b->addr;
   return CP_OK;
+}
+
+int cp_expand_take_fit_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                              void **out_ptr) {
+  cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
+  return b != NULL ? cp_expand_take_locked(pool, b, rounded, size, out_ptr) : CP_ERR_OOM;
 }
 
 /* Make `b` UNMAPPED and merge it with UNMAPPED neighbours. */
@@ -383,10 +390,8 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
   return rc;
 }
 
-/* try_allocate_expandable_block: grow a segment of (st, kind) until a FREE block holds
- * `rounded` bytes, and hand it out. */
-static int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
-                                 void **out_ptr) {
+int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                          void **out_ptr) {
   const size_t chunk = cp_expand_chunk(pool, kind);
   for (int round = 0;; round++) {
     /* Each round maps memory or finds what others changed meanwhile; bounded all the same. */
@@ -422,72 +427,27 @@ static int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kin
   }
 }
 
-/* Note [The OOM ladder] for page-mapped pools: best fit; grow; on OOM wait for pending frees,
- * give back plain free segments and unmap free chunks, then best fit and grow again. */
-int cp_expand_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
-                           void **out_ptr) {
-  /* While a capture is under way: no event polled, no memory given back (Note [Capture in
-   * the pool]); growth and stitching make no event or stream call. */
-  if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
-  const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
-  for (int attempt = 0;; attempt++) {
-    cp_block_t *b = cp_expand_best_fit_locked(pool, st, kind, rounded);
-    if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
-    /* Memory of this stream waiting to go back: unmapped when its work is done, else taken
-     * back into service before anything is mapped anew (Note [Stream-ordered release]). */
-    if (st->draining && !cp_capturing_locked(pool, st->handle) && cp_drain_reclaim_stream_locked(pool, st)) {
-      b = cp_expand_best_fit_locked(pool, st, kind, rounded);
-      if (b != NULL) return cp_expand_take_locked(pool, b, rounded, size, out_ptr);
-    }
-    int rc = stitch ? cp_stitch_alloc_locked(pool, st, rounded, size, out_ptr) : CP_ERR_OOM;
-    if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
-    if (rc != CP_ERR_OOM || attempt == 1 || cp_capturing_locked(pool, st->handle)) return rc;
-    /* The retry waits for pending frees and for the streams whose memory it gives back
-     * (their drain events), never for the whole device (Note [Stream-ordered release]). */
-    pool->stats.num_alloc_retries++;
-    cp_synchronize_pending_locked(pool);
-    cp_release_free_segments_locked(pool);
-    cp_drain_retire_all_locked(pool);
-    cp_drain_reap_all_locked(pool, true);
-  }
-}
-
 /* ------------------------------------------------------------------------------------------
  * Unmapping
  * ---------------------------------------------------------------------------------------- */
 
-/* Carve the whole chunks of every FREE block of `seg` into DRAINING blocks (retire). */
-size_t cp_expand_retire_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  size_t bytes = 0;
-  for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
-    if (b->state != CP_BLOCK_FREE) continue;
-    const size_t off = b->addr - seg->addr;
-    const size_t lo = cp_expand_edge_up(seg, b->addr) - seg->addr; /* whole handles only */
-    size_t hi = cp_expand_edge_down(seg, b->addr + b->size) - seg->addr;
-    /* Free pages a stitched block in use still maps behind its end stay (stitch.c). */
-    if (pool->stitch && lo < hi) {
-      hi = cp_stitch_alias_from_locked(pool, seg, seg->addr + lo, seg->addr + hi) - seg->addr;
-      if (lo < hi) hi = cp_expand_edge_down(seg, seg->addr + hi) - seg->addr;
-    }
-    if (lo >= hi) continue;
-    if (cp_reserve_metadata_locked(pool, 2) != CP_OK) break;
-    cp_free_remove_locked(pool, b);
-    cp_block_t *mid = b;
-    if (lo > off) {
-      mid = cp_block_cut_locked(pool, b, lo - off);
-      cp_free_insert_locked(pool, b);
-    }
-    if (mid->addr + mid->size > seg->addr + hi) {
-      cp_block_t *after = cp_block_cut_locked(pool, mid, seg->addr + hi - mid->addr);
-      cp_free_insert_locked(pool, after);
-    }
-    mid->state = CP_BLOCK_DRAINING;
-    pool->draining_bytes += mid->size;
-    seg->stream->draining_bytes += mid->size;
-    bytes += mid->size;
-    b = mid;
+cp_block_t *cp_expand_retire_range_locked(cp_pool_t *pool, cp_block_t *b, uintptr_t lo, uintptr_t hi) {
+  if (cp_reserve_metadata_locked(pool, 2) != CP_OK) return NULL;
+  cp_segment_t *seg = b->segment;
+  cp_free_remove_locked(pool, b);
+  cp_block_t *mid = b;
+  if (lo > b->addr) {
+    mid = cp_block_cut_locked(pool, b, lo - b->addr);
+    cp_free_insert_locked(pool, b);
   }
-  return bytes;
+  if (mid->addr + mid->size > hi) {
+    cp_block_t *after = cp_block_cut_locked(pool, mid, hi - mid->addr);
+    cp_free_insert_locked(pool, after);
+  }
+  mid->state = CP_BLOCK_DRAINING;
+  pool->draining_bytes += mid->size;
+  seg->stream->draining_bytes += mid->size;
+  return mid;
 }
 
 void cp_expand_revive_locked(cp_pool_t *pool, cp_segment_t *seg) {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cp_internal.h"
+#include "core/history.h"
 
 /* Note [History]
  * Recording is off by default and then costs one predictable branch per operation

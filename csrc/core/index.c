@@ -1,6 +1,6 @@
 /* index.c — the free-block index: a treap of FREE blocks ordered by (size, address).
  * Owns: best-fit lookup in expected O(log n); knows nothing of streams, pools or stats. */
-#include "core/cp_internal.h"
+#include "core/index.h"
 
 /* Note [Why a treap]
  * Best fit by (size, address) is what the built-in allocator does (an ordered set), and it

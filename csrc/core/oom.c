@@ -4,7 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cp_internal.h"
+#include "core/index.h"
+#include "core/oom.h"
 #include "core/sizes.h"
 
 /* ------------------------------------------------------------------------------------------

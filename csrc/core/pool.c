@@ -1,11 +1,17 @@
-/* pool.c — the pool's policy: size classes, best fit, split and merge, growth, the OOM
- * ladder and empty_cache. Owns: segments, blocks and the pool lock. */
-#include <inttypes.h>
+/* pool.c — the pool's ladder: which memory source serves a request and in which order (best
+ * fit, stream-ordered reclaim, stitching, growth, the OOM ladder), frees, empty_cache, and the
+ * pool's life. Owns: the pool lock, and the public entry points that change the pool. The
+ * memory sources are below it (segment.c, expand.c, stitch.c, each on block.c's blocks). */
 #include <stdlib.h>
-#include <string.h>
 
-#include "core/cp_internal.h"
-#include "core/sizes.h"
+#include "core/capture.h"
+#include "core/check.h"
+#include "core/drain.h"
+#include "core/expand.h"
+#include "core/history.h"
+#include "core/oom.h"
+#include "core/segment.h"
+#include "core/stitch.h"
 
 /* Note [Lock rules]
  * One mutex per pool guards all of its state. Public functions take it once and never call
@@ -18,290 +24,18 @@
  * other streams, and when it comes back, is stream.c's (Note [Stream ordering]). */
 
 /* ------------------------------------------------------------------------------------------
- * Block nodes
+ * Blocks leaving use, and frees that complete later
  * ---------------------------------------------------------------------------------------- */
 
-/* Make sure `n` spare block nodes and room for one more live block exist, so that the rest
- * of an operation cannot fail half-way. */
-int cp_reserve_metadata_locked(cp_pool_t *pool, int n) {
-  if (n == 1 && pool->spare_blocks != NULL && (pool->live.count + 1) * 2 <= pool->live.mask + 1) {
-    return CP_OK; /* the common case, without walking or calling out */
-  }
-  int have = 0;
-  for (cp_block_t *b = pool->spare_blocks; b != NULL && have < n; b = b->left) have++;
-  if (have < n) {
-    cp_block_slab_t *slab = calloc(1, sizeof *slab);
-    if (slab == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for block metadata");
-    slab->next = pool->slabs;
-    pool->slabs = slab;
-    for (int i = CP_BLOCK_SLAB - 1; i >= 0; i--) {
-      slab->blocks[i].left = pool->spare_blocks;
-      pool->spare_blocks = &slab->blocks[i];
-    }
-  }
-  return cp_ptrmap_reserve(&pool->live, 1);
-}
-
-cp_block_t *cp_block_new_locked(cp_pool_t *pool) {
-  cp_block_t *b = pool->spare_blocks; /* guaranteed by cp_reserve_metadata_locked */
-  pool->spare_blocks = b->left;
-  memset(b, 0, sizeof *b);
-  return b;
-}
-
-cp_block_t *cp_segment_head_locked(cp_pool_t *pool, cp_segment_t *seg, cp_block_state_t state) {
-  cp_block_t *head = cp_block_new_locked(pool);
-  head->addr = seg->addr;
-  head->size = seg->size;
-  head->segment = seg;
-  head->state = (uint8_t)state;
-  seg->head = head;
-  return head;
-}
-
-static inline void cp_block_delete_impl(cp_pool_t *pool, cp_block_t *b) {
-  if (b->uses != NULL) {
-    free(b->uses);
-    b->uses = NULL;
-  }
-  b->left = pool->spare_blocks;
-  pool->spare_blocks = b;
-}
-
-/* Index insert/remove that keep the inactive_split stats: a FREE block counts there when it
- * is only part of its segment. A block's split-ness changes only while it is out of the
- * index, so counting at these two points is exact. */
-/* The list of wholly free segments: a segment is on it exactly while its one block is FREE
- * and in the index, so giving back cached memory never walks the segments in use. */
-static void cp_free_segment_push_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  seg->free_next = NULL;
-  seg->free_prev = pool->free_segments_tail;
-  if (pool->free_segments_tail != NULL)
-    pool->free_segments_tail->free_next = seg;
-  else
-    pool->free_segments_head = seg;
-  pool->free_segments_tail = seg;
-  seg->in_free_list = true;
-  pool->free_segment_count++;
-}
-
-static void cp_free_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  if (seg->free_prev != NULL)
-    seg->free_prev->free_next = seg->free_next;
-  else
-    pool->free_segments_head = seg->free_next;
-  if (seg->free_next != NULL)
-    seg->free_next->free_prev = seg->free_prev;
-  else
-    pool->free_segments_tail = seg->free_prev;
-  seg->free_prev = seg->free_next = NULL;
-  seg->in_free_list = false;
-  pool->free_segment_count--;
-}
-
-void cp_free_insert_locked(cp_pool_t *pool, cp_block_t *b) {
-  cp_segment_t *seg = b->segment;
-  cp_index_insert(&seg->stream->index[seg->kind], b);
-  if (cp_block_is_split(b)) {
-    cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT, seg->kind, 1);
-    cp_stats_inc(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, seg->kind, b->size);
-  } else {
-    cp_free_segment_push_locked(pool, seg);
-  }
-}
-
-static void cp_free_removed_locked(cp_pool_t *pool, cp_block_t *b) {
-  if (cp_block_is_split(b)) {
-    cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT, b->segment->kind, 1);
-    cp_stats_dec(&pool->stats, CP_STAT_INACTIVE_SPLIT_BYTES, b->segment->kind, b->size);
-  } else {
-    cp_free_segment_unlink_locked(pool, b->segment);
-  }
-}
-
-static inline void cp_free_remove_impl(cp_pool_t *pool, cp_block_t *b) {
-  cp_segment_t *seg = b->segment;
-  cp_index_remove(&seg->stream->index[seg->kind], b);
-  cp_free_removed_locked(pool, b);
-}
-
-void cp_block_delete_locked(cp_pool_t *pool, cp_block_t *b) { cp_block_delete_impl(pool, b); }
-void cp_free_remove_locked(cp_pool_t *pool, cp_block_t *b) { cp_free_remove_impl(pool, b); }
-
-/* ------------------------------------------------------------------------------------------
- * Taking and returning blocks
- * ---------------------------------------------------------------------------------------- */
-
-/* Best fit on (stream, kind), within the oversize rules (cp_size_fits). The block found leaves
- * the index. */
-static cp_block_t *cp_take_free_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size) {
-  cp_block_t **link;
-  cp_block_t *b = cp_index_lower_bound_link(&st->index[kind], size, &link);
-  if (b == NULL || !cp_size_fits(&pool->cfg, size, b->size)) return NULL;
-  cp_index_remove_at(&st->index[kind], link);
-  cp_free_removed_locked(pool, b);
-  return b;
-}
-
-/* The body of cp_block_make_live_locked, inlined on the allocation path. */
-static inline void cp_block_make_live_inline(cp_pool_t *pool, cp_block_t *b, size_t requested) {
-  int kind = b->segment->kind;
-  b->state = CP_BLOCK_LIVE;
-  b->requested = requested;
-  cp_ptrmap_insert(&pool->live, b->addr, b); /* room reserved: cannot fail */
-  cp_stats_t *st = &pool->stats;
-  cp_stats_inc(st, CP_STAT_ALLOCATION, kind, 1);
-  cp_stats_inc(st, CP_STAT_ALLOCATED_BYTES, kind, b->size);
-  cp_stats_inc(st, CP_STAT_ACTIVE, kind, 1);
-  cp_stats_inc(st, CP_STAT_ACTIVE_BYTES, kind, b->size);
-  cp_stats_inc(st, CP_STAT_REQUESTED_BYTES, kind, requested);
-  if (b->size >= pool->cfg.max_split_size) cp_stat_inc(&st->oversize_allocations, 1);
-}
-
-/* Hand the FREE block `b` (not in the index) to the user for a request of `size` rounded
- * bytes (`requested` asked). Needs one spare node and live-map room (reserved earlier). */
-static void *cp_take_locked(cp_pool_t *pool, cp_block_t *b, size_t size, size_t requested) {
-  const cp_config_t *cfg = &pool->cfg;
-  int kind = b->segment->kind;
-  size_t remaining = b->size - size;
-  if (remaining > 0 && cp_size_should_split(cfg, kind, size, remaining)) {
-    cp_free_insert_locked(pool, cp_block_cut_locked(pool, b, size)); /* b is FREE: so is the rest */
-  }
-  cp_block_make_live_inline(pool, b, requested);
-  return (void *)b->addr;
-}
-
-void cp_block_make_live_locked(cp_pool_t *pool, cp_block_t *b, size_t requested) {
-  cp_block_make_live_inline(pool, b, requested);
-}
-
-static inline void cp_block_merge_free_impl(cp_pool_t *pool, cp_block_t *b);
-
-/* Return a PENDING or LIVE block to the free index: merge with free neighbours, update
- * active/inactive stats. */
+/* Return a PENDING or LIVE block to its source: a stitched block's range is kept for reuse and
+ * its pages go back to their segments (stitch.c); any other merges into the free index. */
 static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
-  int kind = b->segment->kind;
-  cp_stats_dec(&pool->stats, CP_STAT_ACTIVE, kind, 1);
-  cp_stats_dec(&pool->stats, CP_STAT_ACTIVE_BYTES, kind, b->size);
-  cp_stats_dec(&pool->stats, CP_STAT_REQUESTED_BYTES, kind, b->requested);
-  b->requested = 0;
-  b->use_count = 0;
+  cp_block_end_use_locked(pool, b);
   if (b->segment->stitched) {
-    cp_stitch_release_locked(pool, b); /* kept for reuse, its pages back to their segments */
+    cp_stitch_release_locked(pool, b);
     return;
   }
-  cp_block_merge_free_impl(pool, b);
-}
-
-void cp_block_merge_free_locked(cp_pool_t *pool, cp_block_t *b) { cp_block_merge_free_impl(pool, b); }
-
-static inline void cp_block_merge_free_impl(cp_pool_t *pool, cp_block_t *b) {
-  b->state = CP_BLOCK_FREE;
-  cp_block_t *p = b->prev;
-  if (p != NULL && p->state == CP_BLOCK_FREE) { /* absorb b into its lower neighbour */
-    cp_free_remove_impl(pool, p);
-    cp_block_delete_impl(pool, cp_block_absorb_next(p));
-    b = p;
-  }
-  cp_block_t *n = b->next;
-  if (n != NULL && n->state == CP_BLOCK_FREE) { /* absorb the upper neighbour */
-    cp_free_remove_impl(pool, n);
-    cp_block_delete_impl(pool, cp_block_absorb_next(b));
-  }
-  cp_free_insert_locked(pool, b);
-}
-
-/* ------------------------------------------------------------------------------------------
- * Segments
- * ---------------------------------------------------------------------------------------- */
-
-/* Reserved, plus what is being reserved right now without the lock: what growth counts. */
-size_t cp_held_locked(const cp_pool_t *pool) { return cp_reserved_locked(pool) + pool->inflight_bytes; }
-
-static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, int sign) {
-  cp_stats_update(&pool->stats, CP_STAT_SEGMENT, seg->kind, sign);
-  cp_stats_update(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, sign * (int64_t)seg->size);
-  if (seg->size >= pool->cfg.max_split_size) cp_stat_add(&pool->stats.oversize_segments, sign);
-}
-
-void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  seg->prev = NULL;
-  seg->next = pool->segments;
-  if (pool->segments != NULL) pool->segments->prev = seg;
-  pool->segments = seg;
-  pool->segment_count++;
-  if (!seg->paged) cp_segment_stats_locked(pool, seg, +1); /* paged: mapped bytes count, not segments */
-}
-
-void cp_segment_unlink_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  if (seg->prev != NULL)
-    seg->prev->next = seg->next;
-  else
-    pool->segments = seg->next;
-  if (seg->next != NULL) seg->next->prev = seg->prev;
-  pool->segment_count--;
-  if (!seg->paged) cp_segment_stats_locked(pool, seg, -1);
-}
-
-/* Take wholly free segments out of the pool (oldest first) until `want_bytes` are gathered
- * (0 = all). They are chained through `next` into *out_list; stats already exclude them. */
-static size_t cp_detach_free_segments_locked(cp_pool_t *pool, size_t want_bytes, cp_segment_t **out_list) {
-  size_t bytes = 0;
-  while (pool->free_segments_head != NULL) {
-    cp_segment_t *seg = pool->free_segments_head; /* the one free the longest */
-    cp_free_remove_impl(pool, seg->head);         /* also takes it off the free list */
-    cp_segment_unlink_locked(pool, seg);
-    seg->next = *out_list;
-    *out_list = seg;
-    bytes += seg->size;
-    if (want_bytes != 0 && bytes >= want_bytes) break;
-  }
-  return bytes;
-}
-
-/* Give detached segments back to the backend. Called and returns with the lock held; drops
- * it around the release calls. A segment the backend refuses goes back into the pool. */
-static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
-  if (list == NULL) return CP_OK;
-  pthread_mutex_unlock(&pool->lock);
-  cp_segment_t *failed = NULL;
-  int first_rc = CP_OK;
-  cp_segment_t *done = NULL;
-  while (list != NULL) {
-    cp_segment_t *seg = list;
-    list = seg->next;
-    int rc = pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
-    if (rc != CP_OK) {
-      if (first_rc == CP_OK) first_rc = rc;
-      seg->next = failed;
-      failed = seg;
-    } else {
-      seg->next = done;
-      done = seg;
-    }
-  }
-  pthread_mutex_lock(&pool->lock);
-  while (done != NULL) {
-    cp_segment_t *seg = done;
-    done = seg->next;
-    pool->stats.num_device_free++;
-    CP_HISTORY(pool, CP_HIST_SEGMENT_FREE, seg->addr, seg->size, seg->stream->handle);
-    cp_block_delete_impl(pool, seg->head);
-    free(seg);
-  }
-  while (failed != NULL) {
-    cp_segment_t *seg = failed;
-    failed = seg->next;
-    cp_segment_link_locked(pool, seg);
-    cp_free_insert_locked(pool, seg->head);
-  }
-  return first_rc;
-}
-
-int cp_release_free_segments_locked(cp_pool_t *pool) {
-  cp_segment_t *list = NULL;
-  cp_detach_free_segments_locked(pool, 0, &list);
-  return cp_release_segments_locked(pool, list);
+  cp_block_merge_free_locked(pool, b);
 }
 
 /* Blocks stream.c handed back: each returns to its free index, in completion order. */
@@ -316,7 +50,7 @@ static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
 
 /* Reuse what completed frees give back (non-blocking). A failed event query leaves those
  * blocks pending: not fatal. */
-int cp_reclaim_completed_locked(cp_pool_t *pool) {
+static int cp_reclaim_completed_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   const int rc = cp_streams_poll_locked(&pool->streams, &done);
   cp_release_done_locked(pool, &done);
@@ -324,13 +58,54 @@ int cp_reclaim_completed_locked(cp_pool_t *pool) {
 }
 
 /* Wait (without the lock) for every pending free, then return those blocks to the index. */
-int cp_synchronize_pending_locked(cp_pool_t *pool) {
+static int cp_synchronize_pending_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   bool waited = false;
   int rc = cp_streams_synchronize_locked(&pool->streams, &pool->lock, &done, &waited);
   if (waited) pool->stats.num_sync_all_streams++;
   cp_release_done_locked(pool, &done);
   return rc;
+}
+
+/* Free the LIVE block `b`: with uses on other streams, record an event on each and leave it
+ * PENDING; else give it back at once. On failure the block stays allocated. */
+static int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
+  if (b->use_count > 0) {
+    int rc = cp_streams_defer_free_locked(&pool->streams, b);
+    if (rc != CP_OK) {
+      char why[1024];
+      snprintf(why, sizeof why, "%s", cp_last_error());
+      return cp_set_error(rc,
+                          "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
+                          "cannot be tracked)",
+                          who, (void *)b->addr, why);
+    }
+  }
+  cp_ptrmap_remove(&pool->live, b->addr);
+  int kind = b->segment->kind;
+  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
+  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
+  if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
+  if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
+  cp_evlog_put_locked(pool, CP_TRACE_FREE, b->addr, b->requested, b->segment->stream->handle);
+  if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
+  return CP_OK;
+}
+
+/* Free the blocks whose free waited for the end of a capture (Note [Capture in the pool]),
+ * when no capture is under way. A free that fails (an event record refused) stays listed and
+ * is tried again later. */
+static void cp_capture_flush_locked(cp_pool_t *pool) {
+  cp_capture_t *c = &pool->capture;
+  if (c->windows != 0) return;
+  size_t kept = 0;
+  for (size_t i = 0; i < c->deferred_count; i++) {
+    cp_block_t *b = c->deferred[i];
+    if (cp_capture_must_defer_locked(pool, b) || cp_free_block_locked(pool, b, "cp_free") != CP_OK) {
+      c->deferred[kept++] = b;
+    }
+  }
+  c->deferred_count = kept;
 }
 
 /* The effective cap: the smaller of memory_cap and memory_fraction * device total. */
@@ -345,98 +120,47 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
   return cap;
 }
 
-int cp_segment_reserve_locked(cp_pool_t *pool, size_t seg_size, cp_segment_t **out_seg) {
-  size_t reserved = cp_held_locked(pool);
-  if (pool->cap_bytes != 0 && (seg_size > pool->cap_bytes || reserved > pool->cap_bytes - seg_size)) {
-    return cp_set_error(CP_ERR_OOM, "cudapool: memory cap of %zu bytes reached", pool->cap_bytes);
-  }
-  /* No device holds such a segment, and counting it in flight would wrap the sums. */
-  if (seg_size > SIZE_MAX - reserved) {
-    return cp_set_error(CP_ERR_OOM, "cudapool: a segment of %zu bytes does not fit beside the %zu reserved", seg_size,
-                        reserved);
-  }
-  pool->inflight_bytes += seg_size;
-  pthread_mutex_unlock(&pool->lock);
-  uintptr_t addr = 0;
-  int rc = CP_OK;
-  cp_segment_t *seg = calloc(1, sizeof *seg);
-  if (seg == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a segment");
-  if (rc == CP_OK) rc = pool->backend.reserve(pool->backend.ctx, seg_size, &addr);
-  pthread_mutex_lock(&pool->lock);
-  pool->inflight_bytes -= seg_size;
-  if (rc != CP_OK) {
-    free(seg);
-    return rc;
-  }
-  seg->addr = addr;
-  seg->size = seg_size;
-  *out_seg = seg;
-  return CP_OK;
-}
+/* ------------------------------------------------------------------------------------------
+ * The ladder
+ * ---------------------------------------------------------------------------------------- */
 
-void cp_segment_unreserve_locked(cp_pool_t *pool, cp_segment_t *seg) {
-  pthread_mutex_unlock(&pool->lock);
-  pool->backend.release(pool->backend.ctx, seg->addr, seg->size);
-  pthread_mutex_lock(&pool->lock);
-  free(seg);
-}
-
-void cp_segment_adopt_locked(cp_pool_t *pool, cp_segment_t *seg, cp_stream_state_t *st, int kind) {
-  pool->stats.num_device_alloc++;
-  seg->stream = st;
-  seg->kind = (uint8_t)kind;
-  cp_segment_link_locked(pool, seg);
-  CP_HISTORY(pool, CP_HIST_SEGMENT_ALLOC, seg->addr, seg->size, st->handle);
-  /* The mark moves only for memory really had: a refused request (a huge one from bad input,
-   * say) must not raise it and so switch release_before_grow off for good. */
-  const size_t held = cp_held_locked(pool);
-  if (held > pool->high_water) pool->high_water = held;
-}
-
-/* Reserve one new segment for (st, kind) and take a block from it. Called and returns with
- * the lock held; the backend call runs without it. */
-static int cp_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t size, size_t requested,
-                          size_t seg_size, void **out_ptr) {
-  cp_segment_t *seg = NULL;
-  int rc = cp_segment_reserve_locked(pool, seg_size, &seg);
-  if (rc != CP_OK) return rc;
-  rc = cp_reserve_metadata_locked(pool, 2);
-  if (rc != CP_OK) {
-    cp_segment_unreserve_locked(pool, seg);
-    return rc;
+/* Note [The OOM ladder] for page-mapped pools: best fit; memory of the stream waiting to go
+ * back; stitching (large requests); growth; on OOM wait for pending frees, give back plain
+ * free segments and unmap free chunks, then all of it once more. */
+static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                                 void **out_ptr) {
+  /* While a capture is under way: no event polled, no memory given back (Note [Capture in
+   * the pool]); growth and stitching make no event or stream call. */
+  if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
+  const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
+  for (int attempt = 0;; attempt++) {
+    int rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
+    if (rc != CP_ERR_OOM) return rc;
+    /* Memory of this stream waiting to go back: unmapped when its work is done, else taken
+     * back into service before anything is mapped anew (Note [Stream-ordered release]). */
+    if (st->draining && !cp_capturing_locked(pool, st->handle) && cp_drain_reclaim_stream_locked(pool, st)) {
+      rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
+      if (rc != CP_ERR_OOM) return rc;
+    }
+    rc = CP_ERR_OOM;
+    if (stitch) {
+      bool full = false;
+      rc = cp_stitch_alloc_locked(pool, st, rounded, size, false, out_ptr, &full);
+      if (full) { /* room for one more kept range first */
+        cp_drain_trim_locked(pool, st);
+        rc = cp_stitch_alloc_locked(pool, st, rounded, size, true, out_ptr, &full);
+      }
+    }
+    if (rc == CP_ERR_OOM) rc = cp_expand_grow_locked(pool, st, kind, rounded, size, out_ptr);
+    if (rc != CP_ERR_OOM || attempt == 1 || cp_capturing_locked(pool, st->handle)) return rc;
+    /* The retry waits for pending frees and for the streams whose memory it gives back
+     * (their drain events), never for the whole device (Note [Stream-ordered release]). */
+    pool->stats.num_alloc_retries++;
+    cp_synchronize_pending_locked(pool);
+    cp_segment_release_free_locked(pool);
+    cp_drain_retire_all_locked(pool);
+    cp_drain_reap_all_locked(pool, true);
   }
-  cp_block_t *head = cp_segment_head_locked(pool, seg, CP_BLOCK_FREE);
-  cp_segment_adopt_locked(pool, seg, st, kind);
-  *out_ptr = cp_take_locked(pool, head, size, requested);
-  return CP_OK;
-}
-
-/* Before growing: with release_before_grow, give back every wholly free segment (none of
- * them could serve this request: the index was searched); else, past
- * garbage_collection_threshold of the limit, give back free segments until under it. */
-static void cp_collect_garbage_locked(cp_pool_t *pool, size_t seg_size) {
-  /* A segment that cannot even be added to what is reserved is refused by cp_grow_locked
-   * (the retry then gives the cache back): nothing to compute, and nothing may wrap below. */
-  const size_t held = cp_held_locked(pool);
-  if (seg_size > SIZE_MAX - held) return;
-  const size_t after = held + seg_size;
-  if (pool->cfg.release_before_grow) {
-    /* Growing below the high-water mark costs no peak: keep the cache. Past it, give back
-     * (oldest first) what keeps the mark where it is, if the cache holds that much. */
-    if (after <= pool->high_water) return;
-    cp_segment_t *list = NULL;
-    cp_detach_free_segments_locked(pool, after - pool->high_water, &list);
-    cp_release_segments_locked(pool, list);
-    return;
-  }
-  double threshold = pool->cfg.garbage_collection_threshold;
-  size_t limit = pool->cap_bytes != 0 ? pool->cap_bytes : pool->device_total;
-  if (threshold <= 0 || limit == 0) return;
-  size_t target = (size_t)(threshold * (double)limit);
-  if (after <= target) return;
-  cp_segment_t *list = NULL;
-  cp_detach_free_segments_locked(pool, after - target, &list);
-  cp_release_segments_locked(pool, list);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -529,13 +253,12 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   }
   if (rc == CP_OK && pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
   if (rc == CP_OK && pool->paged) {
-    rc = cp_expand_alloc_locked(pool, st, kind, rounded, size, out_ptr);
+    rc = cp_paged_alloc_locked(pool, st, kind, rounded, size, out_ptr);
   } else if (rc == CP_OK) {
     /* 1. */
     if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, stream)) cp_reclaim_completed_locked(pool);
-    cp_block_t *b = cp_take_free_locked(pool, st, kind, rounded);
+    cp_block_t *b = cp_segment_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
     if (b != NULL) {
-      *out_ptr = cp_take_locked(pool, b, rounded, size);
       CP_HISTORY(pool, CP_HIST_ALLOC, b->addr, b->size, stream);
       cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
       CP_DEBUG_CHECK(pool, "cp_alloc");
@@ -550,24 +273,16 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     } else {
       /* No memory goes back while a capture is under way (Note [Capture in the pool]). */
       capturing = cp_capturing_locked(pool, stream);
-      if (!capturing) cp_collect_garbage_locked(pool, seg_size);
-      rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
+      rc = cp_segment_grow_locked(pool, st, kind, rounded, size, seg_size, !capturing, out_ptr);
     }
     if (rc == CP_ERR_OOM && seg_size != 0 && !capturing) {
       /* 4. */
       pool->stats.num_alloc_retries++;
       cp_synchronize_pending_locked(pool);
-      cp_segment_t *list = NULL;
-      cp_detach_free_segments_locked(pool, 0, &list);
-      cp_release_segments_locked(pool, list);
+      cp_segment_release_free_locked(pool);
       rc = cp_reserve_metadata_locked(pool, 1);
-      if (rc == CP_OK) {
-        b = cp_take_free_locked(pool, st, kind, rounded);
-        if (b != NULL) {
-          *out_ptr = cp_take_locked(pool, b, rounded, size);
-        } else {
-          rc = cp_grow_locked(pool, st, kind, rounded, size, seg_size, out_ptr);
-        }
+      if (rc == CP_OK && cp_segment_take_fit_locked(pool, st, kind, rounded, size, out_ptr) == NULL) {
+        rc = cp_segment_grow_locked(pool, st, kind, rounded, size, seg_size, false, out_ptr);
       }
     }
   }
@@ -589,31 +304,6 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     cp_set_error(CP_ERR_OOM, "%s", report);
   }
   return rc;
-}
-
-/* Free the LIVE block `b`: with uses on other streams, record an event on each and leave it
- * PENDING; else give it back at once. On failure the block stays allocated. */
-int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
-  if (b->use_count > 0) {
-    int rc = cp_streams_defer_free_locked(&pool->streams, b);
-    if (rc != CP_OK) {
-      char why[1024];
-      snprintf(why, sizeof why, "%s", cp_last_error());
-      return cp_set_error(rc,
-                          "%s(%p): %s; not freed (the block stays allocated: the work of a stream it was used on "
-                          "cannot be tracked)",
-                          who, (void *)b->addr, why);
-    }
-  }
-  cp_ptrmap_remove(&pool->live, b->addr);
-  int kind = b->segment->kind;
-  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
-  cp_stats_dec(&pool->stats, CP_STAT_ALLOCATED_BYTES, kind, b->size);
-  if (b->size >= pool->cfg.max_split_size) cp_stat_dec(&pool->stats.oversize_allocations, 1);
-  if (CP_UNLIKELY(pool->history != NULL)) cp_history_free_locked(pool, b);
-  cp_evlog_put_locked(pool, CP_TRACE_FREE, b->addr, b->requested, b->segment->stream->handle);
-  if (b->state == CP_BLOCK_LIVE) cp_block_release_locked(pool, b); /* no other stream: reuse now */
-  return CP_OK;
 }
 
 /* cp_free and cp_free_sized: `expect_size` NULL means "any size". */
@@ -683,7 +373,7 @@ int cp_empty_cache(cp_pool_t *pool) {
      * memory is retired and what its streams have finished with is unmapped now, the rest by a
      * later call. */
     if (pool->streams.pending_entries != 0) rc = cp_reclaim_completed_locked(pool);
-    int rc2 = cp_release_free_segments_locked(pool);
+    int rc2 = cp_segment_release_free_locked(pool);
     if (rc == CP_OK) rc = rc2;
     rc2 = cp_drain_retire_all_locked(pool);
     if (rc == CP_OK) rc = rc2;
@@ -693,7 +383,7 @@ int cp_empty_cache(cp_pool_t *pool) {
     /* As the built-in allocator: wait for pending frees, give back free segments (cudaFree
      * itself waits for the device). */
     rc = cp_synchronize_pending_locked(pool);
-    int rc2 = cp_release_free_segments_locked(pool);
+    int rc2 = cp_segment_release_free_locked(pool);
     if (rc == CP_OK) rc = rc2;
   }
   CP_DEBUG_CHECK(pool, "cp_empty_cache");
@@ -733,4 +423,33 @@ int cp_pool_set_memory_fraction(cp_pool_t *pool, double fraction) {
   }
   pthread_mutex_unlock(&pool->lock);
   return rc;
+}
+
+int cp_pool_capture_begin(cp_pool_t *pool) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_capture_begin: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  pool->capture.windows++;
+  pthread_mutex_unlock(&pool->lock);
+  return CP_OK;
+}
+
+int cp_pool_capture_end(cp_pool_t *pool) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_capture_end: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  int rc = CP_OK;
+  if (pool->capture.windows == 0) {
+    rc = cp_set_error(CP_ERR_STATE, "cp_pool_capture_end: no capture window is open");
+  } else if (--pool->capture.windows == 0 && pool->capture.deferred_count != 0) {
+    cp_capture_flush_locked(pool);
+  }
+  CP_DEBUG_CHECK(pool, "cp_pool_capture_end");
+  pthread_mutex_unlock(&pool->lock);
+  return rc;
+}
+
+void cp_pool_capture_state(cp_pool_t *pool, unsigned *out_windows, size_t *out_deferred_frees) {
+  pthread_mutex_lock(&pool->lock);
+  if (out_windows != NULL) *out_windows = pool->capture.windows;
+  if (out_deferred_frees != NULL) *out_deferred_frees = pool->capture.deferred_count;
+  pthread_mutex_unlock(&pool->lock);
 }

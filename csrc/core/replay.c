@@ -4,7 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/cp_internal.h"
+#include "core/seed.h"
+#include "core/stats.h"
 
 _Static_assert(sizeof(cp_trace_event_t) == 40, "cp_trace_event_t must match the 40-byte trace record");
 

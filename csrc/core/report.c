@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/cp_internal.h"
+#include "core/oom.h"
 
 /* "1.50 GiB"-style text for a byte count. */
 static const char *cp_fmt_bytes(char *buf, size_t n, size_t bytes) {

@@ -3,7 +3,9 @@
  * Owns: the validation of a seed layout and the building of its segment. */
 #include <stdlib.h>
 
-#include "core/cp_internal.h"
+#include "core/check.h"
+#include "core/seed.h"
+#include "core/segment.h"
 
 /* CP_OK when the layout fits the rules of cp_replay_seed_segment (ids aside); else
  * CP_ERR_INVALID naming the first bad block. */

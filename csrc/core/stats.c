@@ -1,17 +1,17 @@
 /* stats.c — statistics under the built-in allocator's names, and the pool's figures for readers.
  * Owns: the name tables, the resets, and every read-only public query of a pool (stats, info,
- * usage, check, config, base_of); the updates are inline in cp_internal.h. */
+ * usage, check, config, base_of); the updates are inline in core/state.h. */
 #include <string.h>
 
-#include "core/cp_internal.h"
+#include "core/check.h"
+#include "core/index.h"
+#include "core/stats.h"
 
 const char *const cp_stat_family_names[CP_STAT_FAMILY_COUNT] = {
 #define CP_X(id, name) name,
     CP_STAT_FAMILIES(CP_X)
 #undef CP_X
 };
-
-const char *const cp_pool_kind_names[CP_KIND_COUNT] = {"all", "small_pool", "large_pool"};
 
 static void cp_stat_reset_peak(cp_stat_t *s) { s->peak = s->current; }
 
@@ -100,7 +100,7 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   }
 }
 
-/* cp_internal.h */
+/* stats.h */
 void cp_pool_info_no_device(cp_pool_t *pool, cp_pool_info_t *out_info) {
   pthread_mutex_lock(&pool->lock);
   cp_pool_info_locked(pool, out_info);

@@ -3,7 +3,9 @@
  * Owns: the LENT blocks, the list of stitched ranges and their page-mapped calls. */
 #include <stdlib.h>
 
-#include "core/cp_internal.h"
+#include "core/capture.h"
+#include "core/expand.h"
+#include "core/stitch.h"
 
 /* Note [Stitched ranges]
  * With page_stitching (on top of expandable_segments; expand.c), the pool keeps the handle of
@@ -49,7 +51,6 @@
  *    every idle range with the free pages of its stream; the ranges go first, then the pages
  *    (a page is freed only when unmapped everywhere). No range is trimmed during a capture. */
 
-#define CP_STITCH_KEEP  64
 #define CP_STITCH_TRIES 16
 
 static size_t cp_pages_of(const cp_pool_t *pool, size_t bytes) {
@@ -465,32 +466,30 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   return CP_OK;
 }
 
-/* At CP_STITCH_KEEP kept ranges: retire the least recently used idle one; it is unmapped once
- * the work queued on its stream before now is done (Note [Stream-ordered release]). Never
- * during a capture. Retired ranges waiting past CP_STITCH_KEEP are waited for. */
-static void cp_stitch_trim_locked(cp_pool_t *pool, cp_stream_state_t *st) {
-  if (cp_capturing_locked(pool, st->handle)) return;
-  if (pool->retired_ranges != 0) cp_drain_reap_all_locked(pool, pool->retired_ranges >= CP_STITCH_KEEP);
+cp_stream_state_t *cp_stitch_retire_lru_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   cp_segment_t *lru = NULL;
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     if (s->head->state == CP_BLOCK_FREE && !s->broken && !s->stream->reaping &&
         (lru == NULL || s->last_use < lru->last_use))
       lru = s;
   }
-  if (lru == NULL || (lru->stream != st && cp_capturing_locked(pool, lru->stream->handle))) return;
+  if (lru == NULL || (lru->stream != st && cp_capturing_locked(pool, lru->stream->handle))) return NULL;
   lru->retired = true;
   lru->broken = true;
   lru->trim_only = true;
   pool->retired_ranges++;
-  (void)cp_drain_arm_locked(pool, lru->stream);
+  return lru->stream;
 }
 
-int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, void **out_ptr) {
+int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, bool past_keep,
+                           void **out_ptr, bool *out_full) {
+  *out_full = false;
   const size_t g = pool->vmm_granularity;
   const size_t want = cp_pages_of(pool, rounded);
   if (want < 2) return CP_ERR_OOM; /* one page: a free one would have fitted */
 
-  cp_segment_t *kept = cp_stitch_find_kept_locked(pool, st, rounded);
+  /* Asked again after a trim: the kept ranges were searched already. */
+  cp_segment_t *kept = past_keep ? NULL : cp_stitch_find_kept_locked(pool, st, rounded);
   if (kept != NULL) {
     int rc = cp_reserve_metadata_locked(pool, (int)(2 * kept->run_count));
     if (rc == CP_OK) {
@@ -512,7 +511,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     free(runs);
     free(blocks);
     /* Top up: map the missing pages when that costs fewer new pages than growing would. */
-    if (found == 0) return CP_ERR_OOM;
+    if (found == 0 || past_keep) return CP_ERR_OOM; /* after a trim: others took pages meanwhile */
     cp_block_t *c = cp_expand_find_locked(pool, st, CP_KIND_LARGE, rounded);
     const size_t have = c != NULL && c->state == CP_BLOCK_FREE ? c->size : 0;
     const size_t grow_pages = cp_pages_of(pool, rounded - have);
@@ -525,12 +524,12 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     if (rc != CP_OK) return rc;
     found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }
-  if (found >= want && pool->stitched_count - pool->retired_ranges >= CP_STITCH_KEEP) {
-    /* Room for one more kept range; reaping lets go of the lock, so gather again. */
+  if (found >= want && !past_keep && pool->stitched_count - pool->retired_ranges >= CP_STITCH_KEEP) {
+    /* Room for one more kept range first (the caller trims, and asks again). */
     free(runs);
     free(blocks);
-    cp_stitch_trim_locked(pool, st);
-    found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
+    *out_full = true;
+    return CP_ERR_OOM;
   }
   if (found < want) { /* others took pages meanwhile: grow instead */
     free(runs);

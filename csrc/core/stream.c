@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cp_internal.h"
+#include "core/stream.h"
 
 /* Note [Stream ordering]
  * A block belongs to the stream it was allocated on and is reused only there: work queued on
@@ -94,7 +94,7 @@ int cp_streams_record_use_locked(cp_block_t *b, cp_stream_t stream) {
  * Pooled events and the per-stream queues
  * ---------------------------------------------------------------------------------------- */
 
-/* cp_internal.h: take an event from the spares, creating one when there is none. */
+/* stream.h: take an event from the spares, creating one when there is none. */
 int cp_streams_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event) {
   if (ss->spare_event_count > 0) {
     *out_event = ss->spare_events[--ss->spare_event_count];

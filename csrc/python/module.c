@@ -356,6 +356,7 @@ static int module_exec(PyObject *module) {
   if (st->oom_error == NULL) return -1;
   if (module_add_ref(module, "OutOfMemoryError", st->oom_error) < 0) return -1;
 
+  if (cpy_pool_spec_prepare() < 0) return -1;
   st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &cpy_pool_spec, NULL);
   if (st->pool_type == NULL) return -1;
   if (PyModule_AddType(module, st->pool_type) < 0) return -1;

@@ -24,6 +24,8 @@ cpy_state *cpy_state_of_type(PyTypeObject *type);
 
 /* The pool-handle type, cudapool._C.Pool (pool.c). */
 extern PyType_Spec cpy_pool_spec;
+/* Make cpy_pool_spec's method table (pool.c); before the type is made. -1 with an exception. */
+int cpy_pool_spec_prepare(void);
 
 /* A new Pool handle naming device `device` (0 <= device < CP_MAX_DEVICES) of the
  * process-wide table. */

@@ -11,14 +11,14 @@ info  what cudapool would run with here: its version and configuration, torch, t
 replay
       replay an allocation trace (.cptrace, or a torch memory snapshot pickle) through the
       pool on a simulated device and report peak memory, utilization, fragmentation and
-      speed (see cudapool.replay). Errors in the input exit with status 2.
+      speed (see cudapool.lab.replay). Errors in the input exit with status 2.
       --snapshot-at-peak PATH also writes the pool's snapshot at its peak.
 plot  draw a memory snapshot pickle, or a trace replayed to its peak, as a PNG: a segment map
-      and a timeline (see cudapool.plot; needs matplotlib). Bad input exits with status 2.
+      and a timeline (see cudapool.lab.plot; needs matplotlib). Bad input exits with status 2.
 ab    run SCRIPT unchanged once per allocator (built-in, expandable segments, cudaMallocAsync,
       cudapool and its variants) and repeat, each in a fresh process, and print their wall
       time, peak memory, utilization, device allocations and out of memory side by side (see
-      cudapool._ab). A bad command line exits with status 2, before anything runs.
+      cudapool.ab.command). A bad command line exits with status 2, before anything runs.
 """
 
 import argparse
@@ -106,7 +106,7 @@ def _print_oom(exc: BaseException) -> None:
 
 def cmd_run(script: str, args: List[str]) -> int:
     import cudapool
-    from cudapool._ab_child import exit_code
+    from cudapool.ab.child import exit_code
 
     if not os.path.isfile(script):
         _err(f"cannot run {script!r}: no such file")
@@ -223,8 +223,10 @@ def _pool_kind(wanted: bool, supported: bool, why: str, stitching: bool = False)
 def cmd_replay(ns: argparse.Namespace) -> int:
     import pickle
 
-    from cudapool import replay as rp
-    from cudapool.trace import load
+    from cudapool.lab import capacity as cap_mod
+    from cudapool.lab import peak_snapshot, replay_report
+    from cudapool.lab import replay as rp
+    from cudapool.lab.trace import load
 
     path = ns.trace
     if not os.path.isfile(path):
@@ -260,7 +262,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
             if capacity is not None:
                 _err("--min-capacity finds the capacity itself: give --capacity or --min-capacity, not both")
                 return EXIT_USAGE
-            found = rp.min_capacity(
+            found = cap_mod.min_capacity(
                 trace,
                 policy=ns.policy,
                 config=ns.config,
@@ -275,7 +277,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
             result["min_capacity"] = found["min_capacity"]
             result["min_capacity_ratio"] = found["ratio"]
             result["min_capacity_tries"] = found["tries"]
-            result["at_min_capacity"] = {k: at[k] for k in rp.AT_MIN_KEYS if k in at}
+            result["at_min_capacity"] = {k: at[k] for k in cap_mod.AT_MIN_KEYS if k in at}
     except ValueError as exc:  # a device the trace does not have
         _err(str(exc))
         return EXIT_USAGE
@@ -286,14 +288,16 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         try:
             from cudapool import snapshots as snap_mod
 
-            snap_mod.dump(rp.snapshot_at_peak(trace, ns.policy, ns.config, capacity, ns.device), ns.snapshot_at_peak)
+            snap_mod.dump(
+                peak_snapshot.snapshot_at_peak(trace, ns.policy, ns.config, capacity, ns.device), ns.snapshot_at_peak
+            )
         except OSError as exc:
             _err(f"cannot write {ns.snapshot_at_peak}: {exc}")
             return EXIT_USAGE
     if ns.json == "-":
         print(json.dumps(result, indent=1))
         return 0
-    sys.stdout.write(rp.format_report(result, title=f"{'trace':<16}{path}"))
+    sys.stdout.write(replay_report.format_report(result, title=f"{'trace':<16}{path}"))
     if ns.json:
         try:
             with open(ns.json, "w") as f:
@@ -411,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_plot(ns: argparse.Namespace) -> int:
-    from cudapool import plot as plot_mod
     from cudapool import snapshots as snap_mod
+    from cudapool.lab import plot as plot_mod
 
     path = ns.input
     if not os.path.isfile(path):
@@ -425,10 +429,10 @@ def cmd_plot(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     title = ns.title
     if path.endswith(".cptrace"):
-        from cudapool import replay as rp
+        from cudapool.lab import peak_snapshot
 
         try:
-            snap = rp.snapshot_at_peak(path, ns.policy, ns.config)
+            snap = peak_snapshot.snapshot_at_peak(path, ns.policy, ns.config)
         except ValueError as exc:
             _err(f"cannot replay {path}: {exc}")
             return EXIT_USAGE
@@ -455,7 +459,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["ab"]:  # its own parser: everything after -- belongs to the script
-        from cudapool import _ab
+        from cudapool.ab import command as _ab
 
         return _ab.main(args[1:])
     parser = build_parser()

@@ -32,9 +32,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import _C, _config, _torch, policies, replay, snapshots
-from ._events import ALLOC, EVENT, FREE, Trace
+from . import _C, _config, _torch, policies, snapshots
 from ._units import format_bytes
+from .lab import replay
+from .lab._events import ALLOC, EVENT, FREE, Trace
 
 __all__ = [
     "CANDIDATES",

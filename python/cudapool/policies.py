@@ -9,7 +9,7 @@
   small pool, 20 MiB for the large one) at its end, and gives back whole free chunks on
   empty_cache and when memory runs short. A second yardstick. On a device without page-mapped
   memory it falls back to plain segments (``info()["page_mapped"]`` is then 0).
-- ``cudapool``: cudapool's own default, chosen by measurement to waste less (see README).
+- ``cudapool``: cudapool's own default, chosen by measurement to waste less (see docs/lab.md).
 """
 
 from typing import Dict

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/cp_internal.h"
+#include "core/index.h"
 
 #define KiB       ((size_t)1 << 10)
 #define MiB       ((size_t)1 << 20)

@@ -4,8 +4,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/ptrmap.h"
+#include "base/status.h"
 #include "check.h"
-#include "core/cp_internal.h"
 
 /* ------------------------------------------------------------------------------------------
  * Helpers

@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/cp_internal.h"
+#include "core/seed.h"
 #include "fixture.h"
 
 static cp_trace_event_t ev(int action, uint64_t id, uint64_t size, uint64_t stream) {

@@ -1,6 +1,6 @@
 """What the pool's device calls cost: microseconds per call of each kind, and the arithmetic.
 
-    from cudapool import device_costs
+    from cudapool.lab import device_costs
     costs = device_costs.load("build/device-call-costs.json")   # or device_costs.default()
     ms = device_costs.estimate_ms(calls, call_bytes, costs)
 

@@ -2,10 +2,10 @@
 
     python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]
 
-Each allocator and repeat is one fresh process, ``python -m cudapool._ab_child SCRIPT ARGS``
+Each allocator and repeat is one fresh process, ``python -m cudapool.ab.child SCRIPT ARGS``
 (or torchrun of it with ``--nproc-per-node``), in its own process group (a timeout kills the
 whole group). The child sets the allocator up, runs the script unchanged and writes its
-statistics to a JSON file at exit (see :mod:`cudapool._ab_child`); this module reads them,
+statistics to a JSON file at exit (see :mod:`cudapool.ab.child`); this module reads them,
 takes medians over the repeats with their spread (min–max), prints one table, row per
 allocator, and with ``--json`` writes every run, rank and device.
 
@@ -27,8 +27,8 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _config, ab
-from ._units import format_bytes
+from .. import _config, ab
+from .._units import format_bytes
 
 EXIT_USAGE = 2
 
@@ -300,7 +300,7 @@ def child_env(alloc: Allocator, stats_template: str, step_marker: bool) -> Dict[
 
 def child_command(script: str, args: Sequence[str], nproc: Optional[int]) -> List[str]:
     if nproc is None:
-        return [sys.executable, "-m", "cudapool._ab_child", script, *args]
+        return [sys.executable, "-m", "cudapool.ab.child", script, *args]
     return [
         sys.executable,
         "-m",
@@ -308,7 +308,7 @@ def child_command(script: str, args: Sequence[str], nproc: Optional[int]) -> Lis
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "cudapool._ab_child",
+        "cudapool.ab.child",
         script,
         *args,
     ]

@@ -1,4 +1,4 @@
-"""The child of ``python -m cudapool ab``: ``python -m cudapool._ab_child SCRIPT [ARGS...]``.
+"""The child of ``python -m cudapool ab``: ``python -m cudapool.ab.child SCRIPT [ARGS...]``.
 
 Sets the allocator up (the environment ``ab`` gives it: CUDAPOOL_AB_ALLOCATOR, and for a
 cudapool variant CUDAPOOL_AB_CONF; ``expandable`` and ``async`` arrive as
@@ -252,7 +252,7 @@ def _describe(exc: Optional[BaseException]) -> Optional[str]:
 
 def main(argv: List[str]) -> int:
     if not argv:
-        print("usage: python -m cudapool._ab_child SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m cudapool.ab.child SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     script, args = argv[0], argv[1:]
     if not os.path.isfile(script):

@@ -62,7 +62,7 @@ the dump do not agree on, as ``{"what", "count", "bytes"}``: allocations of the 
 freed in it nor live at dump time (recording stopped before the dump), segments allocated in
 the window but missing at dump time or freed but present, frees of blocks already live,
 blocks outside every segment or overlapping, entries of unknown actions, and a reserved curve
-that had to be raised (below). ``cudapool.replay`` seeds every replay with this state and says
+that had to be raised (below). ``cudapool.lab.replay`` seeds every replay with this state and says
 when the comparison with the recorded run is not like for like.
 
 Integers out of range (a negative address or size, a stream handle beyond 64 bits; torch

@@ -7,7 +7,7 @@
 
 Outside ``python -m cudapool ab --step-marker`` (a plain ``python train.py``), :func:`step` does
 nothing, cheaply, so the call can stay in the script. Under it, each call appends one
-``time.perf_counter()`` reading to a list; the child runner (``cudapool._ab_child``) writes the
+``time.perf_counter()`` reading to a list; the child runner (``cudapool.ab.child``) writes the
 step times at exit. The reading is taken on the host, without synchronising the GPU: over many
 steps the host runs at the GPU's pace (every ``loss.item()`` waits for it), so medians are
 right; a single step's time may not be.

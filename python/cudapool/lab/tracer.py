@@ -1,12 +1,12 @@
 """Record the allocation trace a PyTorch program would make on a GPU, without a GPU.
 
-    from cudapool.tracer import Tracer
+    from cudapool.lab.tracer import Tracer
 
     with Tracer(device="meta") as tr:
         model = GPT(device="meta")          # built inside: its parameters are allocations too
         train(model, steps=10)
     trace = tr.trace(meta={"workload": "gpt"})
-    cudapool.trace.save(trace, "gpt.cptrace")
+    cudapool.lab.trace.save(trace, "gpt.cptrace")
 
 How it works
 ------------
@@ -55,7 +55,7 @@ undoes each:
   new tensor instead of into ``.grad``, a tensor used twice gets its gradients summed into a new
   one. On fake CUDA tensors it does not run at all without a GPU. Inside the block, backward
   passes (``loss.backward()``, ``torch.autograd.grad``) run on the tracer's own pass
-  (:mod:`cudapool._backward`, ``backward="tracer"``, the default): torch's node formulas, in
+  (:mod:`cudapool.lab._backward`, ``backward="tracer"``, the default): torch's node formulas, in
   the engine's order, each node's saved tensors dropped once it has run, and the two sums
   made as the engine makes them on ordinary dense CUDA tensors. ``backward="torch"`` keeps
   torch's engine. Hooks on non-leaf tensors and on graph nodes, ``retain_grad()`` and
@@ -70,14 +70,14 @@ undoes each:
   parts out of its sight; the tracer runs its parts in view, as CUDA does, so their temporaries
   are recorded.
 
-Measured (benchmarks/tracer_public.py, benchmarks/tracer_fidelity.py, the README's tracer
+Measured (benchmarks/tracer_public.py, benchmarks/tracer_fidelity.py, docs/tracer.md's
 section): on ten memory snapshots recorded on GPUs for public programs, traces on fake CUDA
 have every allocation and free of the window, in order and to the byte.
 
 What the tracer cannot see
 --------------------------
 The trace holds the tensors the program makes through ATen operations, and the scratch
-buffers of the kernels cudapool._kernel_scratch models (programs traced for CUDA, on meta or
+buffers of the kernels cudapool.lab._kernel_scratch models (programs traced for CUDA, on meta or
 fake CUDA: the staging of large sum/mean reductions and the sort of ``index_put`` with
 ``accumulate=True``; ``gpu=`` gives the GPU they are sized for, by default an H100/H200;
 ``kernel_scratch=False`` leaves them out). It does not see:
@@ -173,7 +173,7 @@ UNSEEN = (
 
 def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:
     """The storages live when a window began, per device, in the layout of
-    cudapool.torch_snapshot's window starts; their addresses are not known, so they are listed
+    cudapool.lab.torch_snapshot's window starts; their addresses are not known, so they are listed
     as ``allocations`` ([id, size, stream], oldest first) with no segments."""
     by_device: Dict[str, Dict[str, Any]] = {}
     for ident, size, stream, device in start:
@@ -299,8 +299,8 @@ class Tracer:
     ``record_ops``: also remember which operation made each allocation (:attr:`alloc_ops`).
     ``window``, ``fake``, ``fake_mode``, ``workspace_bytes``: see the module notes.
     ``backward``: "tracer" (the default: backward passes inside the block run on
-    :mod:`cudapool._backward`) or "torch" (torch's engine). ``kernel_scratch``: model the scratch
-    buffers of the CUDA kernels :mod:`cudapool._kernel_scratch` knows (default: for meta and
+    :mod:`cudapool.lab._backward`) or "torch" (torch's engine). ``kernel_scratch``: model the scratch
+    buffers of the CUDA kernels :mod:`cudapool.lab._kernel_scratch` knows (default: for meta and
     CUDA traces). ``gpu``: the GPU those are sized for: ``torch.cuda.get_device_properties(i)``,
     a dict with ``multi_processor_count`` and ``max_threads_per_multi_processor``, or a pair
     (default: 132 and 2048, an H100/H200).
@@ -341,7 +341,7 @@ class Tracer:
             backward = "tracer"
         if backward not in ("tracer", "torch"):
             raise ValueError(f"backward must be 'tracer' or 'torch', not {backward!r}")
-        #: Who runs backward passes inside the block: "tracer" (cudapool._backward, the sums a GPU
+        #: Who runs backward passes inside the block: "tracer" (cudapool.lab._backward, the sums a GPU
         #: run makes) or "torch" (torch's engine).
         self.backward = backward
         self._saved: Optional[_backward.SavedTensors] = None
@@ -418,7 +418,7 @@ class Tracer:
     # ---- results -----------------------------------------------------------------------------
 
     def trace(self, meta: Optional[Dict[str, Any]] = None) -> Trace:
-        """The events recorded so far as a :class:`cudapool.trace.Trace`."""
+        """The events recorded so far as a :class:`cudapool.lab.trace.Trace`."""
         with self._lock:
             events = list(self.events)
             start = list(self._start_order)
@@ -526,7 +526,7 @@ class Tracer:
         self.fake_mode.__enter__()
 
     def _enter_backward(self) -> None:
-        """Backward passes inside the block run on :mod:`cudapool._backward`, with every saved
+        """Backward passes inside the block run on :mod:`cudapool.lab._backward`, with every saved
         tensor kept where it can be dropped once its node has run."""
         import torch.autograd.graph as graph
 
@@ -628,7 +628,7 @@ class Tracer:
 
     def _kernel_scratch(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> None:
         """The scratch buffers the CUDA kernel of ``func`` takes and returns inside the call,
-        where cudapool._kernel_scratch models them (programs traced for CUDA only)."""
+        where cudapool.lab._kernel_scratch models them (programs traced for CUDA only)."""
         if not args or not isinstance(args[0], torch.Tensor) or self._storage_of(args[0]) is None:
             return
         steps, what = _kernel_scratch.op_steps(func._schema.name, args, kwargs, self.gpu)

@@ -1,6 +1,6 @@
 """Replay an allocation trace through the real C pool on a simulated device, on a CPU.
 
-    from cudapool.replay import replay
+    from cudapool.lab.replay import replay
     result = replay("gpt.cptrace", policy="builtin")
     print(result["peak_reserved"], result["utilization"])
 
@@ -51,7 +51,7 @@ What a replay reports (the keys of the returned dict)
   out (``releases=False``);
 - ``device_call_ms``, ``device_call_ms_after_warmup``: the estimated milliseconds those calls
   take, sum(calls x us + bytes / GiB x us_per_gib) over the kinds, from the cost table of
-  :mod:`cudapool.device_costs` (the ``costs`` argument overrides it); no wait for the device's
+  :mod:`cudapool.lab.device_costs` (the ``costs`` argument overrides it); no wait for the device's
   queued work is in them;
 - ``device_ms_warmup``: the estimated milliseconds of the calls made during warm-up (from the
   pool's creation to event ``warmup_events``, seeding included), and ``device_ms_after_warmup``,
@@ -81,7 +81,7 @@ What a replay reports (the keys of the returned dict)
   ``builtin`` policy (the recorded segments, exact sizes and streams, the live blocks at their
   offsets: the replay continues the recorded run), ``"allocations"`` under any other (the
   policy allocates the live blocks, in address order; these are not counted as events), None
-  with ``window_start=False`` (an empty pool). A window traced by ``cudapool.tracer``
+  with ``window_start=False`` (an empty pool). A window traced by ``cudapool.lab.tracer``
   (``Tracer(window=True)``) knows the storages live at its start but not their layout: it is
   seeded with ``"allocations"`` (oldest first) under every policy; ``oom`` when the capacity cannot hold it. The
   peaks include the seeded memory, as the recorded ``builtin_peak_reserved`` does;
@@ -116,15 +116,12 @@ from collections import Counter
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, Dict, List, Optional, Union
 
-from . import _C, _config, device_costs, policies
-from . import snapshots as _snapshot
-from ._units import format_bytes
+from .. import _C, _config, policies
+from .._units import format_bytes
+from . import device_costs
 from .trace import ALLOC, EVENT, FREE, RELEASE, Trace, load
 
-__all__ = [
-    "AT_MIN_KEYS", "DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "format_report", "min_capacity", "parse_size",
-    "replay",
-]  # fmt: skip
+__all__ = ["DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "parse_size", "replay"]
 
 #: The simulated device's capacity when none is given: more than any trace asks for.
 DEFAULT_CAPACITY = 1 << 50
@@ -383,7 +380,7 @@ _CALL_KEYS = ("device_calls", "device_call_bytes", "device_calls_after_warmup", 
 
 
 def _price(res: Dict[str, Any], costs: device_costs.CostTable) -> None:
-    """Add the call totals, their estimated milliseconds (cudapool.device_costs), all, during
+    """Add the call totals, their estimated milliseconds (cudapool.lab.device_costs), all, during
     and after warm-up, and the counts of the calls that wait for the device."""
     res["device_calls_total"] = sum(res["device_calls"].values())
     res["device_calls_after_warmup_total"] = sum(res["device_calls_after_warmup"].values())
@@ -408,7 +405,7 @@ def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str
     done: Dict[str, Any] = {"mode": None, "events": 0, "oom": False, "oom_size": 0}
     allocations = start.get("allocations")
     if allocations and mode is not None:
-        # A traced window (cudapool.tracer): the live storages are known, their layout is not,
+        # A traced window (cudapool.lab.tracer): the live storages are known, their layout is not,
         # so the policy allocates them itself, oldest first, under every mode.
         done["mode"] = "allocations"
         return _seed_allocations(pool, allocations, done)
@@ -582,7 +579,7 @@ def replay(
     ``lag``: how many launches a stream of the simulated device may run behind before its
     oldest completes on its own (0: a device that is always idle); None, the default, runs
     nothing until a call waits for the device (see ``device_faults`` in the module notes).
-    ``costs``: the per-call cost table that prices the device calls (cudapool.device_costs):
+    ``costs``: the per-call cost table that prices the device calls (cudapool.lab.device_costs):
     None for the default one, a JSON file's path, or a dict with a ``costs`` object.
     ``releases``: replay the trace's RELEASE events (the recorded run gave its cached memory
     back there: a snapshot's ``segment_free``/``segment_unmap``) as an empty_cache, under every
@@ -725,311 +722,3 @@ def _sum_starts(per: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     out["problems"] = [dict(p, what=f"device {d}: {p['what']}") for d, w in starts.items() for p in w["problems"]]
     out["oom"] = any(w.get("oom") for w in starts.values())
     return out
-
-
-# ------------------------------------------------------------------------------------------
-# Reports
-# ------------------------------------------------------------------------------------------
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.1f} %"
-
-
-def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
-    lines = []
-
-    def row(label: str, value: str) -> None:
-        lines.append(f"{indent}{label:<16}{value}")
-
-    row(
-        "events",
-        f"{res['events']:,} ({res['allocs']:,} allocs, {res['frees']:,} frees"
-        + (f", {res['skipped']:,} skipped" if res["skipped"] else "")
-        + ")",
-    )
-    if res["bad_events"]:
-        row(
-            "bad events",
-            f"{res['bad_events']:,} (frees of blocks allocated before the trace began, "
-            "or allocations of live ids: not replayed)",
-        )
-    row(
-        "peak allocated",
-        f"{format_bytes(res['peak_allocated'])} ({res['peak_allocated']:,} B; "
-        f"requested {format_bytes(res['peak_requested'])})",
-    )
-    ws = res.get("window_start")
-    if ws is not None:
-        how = {
-            "segments": "seeded as the recorded segments, live blocks at their offsets",
-            "allocations": "seeded: the policy allocated the live blocks, in address order",
-            "mixed": "seeded",
-            None: "not seeded: the replay starts from an empty pool",
-        }[ws["seeded"]]
-        if not ws["reserved_bytes"]:
-            how = "the window starts with nothing reserved"
-        row(
-            "window start",
-            f"{format_bytes(ws['live_bytes'])} live in {ws['live_blocks']:,} blocks, "
-            f"{format_bytes(ws['reserved_bytes'])} reserved in {ws['segments']:,} segments ({how})",
-        )
-    reserved = f"{format_bytes(res['peak_reserved'])} ({res['peak_reserved']:,} B)"
-    builtin = res.get("builtin_peak_reserved")
-    if builtin:
-        reserved += f"   built-in allocator in the recorded run: {format_bytes(builtin)}"
-        if res.get("comparable", True):
-            change = (res["peak_reserved"] - builtin) / builtin * 100
-            reserved += f" ({change:+.1f} %)"
-        else:
-            reserved += " (no percentage: not like for like)"
-    row("peak reserved", reserved)
-    for why in res.get("not_comparable") or ():
-        if builtin:
-            row("not comparable", why)
-    row("utilization", f"{_pct(res['utilization'])} (peak allocated / peak reserved)")
-    row(
-        "fragmentation",
-        f"{_pct(res['fragmentation'])} (at the reserved peak: 1 - largest free block "
-        f"{format_bytes(res['largest_free_at_peak'])} / cached free {format_bytes(res['cached_free_at_peak'])})",
-    )
-    row("device allocs", f"{res['device_allocs']:,} (segments reserved; {res['device_frees']:,} given back)")
-    if "device_calls" in res:
-        row(
-            "device calls",
-            f"{res['device_calls_total']:,}, estimated {res['device_call_ms']:.3f} ms ("
-            + (", ".join(f"{k} {v:,}" for k, v in res["device_calls"].items() if v) or "none")
-            + ")",
-        )
-        row(
-            "after warm-up",
-            f"{res['device_calls_after_warmup_total']:,} calls, estimated {res['device_call_ms_after_warmup']:.3f} ms"
-            + (
-                " (" + ", ".join(f"{k} {v:,}" for k, v in res["device_calls_after_warmup"].items() if v) + ")"
-                if res["device_calls_after_warmup_total"]
-                else ""
-            )
-            + f" (calls made from event {res['warmup_events']:,} on)",
-        )
-        if "sync_calls" in res:
-            row(
-                "waiting calls",
-                f"{res['sync_calls']:,} ({res['sync_calls_after_warmup']:,} after warm-up): "
-                + ", ".join(device_costs.SYNC_KINDS)
-                + ", the calls that wait for the device's queued work (the wait is not in the estimate)",
-            )
-    if res.get("min_capacity") is not None:
-        at = res.get("at_min_capacity") or {}
-        row(
-            "smallest device",
-            f"{format_bytes(res['min_capacity'])} ({res['min_capacity_ratio']:.3f} x peak allocated; "
-            f"{len(res.get('min_capacity_tries') or ())} tries, to 1 % of peak allocated); there: "
-            f"{at.get('device_calls_total', 0):,} device calls, estimated {at.get('device_call_ms', 0.0):.1f} ms "
-            f"({at.get('device_ms_after_warmup', 0.0):.1f} ms after warm-up)",
-        )
-    if res.get("releases"):
-        row("releases", f"{res['releases']:,} recorded releases replayed as empty_cache")
-    elif res.get("releases_ignored"):
-        row("releases", f"{res['releases_ignored']:,} recorded releases left out (--ignore-releases)")
-    row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
-    if res["oom"]:
-        where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
-        row(
-            "out of memory",
-            f"YES{where}: at event {res['oom_event']:,}, allocating "
-            f"{format_bytes(res['oom_size'])} ({res['oom_size']:,} B); the replay stopped there",
-        )
-    else:
-        row("out of memory", "no")
-    return lines
-
-
-def format_report(res: Dict[str, Any], title: Optional[str] = None) -> str:
-    """A replay's result for people, one figure a line."""
-    lines = []
-    if title:
-        lines.append(title)
-    lines.append(f"{'policy':<16}{res['policy']}" + (f" ({res['config']})" if res["config"] else " (defaults)"))
-    unlimited = res["capacity"] == DEFAULT_CAPACITY
-    lines.append(f"{'capacity':<16}" + ("unlimited" if unlimited else format_bytes(res["capacity"])))
-    devices = res.get("devices")
-    if devices:
-        lines.append(f"{'devices':<16}{', '.join(devices)} (each on its own pool; totals first)")
-    elif res.get("device") is not None:
-        lines.append(f"{'device':<16}{res['device']}")
-    lines += _report_lines(res)
-    for d, r in (devices or {}).items():
-        lines.append(f"device {d}:")
-        lines += _report_lines(r, indent="  ")
-    return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------------------
-# The smallest device
-# ------------------------------------------------------------------------------------------
-
-#: The bisection stops when the bracket is narrower than this fraction of peak allocated.
-MIN_CAPACITY_TOLERANCE = 0.01
-
-#: What a report shows of the replay at the smallest device: its device calls and their cost.
-AT_MIN_KEYS = (
-    "peak_reserved", "device_calls_total", "device_call_ms", "device_ms_warmup", "device_ms_after_warmup",
-    "device_calls_after_warmup_total", "sync_calls", "sync_calls_after_warmup",
-)  # fmt: skip
-
-
-def min_capacity(
-    trace: Union[Trace, str, "os.PathLike[str]"],
-    policy: str = policies.DEFAULT_POLICY,
-    config: Optional[str] = None,
-    device: Optional[int] = None,
-    *,
-    tolerance: float = MIN_CAPACITY_TOLERANCE,
-    unlimited: Optional[Dict[str, Any]] = None,
-    progress: Optional[IO[str]] = None,
-    window_start: bool = True,
-    costs: Union[None, str, "os.PathLike[str]", Dict[str, Any]] = None,
-    lag: Optional[int] = None,
-    releases: bool = True,
-) -> Dict[str, Any]:
-    """The smallest device memory on which ``trace`` replays under ``policy`` without running
-    out of memory, found by bisection in this process (each try a fresh pool, with the pool's
-    whole out-of-memory ladder: waiting for pending frees, giving cached memory back, and
-    stitching where the policy does).
-
-    The bracket starts at [peak allocated, peak reserved on an unlimited device] (``unlimited``:
-    that replay's result, when the caller has it): nothing runs below the bytes it holds at once,
-    and on a device of its unlimited peak the pool never runs short. It is halved until it is
-    narrower than ``tolerance`` x peak allocated. Fitting is not monotonic in the capacity for
-    every policy (a pool that runs short earlier gives memory back earlier): the answer is a
-    capacity that fits, with one ``tolerance`` below it that does not.
-
-    With several devices, every device gets the same capacity (one GPU model), and the floor is
-    the largest device's peak allocated. ``progress``: a stream that gets one line per try.
-
-    Returns ``{"min_capacity": bytes, "ratio": min_capacity / peak_allocated, "peak_allocated",
-    "tries": [[capacity, fits], ...], "at_min": the replay's result at min_capacity (device
-    calls and their estimated time there)}``; ``min_capacity`` is None (and ``at_min`` the
-    unlimited replay) when the trace allocates nothing.
-    """
-    if not isinstance(trace, Trace):
-        trace = load(trace)
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance must be in (0, 1), not {tolerance!r}")
-    kw: Dict[str, Any] = dict(
-        policy=policy, config=config, device=device, window_start=window_start, costs=costs, lag=lag,
-        releases=releases,
-    )  # fmt: skip
-    if unlimited is None:
-        unlimited = replay(trace, **kw)
-    per = unlimited.get("devices") or {"": unlimited}
-    floor = max(r["peak_allocated"] for r in per.values())
-    ceiling = max(r["peak_reserved"] for r in per.values())
-    out: Dict[str, Any] = {
-        "min_capacity": None,
-        "ratio": None,
-        "peak_allocated": floor,
-        "tries": [],
-        "at_min": unlimited,
-    }
-    if floor == 0:
-        return out
-    tries: List[List[Any]] = out["tries"]
-
-    def attempt(cap: int) -> Dict[str, Any]:
-        res = replay(trace, capacity=cap, **kw)
-        tries.append([cap, not res["oom"]])
-        if progress is not None:
-            verdict = "fits" if not res["oom"] else "out of memory"
-            progress.write(
-                f"min-capacity: try {len(tries)}: {format_bytes(cap)} ({cap / floor:.4f} x peak allocated): {verdict}\n"
-            )
-            progress.flush()
-        return res
-
-    hi = max(ceiling, floor)
-    best = attempt(hi)
-    while best["oom"] and hi < DEFAULT_CAPACITY:  # the device's size changed a policy's choices
-        hi = min(hi * 2, DEFAULT_CAPACITY)
-        best = attempt(hi)
-    if best["oom"]:
-        raise ReplayError("the trace runs out of memory on every capacity tried")
-    lo = floor - 1  # known not to fit: reserved bytes hold every allocated byte
-    step = max(1, int(tolerance * floor))
-    while hi - lo > step:
-        mid = lo + (hi - lo) // 2
-        res = attempt(mid)
-        if res["oom"]:
-            lo = mid
-        else:
-            hi, best = mid, res
-    out.update(min_capacity=hi, ratio=hi / floor, at_min=best)
-    return out
-
-
-PEAK_HISTORY = 20_000  # history records kept up to the peak (the snapshot's timeline)
-
-
-def snapshot_at_peak(
-    trace: Union[Trace, str, "os.PathLike[str]"],
-    policy: str = policies.DEFAULT_POLICY,
-    config: Optional[str] = None,
-    capacity: Optional[Union[int, str]] = None,
-    device: Optional[int] = None,
-    history: int = PEAK_HISTORY,
-) -> Dict[str, Any]:
-    """The memory snapshot (torch's _snapshot format, cudapool.snapshots) of the simulated
-    pool at the moment its reserved memory first reaches its peak while replaying ``trace``
-    (one device: ``device``, default the trace's first), with the last ``history`` events
-    before it as the device's trace. The pool starts empty (a window's start state is not
-    seeded). Two passes: the first finds the chunk of events where the peak falls, the second
-    stops at the event itself."""
-    if not isinstance(trace, Trace):
-        trace = load(trace)
-    counts = _device_counts(trace.data)
-    if not counts:
-        raise ValueError("the trace has no events")
-    d = min(counts) if device is None else device
-    if d not in counts:
-        raise ValueError(f"the trace has no events on device {d} (devices: {', '.join(map(str, sorted(counts)))})")
-    data = _device_data(trace.data, d) if len(counts) > 1 else trace.data
-    cfg = config_text(policy, config)
-    cap = DEFAULT_CAPACITY if capacity is None else parse_size(capacity)
-    n = len(data) // EVENT.size
-    chunk = 4096
-    # Pass 1: the first chunk whose window reaches the peak of reserved.
-    pool = _C.Pool(cap, cfg, False, False)
-    windows: List[int] = []
-    try:
-        pool.replay_start(-1)
-        pos = 0
-        while pos < n:
-            end = min(n, pos + chunk)
-            ok = pool.replay_feed(data, pos, end - pos)
-            windows.append(pool.replay_window()[1])
-            if not ok:
-                break
-            pos = end
-        peak = pool.replay_result()["peak_reserved"]
-        pool.replay_stop()
-    finally:
-        pool.close()
-    first = next((i for i, r in enumerate(windows) if r >= peak), 0)
-    # Pass 2: up to that chunk, then one event at a time until reserved is the peak.
-    pool = _C.Pool(cap, cfg, False, False)
-    try:
-        pool.set_history(history)
-        pool.replay_start(-1)
-        pos = first * chunk
-        if pos:
-            pool.replay_feed(data, 0, pos)
-        while pos < n and pool.info()["reserved"] < peak:
-            if not pool.replay_feed(data, pos, 1):
-                break
-            pos += 1
-        snap = _snapshot.pool_snapshot(pool, d)
-        snap["cudapool_replay"] = {"event": pos, "events": n, "peak_reserved": peak, "config": pool.config()}
-        pool.replay_stop()
-    finally:
-        pool.close()
-    return snap

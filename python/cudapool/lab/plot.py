@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._units import format_bytes
+from .._units import format_bytes
 
 __all__ = ["PlotError", "STATE_COLOURS", "UNMAPPED_COLOUR", "render", "timeline", "segment_bars"]
 

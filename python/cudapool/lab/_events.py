@@ -1,8 +1,8 @@
 """Allocation events in memory: the packed event layout, ``Trace`` and ``TraceWriter``.
 
-``cudapool.trace`` describes the events and the file format, and re-exports all of this; this
+``cudapool.lab.trace`` describes the events and the file format, and re-exports all of this; this
 module holds only the in-memory form, so that the readers of every kind of trace file
-(``cudapool.trace``, ``cudapool.torch_snapshot``) build on it without importing each other.
+(``cudapool.lab.trace``, ``cudapool.lab.torch_snapshot``) build on it without importing each other.
 """
 
 from __future__ import annotations

@@ -1,0 +1,32 @@
+/* pool.h — the Pool object (pool.c), shared with the methods that drive a simulated pool
+ * (pool_sim.c). */
+#ifndef CPY_POOL_H
+#define CPY_POOL_H
+
+#include "python/module.h"
+
+#include "backend/sim.h"
+#include "core/cp.h"
+
+typedef struct pool_object_s {
+  PyObject_HEAD int device; /* >= 0: a handle naming that device; -1: a simulated pool */
+  cp_sim_t *sim;            /* simulated pool: the device; NULL once closed */
+  cp_pool_t *pool;          /* simulated pool: the pool; NULL once closed; destroyed before sim */
+  size_t capacity;          /* simulated pool: the device's capacity */
+  cp_replay_t *replay;      /* simulated pool: the replay under way, or NULL; destroyed before pool */
+} PoolObject;
+
+/* A cudapool error for `status` (the last error's text), as the module raises them. */
+PyObject *cpy_pool_raise_status(PyObject *op, int status);
+/* `what` needs a simulated pool: TypeError on a device handle, ValueError once closed. */
+int cpy_pool_require_sim(PoolObject *self, const char *what);
+
+#define SIM_ONLY(op, self, what)         \
+  PoolObject *self = (PoolObject *)(op); \
+  if (cpy_pool_require_sim(self, what) < 0) return NULL
+
+/* The methods that drive a simulated pool (pool_sim.c), NULL-terminated; pool.c joins them to
+ * those of either kind for the type. */
+extern PyMethodDef cpy_pool_sim_methods[];
+
+#endif /* CPY_POOL_H */
