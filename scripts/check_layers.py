@@ -126,13 +126,18 @@ PY_LAYERS: dict[str, int] = {
     "lab.replay_report": 4,
     "lab.capacity": 4,
     "lab.peak_snapshot": 4,
+    "lab.fakegpu": 4,
     # 5: what replays traces to explain out of memory
     "oom": 5,
-    # 6: the package; 7: the A/B command and its child runner; 8: the command line
+    # 6: the package and what the A/B command's parts share; 7: the A/B command and its child
+    # runners; 8: its simulated form; 9: the command line
     "__init__": 6,
+    "ab.common": 6,
     "ab.command": 7,
     "ab.child": 7,
-    "__main__": 8,
+    "ab.sim_child": 7,
+    "ab.simulate": 8,
+    "__main__": 9,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

@@ -28,7 +28,8 @@
 #                                                                           lab-snapshots/
 # 6. runs the C micro-benchmark when make is there                       -> $OUT/bench-micro.txt,
 #                                                                           bench-micro.json
-# 9. runs `python -m cudapool ab` on the lab's workloads (benchmarks/ab_suite.py: a GPT and a
+# 9. runs `python -m cudapool ab` on the lab's workloads, and `ab --simulate` beside it (predicted
+#    peak reserved and max batch against the measured ones) (benchmarks/ab_suite.py: a GPT and a
 #    CNN of benchmarks/ab_train.py under builtin, expandable and cudapool, with the step marker
 #    and the max-batch search; capped at 120 s, the time left)       -> $OUT/ab-suite.txt,
 #                                                                           ab-suite.tgz (JSON)
@@ -262,9 +263,9 @@ fi
 # -- 9. python -m cudapool ab on the lab's workloads -------------------------------------------
 if [ "$build_rc" -eq 0 ]; then
   section "ab suite: $PYTHON benchmarks/ab_suite.py"
-  t=$(stage_time 120)
+  t=$(stage_time 180)
   run_stage "$t" "$OUT/ab-suite.txt" "$PYTHON" benchmarks/ab_suite.py --budget-s $((t > 10 ? t - 10 : 0)) \
-    --json-dir "$OUT/ab-suite"
+    --json-dir "$OUT/ab-suite" --simulate
   suite_status=$STAGE_STATUS
   if [ -d "$OUT/ab-suite" ]; then
     (cd "$OUT" && tar czf ab-suite.tgz ab-suite && rm -rf ab-suite) || true

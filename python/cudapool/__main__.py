@@ -19,6 +19,9 @@ ab    run SCRIPT unchanged once per allocator (built-in, expandable segments, cu
       cudapool and its variants) and repeat, each in a fresh process, and print their wall
       time, peak memory, utilization, device allocations and out of memory side by side (see
       cudapool.ab.command). A bad command line exits with status 2, before anything runs.
+      ab --simulate [--gpu NAME_OR_BYTES]: no GPU needed; SCRIPT traced once on a fake GPU and
+      replayed under each allocator: predicted peak memory, fits or not, the smallest GPU it
+      fits on, device time (see cudapool.ab.simulate).
 """
 
 import argparse
@@ -327,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ab",
         add_help=False,
         help="A/B: run a script under several allocators, each in a fresh process, and compare "
-        "memory and time side by side (python -m cudapool ab --help)",
+        "memory and time side by side; with --simulate, predicted without a GPU (python -m cudapool ab --help)",
     )
     commands.add_parser(
         "info",
@@ -459,6 +462,11 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["ab"]:  # its own parser: everything after -- belongs to the script
+        own = args[1 : args.index("--")] if "--" in args else args[1:]
+        if "--simulate" in own:  # without a GPU: traced on a fake one, predicted by replay
+            from cudapool.ab import simulate
+
+            return simulate.main(args[1:])
         from cudapool.ab import command as _ab
 
         return _ab.main(args[1:])

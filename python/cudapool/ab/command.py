@@ -29,6 +29,17 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from .. import _config, ab
 from .._units import format_bytes
+from .common import (
+    UsageError,
+    bisect_max,
+    format_table,
+    parse_range,
+    print_rich,
+    progress_printer,
+    rich_available,
+    safe_label,
+    with_arg,
+)
 
 EXIT_USAGE = 2
 
@@ -40,10 +51,6 @@ TORCH_CONF = {"builtin": None, "expandable": "expandable_segments:True", "async"
 #: Variables a child never inherits: each row is what its name says.
 CLEARED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDAPOOL_CONF")
 TAIL_CHARS = 4000
-
-
-class UsageError(ValueError):
-    """A bad command line: reported with status 2 before anything runs."""
 
 
 class Allocator(NamedTuple):
@@ -108,17 +115,6 @@ def parse_allocators(text: str) -> List[Allocator]:
     return out
 
 
-def parse_range(text: str) -> Tuple[int, int]:
-    lo_text, sep, hi_text = text.partition(":")
-    try:
-        lo, hi = int(lo_text), int(hi_text)
-    except ValueError:
-        raise UsageError(f"--max-batch-range {text!r}: write LO:HI, two integers") from None
-    if not sep or not 1 <= lo <= hi:
-        raise UsageError(f"--max-batch-range {text!r}: need 1 <= LO <= HI")
-    return lo, hi
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m cudapool ab",
@@ -162,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the range of --find-max-batch (default: {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})",
     )
     p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="no GPU needed: trace SCRIPT once on a fake GPU and predict each allocator's figures by replay "
+        "(python -m cudapool ab --simulate --help lists its options)",
+    )
+    p.add_argument(
         "--nproc-per-node",
         type=int,
         metavar="N",
@@ -184,24 +186,29 @@ class Options(NamedTuple):
     args: List[str]
 
 
-def parse_args(argv: Sequence[str]) -> Options:
-    """The options and the script of ``ab``'s command line; UsageError when it is bad."""
+def split_and_parse(argv: Sequence[str], parser: argparse.ArgumentParser) -> Tuple[argparse.Namespace, List[str]]:
+    """The options before ``--`` parsed by ``parser``, and the script and its arguments after
+    it. ``--help`` without ``--`` prints the help and exits 0; UsageError when it is bad."""
     argv = list(argv)
     if "--" not in argv:
         if any(a in ("-h", "--help") for a in argv):
-            build_parser().print_help()
+            parser.print_help()
             raise SystemExit(0)
-        raise UsageError("put -- before the script: python -m cudapool ab [OPTIONS] -- SCRIPT [ARGS...]")
+        raise UsageError(f"put -- before the script: {parser.usage}")
     cut = argv.index("--")
     own, rest = argv[:cut], argv[cut + 1 :]
-    own = _join_option_values(own)
-    parser = build_parser()
     try:
-        ns = parser.parse_args(own)
+        ns = parser.parse_args(_join_option_values(own))
     except SystemExit as exc:
         if exc.code == 0:
             raise
         raise UsageError("bad options (see above)") from None
+    return ns, rest
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    """The options and the script of ``ab``'s command line; UsageError when it is bad."""
+    ns, rest = split_and_parse(argv, build_parser())
     if not rest:
         raise UsageError("no script after --")
     if ns.repeat < 1:
@@ -249,33 +256,6 @@ def _join_option_values(own: List[str]) -> List[str]:
         out.append(own[i])
         i += 1
     return out
-
-
-def with_arg(args: Sequence[str], name: str, value: int) -> List[str]:
-    """``args`` with the option ``name`` set to ``value``: every "NAME V" and "NAME=V" replaced,
-    or "NAME VALUE" appended when it is absent."""
-    out: List[str] = []
-    found = False
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == name and i + 1 < len(args):
-            out += [name, str(value)]
-            found = True
-            i += 2
-            continue
-        if a.startswith(name + "="):
-            out.append(f"{name}={value}")
-            found = True
-        else:
-            out.append(a)
-        i += 1
-    if not found:
-        out += [name, str(value)]
-    return out
-
-
-# -- one run ------------------------------------------------------------------------------------
 
 
 def _package_root() -> str:
@@ -581,38 +561,6 @@ def table_rows(rows: List[Dict[str, Any]], step_marker: bool, max_batch: Optiona
     return out
 
 
-def format_table(cells: List[List[str]]) -> str:
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    lines = []
-    for n, r in enumerate(cells):
-        parts = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
-        lines.append("  ".join(parts).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines) + "\n"
-
-
-def _rich_available() -> bool:
-    try:
-        import rich.console  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-        import rich.table  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def _print_rich(cells: List[List[str]]) -> None:
-    from rich.console import Console  # type: ignore[import-not-found, unused-ignore]
-    from rich.table import Table  # type: ignore[import-not-found, unused-ignore]
-
-    t = Table()
-    for i, h in enumerate(cells[0]):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for r in cells[1:]:
-        t.add_row(*r)
-    Console().print(t)
-
-
 def report_head(result: Dict[str, Any]) -> str:
     """The two lines above the table: the command, and what the figures are."""
     o = result["options"]
@@ -645,29 +593,6 @@ def report_text(result: Dict[str, Any]) -> str:
 # -- max batch ----------------------------------------------------------------------------------
 
 
-def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:
-    """The largest v in lo..hi with ok(v), assuming ok holds up to some value and fails above:
-    ok(lo), then doubling up to the first failure (or hi), then bisection. None if not ok(lo)."""
-    if not ok(lo):
-        return None
-    good, bad = lo, None
-    while bad is None:
-        if good >= hi:
-            return hi
-        v = min(max(2 * good, good + 1), hi)
-        if ok(v):
-            good = v
-        else:
-            bad = v
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
 def find_max_batch(alloc: Allocator, opts: Options, workdir: str, progress: Callable[[str], None]) -> Dict[str, Any]:
     assert opts.find_max_batch is not None
     name = opts.find_max_batch
@@ -676,7 +601,7 @@ def find_max_batch(alloc: Allocator, opts: Options, workdir: str, progress: Call
 
     def ok(value: int) -> bool:
         args = with_arg(opts.args, name, value)
-        tag = f"{_safe(alloc.label)}-batch{value}"
+        tag = f"{safe_label(alloc.label)}-batch{value}"
         rec = run_once(alloc, opts.script, args, opts, workdir, tag)
         probes.append(
             {k: rec[k] for k in ("status", "exit_status", "oom", "timed_out", "process_s", "peak_reserved")}
@@ -687,10 +612,6 @@ def find_max_batch(alloc: Allocator, opts: Options, workdir: str, progress: Call
 
     best = bisect_max(ok, lo, hi)
     return {"max": best, "range": [lo, hi], "probes": probes}
-
-
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -706,7 +627,7 @@ def run(opts: Options, progress: Callable[[str], None]) -> Dict[str, Any]:
             for i in range(opts.repeat):
                 n += 1
                 progress(f"[{n}/{total}] {alloc.label}, run {i + 1}/{opts.repeat} ...")
-                rec = run_once(alloc, opts.script, opts.args, opts, workdir, f"{_safe(alloc.label)}-{i}")
+                rec = run_once(alloc, opts.script, opts.args, opts, workdir, f"{safe_label(alloc.label)}-{i}")
                 rec["repeat"] = i
                 runs.append(rec)
                 took = f"{rec['wall_s']:.2f} s" if rec["wall_s"] is not None else f"{rec['process_s']:.2f} s"
@@ -738,21 +659,6 @@ def run(opts: Options, progress: Callable[[str], None]) -> Dict[str, Any]:
     return result
 
 
-def _progress_printer() -> Callable[[str], None]:
-    tty = sys.stderr.isatty()
-
-    def progress(line: str) -> None:
-        if tty:
-            sys.stderr.write("\r\033[K" + "cudapool ab: " + line)
-            if not line.endswith("..."):
-                sys.stderr.write("\n")
-        else:
-            sys.stderr.write("cudapool ab: " + line + "\n")
-        sys.stderr.flush()
-
-    return progress
-
-
 def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -774,16 +680,18 @@ def main(argv: Sequence[str]) -> int:
     # SIGTERM (a harness's time cap) ends the run in progress too: its process group is killed
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        result = run(opts, _progress_printer())
+        result = run(opts, progress_printer())
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if sys.stdout.isatty() and _rich_available():
+    if sys.stdout.isatty() and rich_available():
         sys.stdout.write(report_head(result))
         sys.stdout.flush()
-        _print_rich(result["cells"])
+        print_rich(result["cells"])
         sys.stdout.write(report_notes(result))
     else:
         sys.stdout.write(report_text(result))
+    if all((row["memory_reason"] or "").startswith("CUDA is not available") for row in result["rows"]):
+        sys.stdout.write("no GPU here: `python -m cudapool ab --simulate ...` predicts these figures without one\n")
     sys.stdout.flush()
     if opts.json:
         try:

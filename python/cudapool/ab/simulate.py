@@ -1,0 +1,424 @@
+"""``python -m cudapool ab --simulate``: the A/B of a script answered without a GPU.
+
+    python -m cudapool ab --simulate [--gpu NAME_OR_BYTES] [--allocators LIST] [--max-steps N]
+        [--strict-values] [--find-max-batch ARG [--max-batch-range LO:HI]] [--json PATH]
+        -- SCRIPT [ARGS...]
+
+The script runs once, unchanged, in a fresh process (:mod:`cudapool.ab.sim_child`) on a fake
+GPU of the given model (:mod:`cudapool.lab.fakegpu`: fake CUDA tensors, CUDA's autocast rules,
+the tracer's backward pass), and its allocation trace is replayed under each allocator's rules
+on cudapool's simulated device (:mod:`cudapool.lab.replay`): peak allocated and reserved,
+utilization, whether it fits on that GPU (a replay with the GPU's memory as the capacity and
+the whole out-of-memory ladder), the smallest GPU memory it fits in
+(:mod:`cudapool.lab.capacity`), the device calls and their estimated time. Every figure is a
+prediction and the table says so. ``async`` (cudaMallocAsync) has no model: its row says so.
+``--find-max-batch ARG`` traces the script again for each value it tries (each in a fresh
+process; one trace serves every allocator) and reports the largest that fits per allocator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .._units import format_bytes
+from .command import DEFAULT_RANGE, EXIT_USAGE, Allocator, parse_allocators, split_and_parse
+from .common import UsageError, bisect_max, format_table, parse_range, progress_printer, safe_label, with_arg
+
+DEFAULT_ALLOCATORS = "builtin,expandable,async,cudapool"
+#: The replay policy of each of torch's rows.
+POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
+EXIT_NOT_SIMULATED = 1
+
+
+class SimOptions(NamedTuple):
+    gpu: str
+    allocators: List[Allocator]
+    json: Optional[str]
+    max_steps: Optional[int]
+    strict_values: bool
+    find_max_batch: Optional[str]
+    max_batch_range: Tuple[int, int]
+    timeout: Optional[float]
+    trace: Optional[str]
+    script: str
+    args: List[str]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m cudapool ab --simulate",
+        usage="python -m cudapool ab --simulate [OPTIONS] -- SCRIPT [ARGS...]",
+        description="Trace SCRIPT (unchanged) once on a fake GPU, without a GPU, and predict what each allocator "
+        "would reserve, whether the run fits on that GPU, the smallest GPU memory it needs and the device time.",
+    )
+    p.add_argument("--simulate", action="store_true", help="this mode (required)")
+    p.add_argument(
+        "--gpu",
+        default="H100",
+        metavar="NAME_OR_BYTES",
+        help="the GPU to predict for: H200, H100, A100-80GB, A100-40GB, L40S, RTX4090, RTX3090, A10G, L4, V100, T4, "
+        "or a memory size such as 24GB (default: H100)",
+    )
+    p.add_argument("--allocators", default=DEFAULT_ALLOCATORS, metavar="LIST", help="as for ab (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="write the prediction, every replay and the trace's facts to PATH")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="stop the script after N steps (cudapool.ab.step() marks or optimizer steps, whichever counts more)",
+    )
+    p.add_argument(
+        "--strict-values",
+        action="store_true",
+        help="make a read of a tensor's value (.item(), float(), bool()) an error instead of a zero",
+    )
+    p.add_argument("--find-max-batch", metavar="ARG", help="the largest value of the script's option ARG that fits")
+    p.add_argument(
+        "--max-batch-range", metavar="LO:HI", help=f"its range (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})"
+    )
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds per trace")
+    p.add_argument(
+        "--trace", metavar="PATH", help="also keep the script's trace there (python -m cudapool replay PATH)"
+    )
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> SimOptions:
+    from ..lab.fakegpu import gpu_model
+
+    ns, rest = split_and_parse(argv, build_parser())
+    try:
+        gpu_model(ns.gpu)
+    except ValueError as exc:
+        raise UsageError(f"--gpu: {exc}") from None
+    if ns.max_steps is not None and ns.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    if ns.timeout is not None and ns.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if ns.max_batch_range is not None and ns.find_max_batch is None:
+        raise UsageError("--max-batch-range goes with --find-max-batch")
+    if ns.find_max_batch is not None and not ns.find_max_batch.startswith("-"):
+        raise UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
+    if not rest:
+        raise UsageError("no script after --")
+    if not os.path.isfile(rest[0]):
+        raise UsageError(f"cannot run {rest[0]!r}: no such file")
+    return SimOptions(
+        ns.gpu,
+        parse_allocators(ns.allocators),
+        ns.json,
+        ns.max_steps,
+        ns.strict_values,
+        ns.find_max_batch,
+        parse_range(ns.max_batch_range) if ns.max_batch_range else DEFAULT_RANGE,
+        ns.timeout,
+        ns.trace,
+        rest[0],
+        rest[1:],
+    )
+
+
+# -- tracing --------------------------------------------------------------------------------------
+
+
+def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str, Any]:
+    """Trace the script with ``args`` in a fresh process; its result.json (status "failed"
+    with a message when it could not run, "timeout" past --timeout)."""
+    cmd = [sys.executable, "-m", "cudapool.ab.sim_child", "--gpu", opts.gpu, "--out", out_dir]
+    if opts.max_steps is not None:
+        cmd += ["--max-steps", str(opts.max_steps)]
+    if opts.strict_values:
+        cmd.append("--strict-values")
+    cmd += ["--", opts.script, *args]
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    started = time.monotonic()
+    os.makedirs(out_dir, exist_ok=True)
+    out_path = os.path.join(out_dir, "stdout.txt")
+    try:
+        with open(out_path, "wb") as out:
+            done = subprocess.run(cmd, env=env, stdout=out, timeout=opts.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {
+            "status": "timeout",
+            "message": f"no trace within --timeout {opts.timeout:g} s",
+            "seconds": opts.timeout,
+        }
+    path = os.path.join(out_dir, "result.json")
+    if not os.path.isfile(path):
+        return {
+            "status": "failed",
+            "message": f"the tracing process ended with status {done.returncode} and wrote no trace",
+            "seconds": time.monotonic() - started,
+        }
+    with open(path) as f:
+        result: Dict[str, Any] = json.load(f)
+    result["trace_path"] = os.path.join(out_dir, "trace.cptrace")
+    with open(out_path, "rb") as f:
+        output = f.read().decode("utf-8", "replace")
+    result["output_lines"] = len(output.splitlines())
+    result["output_tail"] = output[-2000:]
+    return result
+
+
+# -- replay ---------------------------------------------------------------------------------------
+
+
+def policy_and_config(alloc: Allocator) -> Optional[Tuple[str, Optional[str]]]:
+    """The replay policy and configuration of a row, or None when the allocator has no model."""
+    if alloc.cudapool_conf is None:
+        policy = POLICY_OF.get(alloc.label)
+        return (policy, None) if policy else None
+    policy, rest = "cudapool", []
+    for entry in filter(None, alloc.cudapool_conf.split(",")):
+        key, _, value = entry.partition(":")
+        if key == "policy":
+            policy = value
+        else:
+            rest.append(entry)
+    return policy, ",".join(rest) or None
+
+
+def predict(trace: Any, alloc: Allocator, capacity: int) -> Dict[str, Any]:
+    """One row's figures: replays unlimited and at the GPU's memory, and the smallest device."""
+    from ..lab.capacity import min_capacity
+    from ..lab.replay import replay
+
+    pc = policy_and_config(alloc)
+    if pc is None:
+        return {"allocator": alloc.label, "simulated": False, "why": "no model of cudaMallocAsync's pool"}
+    policy, config = pc
+    free = replay(trace, policy=policy, config=config)
+    there = replay(trace, policy=policy, config=config, capacity=capacity)
+    smallest = min_capacity(trace, policy=policy, config=config, unlimited=free)
+    keys = ("peak_allocated", "peak_reserved", "utilization", "device_calls_total", "device_call_ms", "device_faults")
+    return {
+        "allocator": alloc.label,
+        "simulated": True,
+        "policy": policy,
+        "config": config,
+        **{k: free.get(k) for k in keys},
+        "fits": not there["oom"],
+        "oom_event": there.get("oom_event"),
+        "oom_size": there.get("oom_size"),
+        "min_capacity": smallest["min_capacity"],
+    }
+
+
+def usable(trace_result: Dict[str, Any], total: int) -> int:
+    """The memory a run may use: the GPU's, or the fraction of it the script set."""
+    fraction = (trace_result.get("fake_gpu") or {}).get("memory_fraction")
+    return total if fraction is None else max(1, int(fraction * total))
+
+
+def fits(trace_result: Dict[str, Any], alloc: Allocator, total: int) -> bool:
+    capacity = usable(trace_result, total)
+    from ..lab.replay import replay
+    from ..lab.trace import load
+
+    pc = policy_and_config(alloc)
+    if pc is None or trace_result["status"] not in ("finished", "stopped"):
+        return False
+    return not replay(load(trace_result["trace_path"]), policy=pc[0], config=pc[1], capacity=capacity)["oom"]
+
+
+def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[str], None]) -> Dict[str, Any]:
+    """Per allocator, the largest value of --find-max-batch whose trace fits; one trace (a
+    fresh process) per value tried, shared by the allocators."""
+    assert opts.find_max_batch is not None
+    name = opts.find_max_batch
+    lo, hi = opts.max_batch_range
+    traces: Dict[int, Dict[str, Any]] = {}
+
+    def traced(value: int) -> Dict[str, Any]:
+        if value not in traces:
+            progress(f"max {name}: tracing {name} {value} ...")
+            traces[value] = trace_once(opts, with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
+            progress(f"max {name}: {name} {value}: {traces[value]['status']}")
+        return traces[value]
+
+    results: Dict[str, Dict[str, Any]] = {}
+    for alloc in opts.allocators:
+        if policy_and_config(alloc) is None:
+            results[alloc.label] = {"max": None, "simulated": False}
+            continue
+        tried: List[Dict[str, Any]] = []
+
+        def ok(value: int, alloc: Allocator = alloc, tried: List[Dict[str, Any]] = tried) -> bool:
+            good = fits(traced(value), alloc, capacity)
+            tried.append({"value": value, "fits": good, "trace": traced(value)["status"]})
+            return good
+
+        results[alloc.label] = {"max": bisect_max(ok, lo, hi), "range": [lo, hi], "probes": tried, "simulated": True}
+    return {"arg": name, "results": results, "traces": {str(v): _brief(t) for v, t in sorted(traces.items())}}
+
+
+def _brief(t: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: t.get(k) for k in ("status", "message", "steps", "events", "peak_allocated", "seconds")}
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def table(rows: List[Dict[str, Any]], gpu_spec: str, max_batch: Optional[Dict[str, Any]]) -> List[List[str]]:
+    short = gpu_spec
+    head = [
+        "allocator",
+        "predicted peak allocated",
+        "predicted peak reserved",
+        "predicted utilization",
+        f"fits on {short}",
+        "smallest GPU memory",
+        "device calls",
+        "est. device time",
+    ]
+    if max_batch is not None:
+        head.append(f"max {max_batch['arg']}")
+    cells = [head]
+    for r in rows:
+        if not r["simulated"]:
+            line = [r["allocator"], "not simulated", "-", "-", "-", "-", "-", "-"]
+        else:
+            fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
+            line = [
+                r["allocator"],
+                format_bytes(r["peak_allocated"]),
+                format_bytes(r["peak_reserved"]),
+                f"{r['utilization'] * 100:.1f} %",
+                fit,
+                format_bytes(r["min_capacity"]),
+                f"{r['device_calls_total']:,}",
+                f"{r['device_call_ms']:.1f} ms",
+            ]
+        if max_batch is not None:
+            m = max_batch["results"][r["allocator"]]["max"]
+            line.append("-" if not r["simulated"] else ("none" if m is None else str(m)))
+        cells.append(line)
+    return cells
+
+
+def report(result: Dict[str, Any]) -> str:
+    t, gpu = result["trace"], result["gpu"]
+    head = f"python -m cudapool ab --simulate --gpu {result['options']['gpu']} -- {' '.join(result['argv'])}\n"
+    head += (
+        f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script traced "
+        f"once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, {t['events']:,} "
+        f"events, {t['seconds']:.1f} s), its trace replayed under each allocator's rules on cudapool's simulated device\n"
+    )
+    notes = []
+    if t["status"] == "stopped":
+        notes.append(f"the script was stopped after --max-steps {result['options']['max_steps']}")
+    if t["status"] == "exit":
+        notes.append(f"the script exited with status {t['exit_code']}: the trace ends there")
+    fg = t.get("fake_gpu") or {}
+    if fg.get("value_reads"):
+        sites = ", ".join(fg["value_read_sites"])
+        notes.append(
+            f"the script read {fg['value_reads']:,} tensor value(s) ({sites}): it got zeros; control flow that "
+            "depends on values is not simulated (--strict-values makes such reads an error)"
+        )
+    if fg.get("host_value_reads"):
+        notes.append(
+            f"{fg['host_value_reads']:,} read(s) of host tensors made on the fake GPU's side (a data loader's "
+            "shuffled indices, say) got zeros: shapes do not change"
+        )
+    if fg.get("memory_fraction") is not None:
+        notes.append(
+            f"the script capped its memory at {fg['memory_fraction']:g} of the GPU "
+            f"(set_per_process_memory_fraction): fits means within {format_bytes(result['capacity'])}"
+        )
+    if fg.get("compiled"):
+        notes.append(f"torch.compile was called {fg['compiled']} time(s): traced eagerly, as if not compiled")
+    for r in result["rows"]:
+        if not r["simulated"]:
+            notes.append(f"{r['allocator']}: not simulated ({r['why']})")
+    notes.append(
+        "the CUDA context, library workspaces (cuBLAS, cuDNN) and memory outside PyTorch's allocator are not in "
+        "the trace: leave about 0.5–1 GiB of the GPU for them"
+    )
+    return head + "\n" + format_table(result["cells"]) + "\n" + "".join(f"note: {n}\n" for n in notes)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
+    from ..lab.fakegpu import gpu_model
+    from ..lab.trace import load
+
+    gpu = gpu_model(opts.gpu)
+    with tempfile.TemporaryDirectory(prefix="cudapool-ab-sim-") as workdir:
+        progress(f"tracing {opts.script} on a simulated {gpu.name} ...")
+        traced = trace_once(opts, opts.args, os.path.join(workdir, "run"))
+        progress(f"traced: {traced['status']} ({traced.get('seconds', 0):.1f} s)")
+        result: Dict[str, Any] = {
+            "argv": [opts.script, *opts.args],
+            "predicted": True,
+            "gpu": gpu._asdict(),
+            "options": {
+                "gpu": opts.gpu,
+                "allocators": [a._asdict() for a in opts.allocators],
+                "max_steps": opts.max_steps,
+                "strict_values": opts.strict_values,
+                "find_max_batch": opts.find_max_batch,
+                "max_batch_range": list(opts.max_batch_range) if opts.find_max_batch else None,
+            },
+            "trace": {k: v for k, v in traced.items() if k != "trace_path"},
+        }
+        if traced["status"] not in ("finished", "stopped", "exit"):
+            return result
+        trace = load(traced["trace_path"])
+        capacity = usable(traced, gpu.total_memory)
+        if opts.trace:
+            shutil.copyfile(traced["trace_path"], opts.trace)
+            result["trace_file"] = opts.trace
+        rows = []
+        for i, alloc in enumerate(opts.allocators, 1):
+            progress(f"[{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
+            rows.append(predict(trace, alloc, capacity))
+        result["rows"] = rows
+        result["capacity"] = capacity
+        result["max_batch"] = find_max(opts, gpu.total_memory, workdir, progress) if opts.find_max_batch else None
+    result["cells"] = table(rows, opts.gpu, result["max_batch"])
+    return result
+
+
+def main(argv: Sequence[str]) -> int:
+    """0 once the prediction is printed, 1 when the script could not be traced (the message
+    names the operation and the line), 2 on a bad command line."""
+    try:
+        opts = parse_args(argv)
+    except UsageError as exc:
+        print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result = run(opts, progress_printer("cudapool ab --simulate: "))
+    rc = 0
+    if "rows" not in result:
+        t = result["trace"]
+        print(f"cudapool ab --simulate: {opts.script} could not be simulated: {t.get('message')}", file=sys.stderr)
+        rc = EXIT_NOT_SIMULATED
+    else:
+        sys.stdout.write(report(result))
+        sys.stdout.flush()
+    if opts.json:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(opts.json)), exist_ok=True)
+            with open(opts.json, "w") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+        except OSError as exc:
+            print(f"cudapool ab --simulate: cannot write {opts.json!r}: {exc}", file=sys.stderr)
+            return 1
+    return rc
+
+
+__all__ = ["main", "run", "parse_args", "predict", "safe_label"]

@@ -1,0 +1,443 @@
+"""A GPU that is not there: a script's ``torch.cuda`` answers as on a GPU of a given model while
+the tracer records what it allocates on fake CUDA tensors.
+
+    from cudapool.lab.fakegpu import FakeGPU, gpu_model
+    with FakeGPU(gpu_model("H100")) as fg:
+        runpy.run_path("train.py", run_name="__main__")   # unchanged
+    trace = fg.tracer.trace()
+
+Inside, a CUDA-only script runs on a machine without a GPU: ``torch.cuda.is_available()`` is
+True, one device of the model's name, memory and multiprocessors is there, tensors made on or
+moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
+tensors (:class:`torch._subclasses.fake_tensor.FakeTensorMode`, no memory and no math) with
+CUDA's autocast rules, and :class:`cudapool.lab.tracer.Tracer` records every allocation.
+``torch.cuda.memory_allocated()`` and ``max_memory_allocated()`` answer from the tracer's live
+bytes (the reserved ones likewise: no allocator is simulated while tracing). Streams, events
+and ``synchronize`` do nothing; ``torch.manual_seed`` works as on the CPU.
+
+What a fake tensor does not have is its values. A read of one (``.item()``, ``float()``,
+``int()``, ``bool()``, ``.tolist()``) gets zeros of the tensor's dtype: ``0.0`` for a loss,
+``False`` for a comparison (host tensors made inside are fake too, so that a model built on the
+CPU costs no memory: a data loader's shuffled indices read zeros, which changes no shape). The
+script goes on, but control flow that depends on a value
+(stop when the loss is small, skip a step on NaN) is not simulated; the reads are counted
+(:attr:`FakeGPU.value_reads`, first places in :attr:`FakeGPU.value_read_sites`), and with
+``strict_values=True`` a read raises :class:`ValueRead` instead. ``print(loss)`` prints
+``FakeTensor(..., device='cuda:0', size=())``. ``torch.compile`` returns the function or
+module unchanged (it runs eagerly; counted in :attr:`FakeGPU.compiled`).
+
+What cannot run fails inside torch: custom CUDA extensions without a fake (meta)
+implementation, NCCL collectives, outputs whose shape depends on values (``nonzero``,
+``unique``). :func:`explain_failure` turns such an exception into one line naming the
+operation and the script's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import traceback
+import types
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from .replay import parse_size
+from .tracer import Tracer
+
+__all__ = ["FakeGPU", "GPUModel", "GPUS", "ValueRead", "explain_failure", "gpu_model"]
+
+
+class GPUModel(NamedTuple):
+    """A GPU as a script sees it: ``torch.cuda.get_device_properties()``'s main fields."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    max_threads_per_multi_processor: int
+    major: int
+    minor: int
+
+
+_MIB = 1 << 20
+
+#: Common GPUs: total memory as ``nvidia-smi`` lists it for the card (MiB), multiprocessors and
+#: threads per multiprocessor of the chip, compute capability. Keys are matched without case,
+#: spaces, dashes or underscores.
+GPUS: Dict[str, GPUModel] = {
+    "h200": GPUModel("NVIDIA H200", 143771 * _MIB, 132, 2048, 9, 0),
+    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * _MIB, 132, 2048, 9, 0),
+    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * _MIB, 108, 2048, 8, 0),
+    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * _MIB, 108, 2048, 8, 0),
+    "l40s": GPUModel("NVIDIA L40S", 46068 * _MIB, 142, 1536, 8, 9),
+    "rtx4090": GPUModel("NVIDIA GeForce RTX 4090", 24564 * _MIB, 128, 1536, 8, 9),
+    "rtx3090": GPUModel("NVIDIA GeForce RTX 3090", 24576 * _MIB, 82, 1536, 8, 6),
+    "a10g": GPUModel("NVIDIA A10G", 23028 * _MIB, 80, 1536, 8, 6),
+    "l4": GPUModel("NVIDIA L4", 23034 * _MIB, 58, 1536, 8, 9),
+    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * _MIB, 80, 2048, 7, 0),
+    "t4": GPUModel("Tesla T4", 15360 * _MIB, 40, 1024, 7, 5),
+}
+_ALIASES = {"h10080gb": "h100", "a100": "a10080gb", "4090": "rtx4090", "3090": "rtx3090", "v100": "v10032gb"}
+DEFAULT_GPU = "h100"
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s_\-]", "", text).lower()
+
+
+def gpu_model(spec: str) -> GPUModel:
+    """The GPU ``spec`` names: a key of :data:`GPUS` (``H100``, ``a100-40gb``, ``RTX 4090``...)
+    or a memory size (``24GB``, ``80GiB``, bytes), then with an H100's multiprocessors.
+    ValueError naming the known models otherwise."""
+    key = _key(spec)
+    key = _ALIASES.get(key, key)
+    if key in GPUS:
+        return GPUS[key]
+    try:
+        size = parse_size(spec)
+    except ValueError:
+        known = ", ".join(m.name + f" ({k})" for k, m in GPUS.items())
+        raise ValueError(f"unknown GPU {spec!r}: give a model ({known}) or a memory size such as 24GB") from None
+    if size <= 0:
+        raise ValueError(f"GPU memory must be positive, not {spec!r}")
+    h100 = GPUS[DEFAULT_GPU]
+    return h100._replace(name=f"GPU with {spec} (an H100's multiprocessors)", total_memory=size)
+
+
+class ValueRead(RuntimeError):
+    """A script read a value of a fake tensor under ``strict_values=True``."""
+
+
+class _Stream:
+    """torch.cuda.Stream on the fake GPU: work is not run, so there is nothing to wait for."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = torch.device("cuda", 0)
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> "_Event":
+        return event if event is not None else _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class _Event:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+def _fake_mode() -> Any:
+    """A fake tensor mode that never initialises a device: torch's asks whether CUDA is
+    available to decide, and inside :class:`FakeGPU` it is."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NoDeviceFakeTensorMode(FakeTensorMode):
+        @property
+        def avoid_device_init(self) -> bool:
+            return True
+
+    return NoDeviceFakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _zeros_like_value(t: torch.Tensor) -> Any:
+    if t.dtype == torch.bool:
+        return False
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return 0.0
+    return 0
+
+
+class FakeGPU:
+    """Run code as on one GPU of ``model`` while a :class:`Tracer` on fake CUDA records it.
+
+    ``strict_values``: a read of a fake tensor's value raises :class:`ValueRead`. ``script``:
+    the script's path, so that value reads are reported at its lines. Extra keyword arguments
+    go to the :class:`Tracer`. Enter once; everything patched is put back at exit.
+    """
+
+    def __init__(self, model: GPUModel, *, strict_values: bool = False, script: Optional[str] = None, **tracer_kw: Any):
+        self.model = model
+        self.strict_values = strict_values
+        self.script = os.path.abspath(script) if script else None
+        self.tracer = Tracer(device="cuda", fake_mode=_fake_mode(), gpu=self._props(), **tracer_kw)
+        #: Reads of fake CUDA tensors' values (``.item()``, ``float()``, ...) so far.
+        self.value_reads = 0
+        #: Reads of host tensors made inside (a data loader's shuffled indices, say): they are
+        #: fake too, so that building a model on the CPU costs no host memory.
+        self.host_value_reads = 0
+        #: The first places in the script that read values: "file:line".
+        self.value_read_sites: List[str] = []
+        #: Calls of ``torch.compile`` (run eagerly).
+        self.compiled = 0
+        #: The last ``torch.cuda.set_per_process_memory_fraction`` the script set, or None: the
+        #: memory a run may use is then that fraction of the GPU's.
+        self.memory_fraction: Optional[float] = None
+        self._patched: List[Tuple[Any, str, Any]] = []
+
+    # -- what the script sees ------------------------------------------------------------------
+
+    def _props(self) -> Any:
+        m = self.model
+        return types.SimpleNamespace(
+            name=m.name,
+            total_memory=m.total_memory,
+            multi_processor_count=m.multi_processor_count,
+            max_threads_per_multi_processor=m.max_threads_per_multi_processor,
+            major=m.major,
+            minor=m.minor,
+            is_integrated=False,
+            is_multi_gpu_board=False,
+            L2_cache_size=50 * _MIB,
+            warp_size=32,
+            uuid="00000000-0000-0000-0000-000000000000",
+        )
+
+    def _live(self) -> int:
+        return self.tracer._live_bytes
+
+    def _peak(self) -> int:
+        return self.tracer._peak_bytes
+
+    def _device_index(self, device: Any = None) -> int:
+        if device is None:
+            return 0
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index not in (None, 0):
+            raise RuntimeError(f"cudapool's simulated GPU is one device (cuda:0); the script asked for cuda:{index}")
+        return 0
+
+    def _set_fraction(self, fraction: float, device: Any = None) -> None:
+        self._device_index(device)
+        if not 0.0 <= float(fraction) <= 1.0:
+            raise ValueError(f"invalid memory fraction {fraction}: it must be in [0, 1]")
+        self.memory_fraction = float(fraction)
+
+    def _read(self, t: torch.Tensor, what: str) -> Any:
+        if t.device.type != "cuda":
+            self.host_value_reads += 1
+            return _zeros_like_value(t)
+        self.value_reads += 1
+        site = self._script_site()
+        if site and len(self.value_read_sites) < 8 and site not in self.value_read_sites:
+            self.value_read_sites.append(site)
+        if self.strict_values:
+            raise ValueRead(
+                f"{site or 'the script'}: {what} of a fake CUDA tensor: its value is not simulated "
+                "(without --strict-values the script gets zeros)"
+            )
+        return _zeros_like_value(t)
+
+    def _script_site(self) -> Optional[str]:
+        for frame, lineno in traceback.walk_stack(sys._getframe(2)):
+            name = os.path.abspath(frame.f_code.co_filename)
+            if self.script is None or name == self.script:
+                return f"{os.path.basename(name)}:{lineno}"
+        return None
+
+    # -- patching --------------------------------------------------------------------------------
+
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def _patch_cuda(self) -> None:
+        cuda = torch.cuda
+        props = self._props()
+        one = {
+            "is_available": lambda: True,
+            "device_count": lambda: 1,
+            "current_device": lambda: 0,
+            "_lazy_init": lambda: None,
+            "init": lambda: None,
+            "set_device": lambda device: self._device_index(device),
+            "get_device_name": lambda device=None: (self._device_index(device), props.name)[1],
+            "get_device_properties": lambda device=None: (self._device_index(device), props)[1],
+            "get_device_capability": lambda device=None: (props.major, props.minor),
+            "is_bf16_supported": lambda *a, **k: props.major >= 8,
+            "synchronize": lambda device=None: None,
+            "empty_cache": lambda: None,
+            "mem_get_info": lambda device=None: (max(0, props.total_memory - self._live()), props.total_memory),
+            "memory_allocated": lambda device=None: self._live(),
+            "memory_reserved": lambda device=None: self._live(),
+            "max_memory_allocated": lambda device=None: self._peak(),
+            "max_memory_reserved": lambda device=None: self._peak(),
+            "reset_peak_memory_stats": lambda device=None: None,
+            "set_per_process_memory_fraction": self._set_fraction,
+            "Stream": _Stream,
+            "Event": _Event,
+            "current_stream": lambda device=None: _Stream(),
+            "default_stream": lambda device=None: _Stream(),
+            "stream": lambda stream=None: contextlib.nullcontext(),
+        }
+        for name, value in one.items():
+            if hasattr(cuda, name):
+                self._patch(cuda, name, value)
+        # A data loader's pinned batches: pinning needs the driver; a fake copy needs none.
+        self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)
+        import torch.utils.data._utils.pin_memory as pin
+
+        self._patch(pin, "pin_memory", lambda data, device=None: data)
+
+    def _patch_values(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        gpu = self
+
+        def reader(name: str, original: Any, convert: Any) -> Any:
+            def read(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+                if not isinstance(t, FakeTensor):
+                    return original(t, *a, **k)
+                try:  # a small host tensor made from Python numbers keeps its value
+                    return original(t, *a, **k)
+                except Exception:
+                    return convert(gpu._read(t, name), t)
+
+            return read
+
+        def tolist(value: Any, t: torch.Tensor) -> Any:
+            out: Any = value
+            for n in reversed(t.shape):
+                out = [out] * int(n)
+            return out
+
+        for name, convert in (
+            ("item", lambda v, t: v),
+            ("__float__", lambda v, t: float(v)),
+            ("__int__", lambda v, t: int(v)),
+            ("__index__", lambda v, t: int(v)),
+            ("__bool__", lambda v, t: bool(v)),
+            ("tolist", tolist),
+        ):
+            self._patch(torch.Tensor, name, reader(f".{name.strip('_')}()", getattr(torch.Tensor, name), convert))
+
+    def _patch_module_moves(self) -> None:
+        """``module.to("cuda")`` of fake parameters: torch swaps the tensors, which fake tensors
+        (referenced weakly by the fake mode) refuse; the parameter takes the moved data instead."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        original = torch.utils.swap_tensors
+
+        def swap_tensors(t1: Any, t2: Any) -> None:
+            try:
+                original(t1, t2)
+            except RuntimeError as exc:
+                if "weakref" not in str(exc) or not isinstance(t1, FakeTensor):
+                    raise
+                with torch.no_grad():
+                    t1.data = t2.data
+                t1.fake_device = t2.fake_device
+
+        self._patch(torch.utils, "swap_tensors", swap_tensors)
+
+    def _patch_compile(self) -> None:
+        gpu = self
+
+        def compile(model: Any = None, **kwargs: Any) -> Any:
+            gpu.compiled += 1
+            if model is None:  # @torch.compile(mode=...)
+                return lambda fn: fn
+            return model
+
+        self._patch(torch, "compile", compile)
+
+    def __enter__(self) -> "FakeGPU":
+        try:
+            self._patch_cuda()
+            self._patch_values()
+            self._patch_module_moves()
+            self._patch_compile()
+            self.tracer.__enter__()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def _restore(self) -> None:
+        while self._patched:
+            owner, name, value = self._patched.pop()
+            setattr(owner, name, value)
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.tracer.__exit__(*exc)
+        finally:
+            self._restore()
+
+    def summary(self) -> Dict[str, Any]:
+        """What the run did that a GPU run would not: value reads, compile calls."""
+        return {
+            "gpu": self.model._asdict(),
+            "value_reads": self.value_reads,
+            "value_read_sites": list(self.value_read_sites),
+            "host_value_reads": self.host_value_reads,
+            "strict_values": self.strict_values,
+            "compiled": self.compiled,
+            "memory_fraction": self.memory_fraction,
+        }
+
+
+_OP = re.compile(r"\b([A-Za-z_][\w]*::[\w.]+)")
+
+
+def explain_failure(exc: BaseException, script: str) -> str:
+    """One line for an exception the script raised on the fake GPU: the script's line (the
+    innermost frame in it), the operation when one is named, and what it means."""
+    script = os.path.abspath(script)
+    where = os.path.basename(script)
+    code = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if os.path.abspath(frame.f_code.co_filename) == script:
+            where = f"{os.path.basename(script)}:{lineno}"
+            import linecache
+
+            code = linecache.getline(script, lineno).strip()
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    op = _OP.search(str(exc))
+    kind = type(exc).__name__
+    if isinstance(exc, ValueRead):
+        return str(exc)
+    if "DataDependent" in kind or "data-dependent" in str(exc).lower() or "dynamic output shape" in str(exc).lower():
+        why = "its output's shape depends on tensor values, which a fake tensor does not have"
+    elif "nccl" in str(exc).lower() or "process group" in str(exc).lower() or "distributed" in kind.lower():
+        why = "NCCL collectives and process groups are not simulated (one fake GPU)"
+    elif op is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
+        why = f"the operation {op.group(1)} has no fake (meta) implementation: a custom CUDA extension?"
+    else:
+        why = f"{kind}: {text}"
+    name = f" {op.group(1)}" if op is not None else ""
+    line = f"{where}: `{code}`" if code else where
+    return f"{line}:{name} cannot be simulated: {why}"

@@ -1,0 +1,214 @@
+"""``python -m cudapool ab --simulate``: a user's script traced on a fake GPU, predicted by replay.
+
+The scripts (tests/sim_scripts/) are written as users write them: an HF-style causal LM loop, a
+torchvision-style CNN loop with a pinned data loader, a loop that prints ``loss.item()`` every
+step, ``torch.compile``, and a custom operator that cannot run. Each test checks the command
+against something it does not compute itself: the tracer's API on the same program, the replay
+command at the same capacity, the trace at the values next to the max batch it found.
+"""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cudapool.lab.replay import replay  # noqa: E402
+from cudapool.lab.trace import ALLOC, FREE, load  # noqa: E402
+from cudapool.lab.tracer import Tracer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "sim_scripts"
+ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+
+
+def simulate(tmp_path: Path, *argv: str, expect: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "cudapool", "ab", "--simulate", *argv],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == expect, done.stdout + done.stderr
+    return done
+
+
+def line_of(script: str, text: str) -> str:
+    """ "script.py:N" of the first line holding `text`."""
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return f"{script}:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+def rows(result: dict) -> dict:
+    return {r["allocator"]: r for r in result["rows"]}
+
+
+def sizes(trace) -> list:
+    """(action, id, size) of every allocation and free, in order."""
+    return [(action, ident, size) for action, ident, size, *_ in trace if action in (ALLOC, FREE)]
+
+
+def test_hf_style_loop_is_the_tracer_api_trace(tmp_path: Path) -> None:
+    args = ["--batch-size", "2", "--steps", "2", "--layers", "2", "--d-model", "64", "--ctx", "32"]
+    simulate(tmp_path, "--json", "out.json", "--trace", "t.cptrace", "--", str(SCRIPTS / "hf_style.py"), *args)
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["predicted"] is True and result["trace"]["status"] == "finished"
+    assert result["trace"]["optimizer_steps"] == 2
+    # The same program through the tracer's API: the model made on CUDA directly, the loop as
+    # the script's (its variables live as long as there).
+    ns = runpy.run_path(str(SCRIPTS / "hf_style.py"), run_name="not_main")
+
+    def program() -> None:
+        with torch.device("cuda"):
+            model = ns["CausalLM"](1000, 64, 2, 4, 32)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        for _ in range(2):
+            input_ids = torch.randint(0, 1000, (2, 32)).to("cuda", non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(input_ids, labels=input_ids)
+            out.loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # noqa: F841 (lives on, as there)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+
+    with Tracer(device="cuda") as tr:
+        program()
+    api = tr.trace()
+    simulated = load(str(tmp_path / "t.cptrace"))
+    # Allocations in order; frees as a set (two frees at one statement come in either order).
+    assert [e for e in sizes(simulated) if e[0] == ALLOC] == [e for e in sizes(api) if e[0] == ALLOC]
+    assert sorted(e for e in sizes(simulated) if e[0] == FREE) == sorted(e for e in sizes(api) if e[0] == FREE)
+    for name, row in rows(result).items():
+        if row["simulated"]:
+            assert row["peak_allocated"] == replay(api, policy=row["policy"])["peak_allocated"], name
+
+
+def test_torchvision_style_fits_as_replay_capacity_says(tmp_path: Path) -> None:
+    script = [str(SCRIPTS / "cnn_style.py"), "--batch-size", "8", "--width", "16"]
+    simulate(tmp_path, "--gpu", "80GB", "--json", "big.json", "--trace", "t.cptrace", "--", *script)
+    smallest = {
+        k: r["min_capacity"] for k, r in rows(json.loads((tmp_path / "big.json").read_text())).items() if r["simulated"]
+    }
+    assert smallest["cudapool"] < smallest["builtin"], smallest
+    capacity = (smallest["cudapool"] + smallest["builtin"]) // 2  # cudapool fits, builtin does not
+    simulate(tmp_path, "--gpu", str(capacity), "--json", "small.json", "--", *script)
+    small = rows(json.loads((tmp_path / "small.json").read_text()))
+    assert small["cudapool"]["fits"] and not small["builtin"]["fits"]
+    for policy in ("builtin", "expandable", "cudapool"):
+        done = subprocess.run(
+            [sys.executable, "-m", "cudapool", "replay", "t.cptrace", "--policy", policy, "--capacity", str(capacity)]
+            + ["--json", "-", "--no-progress"],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (not json.loads(done.stdout)["oom"]) == small[policy]["fits"], policy
+    assert small["async"]["simulated"] is False
+
+
+def test_a_loop_that_reads_loss_item_every_step_runs_to_the_end(tmp_path: Path) -> None:
+    done = simulate(tmp_path, "--json", "out.json", "--", str(SCRIPTS / "item_every_step.py"), "5")
+    result = json.loads((tmp_path / "out.json").read_text())
+    t = result["trace"]
+    assert t["status"] == "finished" and t["optimizer_steps"] == 5
+    assert (
+        t["fake_gpu"]["value_reads"] >= 5
+        and line_of("item_every_step.py", "loss.item():.4f") in t["fake_gpu"]["value_read_sites"]
+    )
+    assert "step 4: loss 0.0000" in t["output_tail"] and "done" in t["output_tail"]
+    assert "PREDICTED, not measured" in done.stdout and "it got zeros" in done.stdout
+
+
+def test_strict_values_makes_a_read_an_error_naming_the_line(tmp_path: Path) -> None:
+    done = simulate(tmp_path, "--strict-values", "--", str(SCRIPTS / "item_every_step.py"), "5", expect=1)
+    assert (
+        line_of("item_every_step.py", "loss.item():.4f") in done.stderr and "its value is not simulated" in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_custom_op_that_cannot_run_is_named_with_its_line(tmp_path: Path) -> None:
+    done = simulate(tmp_path, "--", str(SCRIPTS / "custom_op.py"), expect=1)
+    assert line_of("custom_op.py", "y = scale(x)") in done.stderr and "mylib::scale" in done.stderr, done.stderr
+    assert "no fake (meta) implementation" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_max_steps_stops_a_long_script(tmp_path: Path) -> None:
+    script = [str(SCRIPTS / "hf_style.py"), "--steps", "1000", "--d-model", "32", "--ctx", "16"]
+    done = simulate(tmp_path, "--max-steps", "3", "--json", "out.json", "--", *script)
+    t = json.loads((tmp_path / "out.json").read_text())["trace"]
+    assert t["status"] == "stopped" and t["optimizer_steps"] == 3
+    assert "stopped after --max-steps 3" in done.stdout
+
+
+def test_torch_compile_runs_eagerly_and_says_so(tmp_path: Path) -> None:
+    done = simulate(tmp_path, "--json", "out.json", "--", str(SCRIPTS / "compiled.py"))
+    t = json.loads((tmp_path / "out.json").read_text())["trace"]
+    assert t["status"] == "finished" and t["fake_gpu"]["compiled"] == 1
+    assert "traced eagerly" in done.stdout
+
+
+def test_find_max_batch_is_the_largest_that_fits(tmp_path: Path) -> None:
+    gpu = str(48 << 20)
+    script = [str(SCRIPTS / "cnn_style.py"), "--width", "16", "--batch-size", "4"]
+    simulate(
+        tmp_path, "--gpu", gpu, "--allocators", "builtin,cudapool", "--find-max-batch", "--batch-size",
+        "--max-batch-range", "1:64", "--json", "out.json", "--", *script,
+    )  # fmt: skip
+    found = json.loads((tmp_path / "out.json").read_text())["max_batch"]["results"]
+    for name, policy in (("builtin", "builtin"), ("cudapool", "cudapool")):
+        best = found[name]["max"]
+        assert best is not None and 1 <= best < 64, found
+        for value, fits in ((best, True), (best + 1, False)):  # by hand: the trace at each value
+            out = tmp_path / f"{name}-{value}"
+            subprocess.run(
+                [sys.executable, "-m", "cudapool.ab.sim_child", "--gpu", gpu, "--out", str(out), "--", *script[:-1]]
+                + [str(value)],
+                env=ENV, capture_output=True, timeout=300, check=True, cwd=tmp_path,
+            )  # fmt: skip
+            oom = replay(load(str(out / "trace.cptrace")), policy=policy, capacity=int(gpu))["oom"]
+            assert (not oom) == fits, (name, value)
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--gpu", "B200X", "--", "x.py"], "unknown GPU 'B200X'"),
+        (["--gpu", "0GB", "--", "x.py"], "GPU memory must be positive"),
+        (["--max-steps", "0", "--", "x.py"], "--max-steps must be at least 1"),
+        (["x.py"], "put -- before the script"),
+        (["--", "missing.py"], "no such file"),
+        (["--find-max-batch", "batch", "--", "x.py"], "name the script's option"),
+    ],
+)
+def test_bad_command_lines_exit_2(tmp_path: Path, argv: list, expect: str) -> None:
+    (tmp_path / "x.py").write_text("pass\n")
+    done = simulate(tmp_path, *argv, expect=2)
+    assert expect in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the hint is for machines without a GPU")
+def test_ab_without_a_gpu_points_at_simulate(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("import torch\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "cudapool", "ab", "--allocators", "builtin", "--", "x.py"],
+        env=ENV, capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "memory figures unavailable: CUDA is not available\n" in done.stdout
+    assert "python -m cudapool ab --simulate" in done.stdout
