@@ -212,3 +212,59 @@ def test_ab_without_a_gpu_points_at_simulate(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "memory figures unavailable: CUDA is not available\n" in done.stdout
     assert "python -m cudapool ab --simulate" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "source, expect",
+    [
+        (
+            'import torch\nx = torch.randn(8, device="cuda")\nidx = x.nonzero()\n',
+            "dyn.py:3: `idx = x.nonzero()`: aten::nonzero cannot be simulated: its output's shape depends on tensor values",
+        ),
+        (
+            "import torch.distributed as dist\n"
+            'dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)\n',
+            "dyn.py:2: ",
+        ),
+    ],
+)
+def test_what_cannot_be_simulated_says_what_and_where(tmp_path: Path, source: str, expect: str) -> None:
+    (tmp_path / "dyn.py").write_text(source)
+    done = simulate(tmp_path, "--allocators", "builtin", "--", "dyn.py", expect=1)
+    assert expect in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+FIDELITY_PROGRAMS = {
+    "infer fp32": "tf.infer(model, 'cuda', False)",
+    "infer bf16 autocast": "tf.infer(model, 'cuda', True)",
+    "train": "tf.train(model, 'cuda')",
+    "train shared": "tf.train_shared(model, 'cuda')",
+    "train bf16": "tf.train_bf16(model, 'cuda')",
+    "train indexed": "tf.train_indexed(model, 'cuda')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIDELITY_PROGRAMS))
+def test_the_tracer_fidelity_programs_as_scripts_predict_the_tracers_peak(tmp_path: Path, name: str) -> None:
+    """benchmarks/tracer_fidelity.py's programs, run as scripts (the model made on "cuda" in the
+    script): the predicted peak allocated is the tracer's of the same program."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import tracer_fidelity as tf
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    script = tmp_path / "program.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'benchmarks')!r})\nimport tracer_fidelity as tf\n"
+        f"model = tf.mlp('cuda')\nout = {FIDELITY_PROGRAMS[name]}\n"
+    )
+    simulate(tmp_path, "--allocators", "builtin,cudapool", "--json", "out.json", "--", str(script))
+    predicted = rows(json.loads((tmp_path / "out.json").read_text()))
+    with Tracer(device="cuda") as tr:
+        model = tf.mlp("cuda")
+        out = eval(FIDELITY_PROGRAMS[name], {"tf": tf, "model": model})  # noqa: S307 - the table above
+        del out, model
+    api = tr.trace()
+    for policy in ("builtin", "cudapool"):
+        assert predicted[policy]["peak_allocated"] == replay(api, policy=policy)["peak_allocated"], (name, policy)

@@ -33,7 +33,7 @@ def main():
     data = torch.utils.data.TensorDataset(
         torch.randn(4 * a.batch_size, 3, 64, 64), torch.randint(0, 10, (4 * a.batch_size,))
     )
-    loader = torch.utils.data.DataLoader(data, batch_size=a.batch_size, shuffle=True, pin_memory=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=a.batch_size, shuffle=True, pin_memory=True, num_workers=2)
     model = make_model(a.width).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     crit = nn.CrossEntropyLoss()

@@ -331,11 +331,18 @@ def report(result: Dict[str, Any]) -> str:
             f"{fg['host_value_reads']:,} read(s) of host tensors made on the fake GPU's side (a data loader's "
             "shuffled indices, say) got zeros: shapes do not change"
         )
+    if any(d != 0 for d in result.get("devices") or ()):
+        notes.append(
+            f"the script allocated on devices {result['devices']}: one GPU is simulated, and each device's "
+            "memory is replayed on its own pool and added up"
+        )
     if fg.get("memory_fraction") is not None:
         notes.append(
             f"the script capped its memory at {fg['memory_fraction']:g} of the GPU "
             f"(set_per_process_memory_fraction): fits means within {format_bytes(result['capacity'])}"
         )
+    if fg.get("loader_workers"):
+        notes.append(f"data loader workers ({fg['loader_workers']} asked for) ran in the main process: same batches")
     if fg.get("compiled"):
         notes.append(f"torch.compile was called {fg['compiled']} time(s): traced eagerly, as if not compiled")
     for r in result["rows"]:
@@ -378,6 +385,7 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
             return result
         trace = load(traced["trace_path"])
         capacity = usable(traced, gpu.total_memory)
+        result["devices"] = trace.devices()
         if opts.trace:
             shutil.copyfile(traced["trace_path"], opts.trace)
             result["trace_file"] = opts.trace

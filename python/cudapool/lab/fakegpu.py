@@ -23,7 +23,8 @@ script goes on, but control flow that depends on a value
 (stop when the loss is small, skip a step on NaN) is not simulated; the reads are counted
 (:attr:`FakeGPU.value_reads`, first places in :attr:`FakeGPU.value_read_sites`), and with
 ``strict_values=True`` a read raises :class:`ValueRead` instead. ``print(loss)`` prints
-``FakeTensor(..., device='cuda:0', size=())``. ``torch.compile`` returns the function or
+``FakeTensor(..., device='cuda:0', size=())``. Data loader workers run in the main process
+(fake tensors cannot cross processes; the batches are the same). ``torch.compile`` returns the function or
 module unchanged (it runs eagerly; counted in :attr:`FakeGPU.compiled`).
 
 What cannot run fails inside torch: custom CUDA extensions without a fake (meta)
@@ -206,6 +207,8 @@ class FakeGPU:
         #: The last ``torch.cuda.set_per_process_memory_fraction`` the script set, or None: the
         #: memory a run may use is then that fraction of the GPU's.
         self.memory_fraction: Optional[float] = None
+        #: The most data loader workers a loader asked for (they run in the main process).
+        self.loader_workers = 0
         self._patched: List[Tuple[Any, str, Any]] = []
 
     # -- what the script sees ------------------------------------------------------------------
@@ -363,6 +366,21 @@ class FakeGPU:
 
         self._patch(torch.utils, "swap_tensors", swap_tensors)
 
+    def _patch_loaders(self) -> None:
+        """Data loader workers run in the main process: a worker process would have to send
+        fake tensors back, which cannot cross processes. The batches are the same."""
+        loader = torch.utils.data.DataLoader
+        original = loader.__init__
+        gpu = self
+
+        def init(this: Any, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("num_workers"):
+                gpu.loader_workers = max(gpu.loader_workers, int(kwargs["num_workers"]))
+                kwargs.update(num_workers=0, prefetch_factor=None, persistent_workers=False)
+            original(this, *args, **kwargs)
+
+        self._patch(loader, "__init__", init)
+
     def _patch_compile(self) -> None:
         gpu = self
 
@@ -380,6 +398,7 @@ class FakeGPU:
             self._patch_values()
             self._patch_module_moves()
             self._patch_compile()
+            self._patch_loaders()
             self.tracer.__enter__()
         except BaseException:
             self._restore()
@@ -407,10 +426,12 @@ class FakeGPU:
             "strict_values": self.strict_values,
             "compiled": self.compiled,
             "memory_fraction": self.memory_fraction,
+            "loader_workers": self.loader_workers,
         }
 
 
 _OP = re.compile(r"\b([A-Za-z_][\w]*::[\w.]+)")
+_OVERLOAD = re.compile(r"\b(aten|prims|[a-z_]+lib)\.(\w+)\.\w+\b")
 
 
 def explain_failure(exc: BaseException, script: str) -> str:
@@ -426,18 +447,21 @@ def explain_failure(exc: BaseException, script: str) -> str:
 
             code = linecache.getline(script, lineno).strip()
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    op = _OP.search(str(exc))
+    op_name = None
+    m = _OP.search(str(exc)) or _OVERLOAD.search(str(exc))
+    if m is not None:
+        op_name = m.group(1) if "::" in m.group(0) else f"{m.group(1)}::{m.group(2)}"
     kind = type(exc).__name__
     if isinstance(exc, ValueRead):
         return str(exc)
-    if "DataDependent" in kind or "data-dependent" in str(exc).lower() or "dynamic output shape" in str(exc).lower():
+    if any(k in kind for k in ("DataDependent", "DynamicOutputShape")) or "data-dependent" in str(exc).lower():
         why = "its output's shape depends on tensor values, which a fake tensor does not have"
     elif "nccl" in str(exc).lower() or "process group" in str(exc).lower() or "distributed" in kind.lower():
         why = "NCCL collectives and process groups are not simulated (one fake GPU)"
-    elif op is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
-        why = f"the operation {op.group(1)} has no fake (meta) implementation: a custom CUDA extension?"
+    elif op_name is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
+        why = f"the operation {op_name} has no fake (meta) implementation: a custom CUDA extension?"
     else:
         why = f"{kind}: {text}"
-    name = f" {op.group(1)}" if op is not None else ""
+    name = f" {op_name}" if op_name is not None else ""
     line = f"{where}: `{code}`" if code else where
     return f"{line}:{name} cannot be simulated: {why}"
