@@ -39,6 +39,7 @@ from .common import (
     rich_available,
     safe_label,
     with_arg,
+    write_json,
 )
 
 EXIT_USAGE = 2
@@ -693,14 +694,6 @@ def main(argv: Sequence[str]) -> int:
     if all((row["memory_reason"] or "").startswith("CUDA is not available") for row in result["rows"]):
         sys.stdout.write("no GPU here: `python -m cudapool ab --simulate ...` predicts these figures without one\n")
     sys.stdout.flush()
-    if opts.json:
-        try:
-            parent = os.path.dirname(os.path.abspath(opts.json))
-            os.makedirs(parent, exist_ok=True)
-            with open(opts.json, "w") as f:
-                json.dump(result, f, indent=1)
-                f.write("\n")
-        except OSError as exc:
-            print(f"cudapool ab: cannot write {opts.json!r}: {exc}", file=sys.stderr)
-            return 1
+    if opts.json and not write_json(opts.json, result, "cudapool ab"):
+        return 1
     return 0

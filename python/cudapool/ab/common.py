@@ -3,6 +3,8 @@ the table, the search for the largest batch, the progress line."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -121,3 +123,17 @@ def progress_printer(prefix: str = "cudapool ab: ") -> Callable[[str], None]:
         sys.stderr.flush()
 
     return progress
+
+
+def write_json(path: str, result: object, who: str) -> bool:
+    """Write ``result`` to ``path`` (folders made); False, with one line on stderr, when it
+    cannot be written."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        print(f"{who}: cannot write {path!r}: {exc}", file=sys.stderr)
+        return False
+    return True

@@ -30,7 +30,16 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from .._units import format_bytes
 from .command import DEFAULT_RANGE, EXIT_USAGE, Allocator, parse_allocators, split_and_parse
-from .common import UsageError, bisect_max, format_table, parse_range, progress_printer, safe_label, with_arg
+from .common import (
+    UsageError,
+    bisect_max,
+    format_table,
+    parse_range,
+    progress_printer,
+    safe_label,
+    with_arg,
+    write_json,
+)
 
 DEFAULT_ALLOCATORS = "builtin,expandable,async,cudapool"
 #: The replay policy of each of torch's rows.
@@ -417,15 +426,8 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(report(result))
         sys.stdout.flush()
-    if opts.json:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(opts.json)), exist_ok=True)
-            with open(opts.json, "w") as f:
-                json.dump(result, f, indent=1)
-                f.write("\n")
-        except OSError as exc:
-            print(f"cudapool ab --simulate: cannot write {opts.json!r}: {exc}", file=sys.stderr)
-            return 1
+    if opts.json and not write_json(opts.json, result, "cudapool ab --simulate"):
+        return 1
     return rc
 
 
