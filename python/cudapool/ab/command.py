@@ -263,6 +263,13 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(ab.__file__)))
 
 
+def with_package_on_path(env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` with this cudapool's folder first on PYTHONPATH: a child imports this package."""
+    root = _package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def child_env(alloc: Allocator, stats_template: str, step_marker: bool) -> Dict[str, str]:
     env = dict(os.environ)
     for name in CLEARED_ENV:
@@ -274,9 +281,7 @@ def child_env(alloc: Allocator, stats_template: str, step_marker: bool) -> Dict[
     env[ab.ENV_CONF] = alloc.cudapool_conf or ""
     env[ab.ENV_STEPS] = "1" if step_marker else "0"
     env["PYTHONUNBUFFERED"] = "1"
-    root = _package_root()
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return with_package_on_path(env)
 
 
 def child_command(script: str, args: Sequence[str], nproc: Optional[int]) -> List[str]:

@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .._units import format_bytes
-from .command import DEFAULT_RANGE, EXIT_USAGE, Allocator, parse_allocators, split_and_parse
+from .command import DEFAULT_RANGE, EXIT_USAGE, Allocator, parse_allocators, split_and_parse, with_package_on_path
 from .common import (
     UsageError,
     bisect_max,
@@ -147,9 +147,7 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     if opts.strict_values:
         cmd.append("--strict-values")
     cmd += ["--", opts.script, *args]
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_package_on_path(dict(os.environ))
     started = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "stdout.txt")
@@ -230,19 +228,21 @@ def usable(trace_result: Dict[str, Any], total: int) -> int:
 
 
 def fits(trace_result: Dict[str, Any], alloc: Allocator, total: int) -> bool:
-    capacity = usable(trace_result, total)
+    """Whether a traced run (its "trace": loaded once, shared by the allocators) fits in the
+    memory it may use under ``alloc``."""
     from ..lab.replay import replay
-    from ..lab.trace import load
 
     pc = policy_and_config(alloc)
-    if pc is None or trace_result["status"] not in ("finished", "stopped"):
+    if pc is None or trace_result.get("trace") is None:
         return False
-    return not replay(load(trace_result["trace_path"]), policy=pc[0], config=pc[1], capacity=capacity)["oom"]
+    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=usable(trace_result, total))["oom"]
 
 
 def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[str], None]) -> Dict[str, Any]:
     """Per allocator, the largest value of --find-max-batch whose trace fits; one trace (a
     fresh process) per value tried, shared by the allocators."""
+    from ..lab.trace import load
+
     assert opts.find_max_batch is not None
     name = opts.find_max_batch
     lo, hi = opts.max_batch_range
@@ -251,7 +251,9 @@ def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[
     def traced(value: int) -> Dict[str, Any]:
         if value not in traces:
             progress(f"max {name}: tracing {name} {value} ...")
-            traces[value] = trace_once(opts, with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
+            t = trace_once(opts, with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
+            t["trace"] = load(t["trace_path"]) if t["status"] in ("finished", "stopped") else None
+            traces[value] = t
             progress(f"max {name}: {name} {value}: {traces[value]['status']}")
         return traces[value]
 

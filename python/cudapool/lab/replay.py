@@ -289,18 +289,25 @@ def _device_counts(data: bytes) -> Counter:
     return Counter(e[1] for e in EVENT.iter_unpack(data))
 
 
-def _device_data(data: bytes, device: int) -> bytes:
-    """The records of ``device`` only, in order."""
+def _rows_where(data: bytes, field: str, value: int, equal: bool = True) -> bytes:
+    """The records of ``data`` whose ``field`` ("action" or "device") is ``value`` (with
+    ``equal=False``: is not), in order; numpy when it is there, else pure Python."""
+    pos = {"action": 0, "device": 1}[field]
     try:
         import numpy as np
     except ImportError:
-        np = None  # type: ignore[assignment]
-    if np is not None:
-        rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, EVENT.size)
-        dev = rows[:, 4:8].copy().view("<i4").reshape(-1)
-        return rows[dev == device].tobytes()
-    size = EVENT.size
-    return b"".join(data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if e[1] == device)
+        size = EVENT.size
+        return b"".join(
+            data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if (e[pos] == value) == equal
+        )
+    rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, EVENT.size)
+    column = rows[:, 0] if pos == 0 else rows[:, 4:8].copy().view("<i4").reshape(-1)
+    return rows[(column == value) == equal].tobytes()
+
+
+def _device_data(data: bytes, device: int) -> bytes:
+    """The records of ``device`` only, in order."""
+    return _rows_where(data, "device", device)
 
 
 # ------------------------------------------------------------------------------------------
@@ -352,15 +359,7 @@ def warmup_events(data: bytes) -> int:
 
 def _without_releases(data: bytes) -> bytes:
     """The records of ``data`` less its RELEASE events."""
-    size = EVENT.size
-    try:
-        import numpy as np
-    except ImportError:
-        return b"".join(
-            data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if e[0] != RELEASE
-        )
-    rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, size)
-    return rows[rows[:, 0] != RELEASE].tobytes()
+    return _rows_where(data, "action", RELEASE, equal=False)
 
 
 def _ratio(num: float, den: float) -> float:
