@@ -83,9 +83,9 @@ build/tsan/obj/%.o: %.c $(HEADERS) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(TSAN_CFLAGS) $(CFLAGS) -c $< -o $@
 
-# The threaded tests: the stress test, fork() while other threads are inside the pool, and
-# the device table with the entry points torch calls.
-TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork build/tsan/test_devices
+# The threaded tests: the stress test, fork() while other threads are inside the pool, the
+# device table with the entry points torch calls, and regions paused and resumed by threads.
+TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork build/tsan/test_devices build/tsan/test_pause
 
 $(TSAN_TESTS): build/tsan/%: build/tsan/obj/tests/c/%.o $(call lib_objs,tsan)
 	@mkdir -p $(@D)
@@ -103,6 +103,8 @@ test-tsan: $(TSAN_TESTS)
 	$(TSAN_ENV):report_thread_leaks=0 ./build/tsan/test_fork
 	@echo "== build/tsan/test_devices"
 	$(TSAN_ENV) ./build/tsan/test_devices
+	@echo "== build/tsan/test_pause"
+	$(TSAN_ENV) ./build/tsan/test_pause
 	@$(MAKE) --no-print-directory test-tsan-standin
 
 # ---- The CUDA backend against a stand-in for libcuda ------------------------------------------

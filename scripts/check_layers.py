@@ -55,6 +55,7 @@ CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
     "sizes": 1,
+    "region": 1,
     "config": 2,
     # 1-4: the data: blocks and segments, the free index, streams, the pool's struct
     "types": 1,
@@ -78,9 +79,10 @@ CORE_RANKS: dict[str, int] = {
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life
     "pool": 10,
-    # 11-12: what reads or drives a pool: stats, seeding, the replay
+    # 11-12: what reads or drives a pool: stats, seeding, pause and resume, the replay
     "stats": 11,
     "seed": 11,
+    "pause": 11,
     "replay": 12,
 }
 

@@ -471,6 +471,7 @@ void cp_sim_backend(cp_sim_t *sim, cp_backend_t *out) {
   out->mem_info = sim_mem_info;
   out->stream_capturing = sim_stream_capturing;
   if (sim != NULL && !(sim->flags & CP_SIM_NO_VMM)) cp_sim_vmm_table(sim, out);
+  cp_sim_copy_table(sim, out);
 }
 
 /* ------------------------------------------------------------------------------------------

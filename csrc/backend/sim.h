@@ -31,7 +31,11 @@ typedef struct cp_sim_s cp_sim_t;
   X(PAGE_MAP, "page_map")                   \
   X(PAGE_UNMAP, "page_unmap")               \
   X(PAGE_SET_ACCESS, "page_set_access")     \
-  X(STREAM_CAPTURING, "stream_capturing")
+  X(STREAM_CAPTURING, "stream_capturing")   \
+  X(HOST_ALLOC, "host_alloc")               \
+  X(HOST_FREE, "host_free")                 \
+  X(COPY_TO_HOST, "copy_to_host")           \
+  X(COPY_TO_DEVICE, "copy_to_device")
 
 typedef enum cp_sim_call_e {
 #define CP_X(id, name) CP_SIM_##id,
@@ -198,6 +202,18 @@ int cp_sim_invalidate_stream(cp_sim_t *sim, cp_stream_t stream);
  * host memory for the stream's state is short. */
 int cp_sim_set_capturing(cp_sim_t *sim, cp_stream_t stream, int on);
 uint64_t cp_sim_capture_violations(const cp_sim_t *sim);
+
+/* Note [Simulated copies]
+ * host_alloc and host_free are the backup's pinned host memory (malloc here: cuMemAllocHost
+ * is host memory too), counted until freed (cp_sim_host_allocations); a host_free that fails
+ * still frees, as a release does. copy_to_host and copy_to_device copy [addr, addr + size) of
+ * device memory: memory that is not the device's (not reserved, or not mapped with access) is
+ * a device fault and CP_ERR_INVALID, as a launch there is; work not yet complete that touches
+ * those bytes is a device fault as well (the copy is not ordered after other streams: it
+ * would read or overwrite what that work is still using), and the copy is made all the same,
+ * as on a GPU. With CP_SIM_NO_TOUCH no byte moves. */
+/* host_alloc blocks not freed yet, and their bytes in *out_bytes (unless NULL). */
+size_t cp_sim_host_allocations(const cp_sim_t *sim, size_t *out_bytes);
 
 /* Calls of `kind` made so far (failed ones included), and the failures injected. */
 uint64_t cp_sim_calls(const cp_sim_t *sim, cp_sim_call_t kind);

@@ -123,6 +123,8 @@ struct cp_sim_s {
   size_t res_count, res_cap;
   sim_work_t *spare_work; /* unused work nodes, linked through `next` */
   size_t work_items;
+  size_t host_allocs;                             /* host_alloc blocks not freed yet (sim_copy.c) */
+  size_t host_bytes;                              /*   and their bytes */
   uint64_t device_faults;                         /* every fault so far */
   cp_sim_device_fault_t fault_log[SIM_FAULT_LOG]; /* the first ones, in order */
 };
@@ -164,6 +166,8 @@ void cp_sim_drain_locked(cp_sim_t *sim);
 int cp_sim_index_room_locked(cp_sim_t *sim);
 void cp_sim_index_add_locked(cp_sim_t *sim, uintptr_t addr, size_t size);
 void cp_sim_index_remove_locked(cp_sim_t *sim, uintptr_t addr);
+/* sim_work.c: whether [ptr, ptr + bytes) lies inside one plain reservation. */
+int cp_sim_reserved_locked(const cp_sim_t *sim, uintptr_t ptr, size_t bytes);
 int cp_sim_work_init(cp_sim_t *sim);
 void cp_sim_work_destroy(cp_sim_t *sim);
 
@@ -178,5 +182,7 @@ int cp_sim_vmm_accessible_locked(const cp_sim_t *sim, uintptr_t addr, size_t siz
 int cp_sim_vmm_init(cp_sim_t *sim);
 void cp_sim_vmm_destroy(cp_sim_t *sim);
 void cp_sim_vmm_table(cp_sim_t *sim, cp_backend_t *out);
+/* sim_copy.c: the entries of Note [Copies for a backup] (base/backend.h). */
+void cp_sim_copy_table(cp_sim_t *sim, cp_backend_t *out);
 
 #endif /* CP_SIM_INTERNAL_H */

@@ -233,8 +233,8 @@ size_t cp_sim_fault_if_busy_locked(cp_sim_t *sim, const char *what, const char *
  * Entry points (sim.h)
  * ---------------------------------------------------------------------------------------- */
 
-/* Whether [ptr, ptr + bytes) lies inside one plain reservation. */
-static int sim_reserved_locked(const cp_sim_t *sim, uintptr_t ptr, size_t bytes) {
+/* sim_internal.h */
+int cp_sim_reserved_locked(const cp_sim_t *sim, uintptr_t ptr, size_t bytes) {
   const size_t at = sim_index_upper(sim, ptr);
   if (at == 0) return 0;
   const sim_span_t *r = &sim->res_index[at - 1];
@@ -251,7 +251,7 @@ static int sim_launch(cp_sim_t *sim, cp_stream_t stream, uintptr_t ptr, size_t b
     goto out;
   }
   if (bytes > UINTPTR_MAX - ptr ||
-      (check && !sim_reserved_locked(sim, ptr, bytes) && !cp_sim_vmm_accessible_locked(sim, ptr, bytes))) {
+      (check && !cp_sim_reserved_locked(sim, ptr, bytes) && !cp_sim_vmm_accessible_locked(sim, ptr, bytes))) {
     cp_sim_fault_locked(sim, "launch on memory that is not the device's (not reserved, or not mapped with access)",
                         "launch", ptr, bytes, stream);
     rc = cp_set_error(CP_ERR_INVALID, "sim: launch(0x%" PRIxPTR ", %zu bytes, stream 0x%" PRIxPTR "): device fault",

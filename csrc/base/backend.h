@@ -102,6 +102,18 @@ typedef struct cp_backend_s {
    * even when the stream's work is recorded later from another one; every other handle comes
    * back as it is. NULL: handles are kept as they are. Called under the pool lock. */
   int (*stream_resolve)(void *ctx, cp_stream_t stream, cp_stream_t *out_stream);
+
+  /* Note [Copies for a backup]
+   * What a paused region's backup needs (core/pause.c): pinned host memory (cuMemAllocHost,
+   * cuMemFreeHost) and copies between it and device memory (cuMemcpyDtoH, cuMemcpyHtoD). A
+   * copy returns once the bytes have arrived. It is not ordered after work queued on other
+   * streams (torch's streams do not wait for the legacy stream): the caller has waited for
+   * every stream that uses the memory before it copies. The device memory must be mapped with
+   * access. All four are NULL, or all set; called without the pool lock. */
+  int (*host_alloc)(void *ctx, size_t size, void **out_ptr);
+  int (*host_free)(void *ctx, void *ptr);
+  int (*copy_to_host)(void *ctx, void *dst, uintptr_t src, size_t size);
+  int (*copy_to_device)(void *ctx, uintptr_t dst, const void *src, size_t size);
 } cp_backend_t;
 
 #endif /* CP_BACKEND_H */

@@ -42,7 +42,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   const cp_config_t *cfg = &pool->cfg;
   cp_tally_t t[CP_KIND_COUNT] = {{0}};
   size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
-  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0, draining_bytes = 0;
+  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0, draining_bytes = 0, paused_total = 0;
 
   /* Segments are tiled exactly by their blocks. */
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
@@ -57,7 +57,14 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     if (seg->paged) {
       npaged++;
       space += seg->size;
-      t[k].reserved += (int64_t)seg->mapped;
+      t[k].reserved += (int64_t)(seg->mapped - seg->paused);
+      size_t spans = 0;
+      for (size_t i = 0; i < seg->span_count; i++) spans += seg->spans[i].size;
+      if (spans != seg->paused || seg->paused > seg->mapped || (seg->paused != 0 && !seg->stream->paused))
+        CP_VIOLATION("segment %#lx: %zu bytes paused in %zu stretches of %zu bytes (%zu mapped, stream %s)",
+                     (unsigned long)seg->addr, seg->paused, seg->span_count, spans, seg->mapped,
+                     seg->stream->paused ? "paused" : "not paused");
+      paused_total += seg->paused;
       if (seg->chunk == 0 || seg->size % seg->chunk != 0 || seg->size < 2 * seg->chunk)
         CP_VIOLATION("segment %#lx: %zu bytes are not whole chunks of %zu", (unsigned long)seg->addr, seg->size,
                      seg->chunk);
@@ -185,6 +192,23 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     CP_VIOLATION("page-mapped segments: %zu (%zu bytes of address space), counts say %zu (%zu)", npaged, space,
                  pool->paged_segments, pool->address_space);
   if (npaged != 0 && !pool->paged) CP_VIOLATION("page-mapped segments in a pool that is not page-mapped");
+  /* Paused regions (pause.c): each state's paused bytes are its segments', and the pool's theirs. */
+  size_t states_paused = 0, backups = 0;
+  for (size_t i = 0; i < pool->streams.count; i++) {
+    const cp_stream_state_t *st = pool->streams.list[i];
+    size_t mine = 0, copied = 0;
+    for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) mine += seg->stream == st ? seg->paused : 0;
+    for (size_t k = 0; k < st->backup_count; k++) copied += st->backups[k].size;
+    if (mine != st->paused_bytes || copied != st->backup_bytes || (st->tag == 0 && st->paused))
+      CP_VIOLATION("stream %#lx (region %u): %zu bytes paused and %zu backed up, its segments and backups hold %zu "
+                   "and %zu",
+                   (unsigned long)st->handle, (unsigned)st->tag, st->paused_bytes, st->backup_bytes, mine, copied);
+    states_paused += st->paused_bytes;
+    backups += st->backup_bytes;
+  }
+  if (states_paused != pool->paused_bytes || paused_total != pool->paused_bytes || backups != pool->backup_bytes)
+    CP_VIOLATION("paused: the pool counts %zu bytes paused and %zu backed up, its streams %zu and %zu",
+                 pool->paused_bytes, pool->backup_bytes, states_paused, backups);
 
   /* The free-segment list holds exactly the wholly free segments. */
   size_t wholly_free = 0, listed = 0;

@@ -190,6 +190,10 @@ void cp_pool_destroy(cp_pool_t *pool);
  * CP_ERR_OOM when the device (or the cap) cannot hold it; the last error then carries the
  * OOM report (see cp_pool_oom_report). */
 int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr);
+/* cp_alloc in region `tag` (Note [Regions], region.c; 0: none, as cp_alloc). In a pool
+ * without page-mapped memory the tag is ignored (nothing there can be paused). A paused
+ * region is CP_ERR_STATE: nothing is allocated. */
+int cp_alloc_in(cp_pool_t *pool, size_t size, cp_stream_t stream, uint32_t tag, void **out_ptr);
 
 /* Free a pointer returned by cp_alloc. NULL is a no-op. An unknown pointer (or a double
  * free) is CP_ERR_INVALID and changes nothing. When an event cannot be recorded on a stream
@@ -241,6 +245,55 @@ void cp_pool_capture_state(cp_pool_t *pool, unsigned *out_windows, size_t *out_d
 /* The backend the pool was created over (a copy). */
 void cp_pool_backend(cp_pool_t *pool, cp_backend_t *out_backend);
 
+/* ------------------------------------------------------------------------------------------
+ * Regions (region.c) and their pause (pause.c)
+ * ---------------------------------------------------------------------------------------- */
+
+#define CP_REGION_MAX      64  /* names a process may give */
+#define CP_REGION_NAME_MAX 127 /* characters of a name */
+
+/* The id of region `name` (1 .. CP_REGION_MAX), made on first use; the same in every pool.
+ * CP_ERR_INVALID for an empty or too long name, one with control characters, or past
+ * CP_REGION_MAX names. */
+int cp_region_id(const char *name, uint32_t *out_id);
+/* The name of region `id`, or NULL for an id never given. The text stays valid. */
+const char *cp_region_name(uint32_t id);
+/* Make `id` (0: none) the calling thread's region; returns the one it was in. */
+uint32_t cp_region_enter(uint32_t id);
+uint32_t cp_region_of_thread(void);
+
+/* Pause region `tag` (0: every region) of the pool (Note [Paused regions], pause.c): wait for
+ * the work of every stream its memory is used on (stream-ordered: those streams only), give
+ * its free memory back, copy its live blocks to pinned host memory when `backup` is set, then
+ * unmap and release every page of its memory, live blocks included, keeping the addresses
+ * reserved. Until cp_pool_resume its allocations are CP_ERR_STATE; frees work as before.
+ * CP_ERR_STATE during a capture, or in a pool without page-mapped memory; CP_ERR_INVALID for
+ * `backup` on a device without copies. A region paused already is left as it is. When the
+ * wait, a backup copy or the first unmap fails, nothing is paused; a later unmap the device
+ * refuses (twice) leaves that memory mapped and reserved, the rest paused, and says so. */
+int cp_pool_pause(cp_pool_t *pool, uint32_t tag, int backup);
+/* Map new memory at every address region `tag` (0: every paused region) had mapped, and copy
+ * the backups back: its blocks are where they were, with their bytes when backed up (else
+ * undefined). All or nothing per region: when the device refuses (CP_ERR_OOM: no memory for
+ * it now), the region stays paused and keeps its backups. CP_ERR_STATE during a capture. */
+int cp_pool_resume(cp_pool_t *pool, uint32_t tag);
+
+/* One region's memory in a pool (cp_pool_regions). */
+typedef struct cp_region_info_s {
+  uint32_t tag;
+  int paused;          /* 1 while paused */
+  size_t live_bytes;   /* bytes of its live allocations (rounded) */
+  size_t live_blocks;  /*   in this many blocks */
+  size_t reserved;     /* bytes mapped for it now (counted in reserved_bytes) */
+  size_t paused_bytes; /* bytes given back by the pause, mapped again by resume */
+  size_t backup_bytes; /* bytes of host memory holding its backups */
+  size_t segments;     /* page-mapped segments serving it */
+  size_t streams;      /* streams it allocated on */
+} cp_region_info_t;
+/* The regions the pool has served, by tag, into out[0 .. cap); returns how many there are
+ * (possibly more than cap). */
+size_t cp_pool_regions(cp_pool_t *pool, cp_region_info_t *out, size_t cap);
+
 /* Set the memory cap in bytes (0 = none), or as a fraction of the device's total memory
  * (0 = unset; NaN or outside [0, 1] is CP_ERR_INVALID; a fraction worth less than one byte
  * caps at one byte). Existing memory is not released: a cap below what is reserved only
@@ -290,6 +343,10 @@ typedef struct cp_pool_info_s {
   size_t stitched_space;
   size_t stitches;
   size_t stitch_reuses;
+  /* Paused regions (pause.c): bytes given back by pauses (not in `reserved`), and host bytes
+   * of their backups. */
+  size_t paused_bytes;
+  size_t backup_bytes;
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
 
@@ -405,6 +462,8 @@ typedef struct cp_snapshot_segment_s {
   cp_stream_t stream;
   int kind;           /* CP_KIND_SMALL or CP_KIND_LARGE */
   int page_mapped;    /* 1 for a page-mapped segment */
+  uint32_t tag;       /* its region (0: none) */
+  size_t paused;      /* bytes of it given back by a pause (its blocks keep their states) */
   size_t first_block; /* its blocks: blocks[first_block .. first_block + block_count), by address */
   size_t block_count;
 } cp_snapshot_segment_t;

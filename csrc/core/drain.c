@@ -100,7 +100,7 @@ int cp_drain_retire_all_locked(cp_pool_t *pool) {
   int first_rc = CP_OK;
   for (size_t i = 0; i < pool->streams.count; i++) {
     cp_stream_state_t *st = pool->streams.list[i];
-    if (st->reaping || cp_capturing_locked(pool, st->handle)) continue; /* not now */
+    if (st->reaping || st->paused || cp_capturing_locked(pool, st->handle)) continue; /* not now */
     size_t retired = pool->stitch ? cp_stitch_retire_idle_locked(pool, st) : 0;
     for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
       if (seg->paged && seg->stream == st) retired += cp_drain_retire_segment_locked(pool, seg);
@@ -170,7 +170,7 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait) {
   int first_rc = CP_OK;
   for (size_t i = 0; i < pool->streams.count; i++) {
     cp_stream_state_t *st = pool->streams.list[i];
-    if (!st->draining || st->reaping || cp_capturing_locked(pool, st->handle)) continue;
+    if (!st->draining || st->reaping || st->paused || cp_capturing_locked(pool, st->handle)) continue;
     bool done = false;
     int rc = cp_drain_done_locked(pool, st, wait, &done);
     if (rc == CP_OK && done && st->draining && !st->reaping) rc = cp_drain_reap_stream_locked(pool, st);
@@ -182,7 +182,8 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait) {
 bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   /* Only DRAINING memory can serve the request: retired stitched ranges map pages that are
    * free in their segments already, and wait for their event whatever happens here. */
-  if (!st->draining || st->reaping || st->draining_bytes == 0 || pool->capture.windows != 0) return false;
+  if (!st->draining || st->reaping || st->paused || st->draining_bytes == 0 || pool->capture.windows != 0)
+    return false;
   bool done = false;
   if (cp_drain_done_locked(pool, st, false, &done) == CP_OK && done && st->draining && !st->reaping) {
     (void)cp_drain_reap_stream_locked(pool, st);
@@ -195,6 +196,17 @@ bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
     ranges = s->stream == st && s->retired;
   if (!ranges) cp_drain_end_locked(pool, st);
   return true;
+}
+
+int cp_drain_release_now_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+  if (!pool->paged || st->reaping) return CP_OK;
+  size_t retired = pool->stitch ? cp_stitch_retire_idle_locked(pool, st) : 0;
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+    if (seg->paged && seg->stream == st) retired += cp_drain_retire_segment_locked(pool, seg);
+  }
+  if (retired == 0 && !st->draining) return CP_OK;
+  /* No event: the caller has waited for every stream that used this memory. */
+  return cp_drain_reap_stream_locked(pool, st);
 }
 
 void cp_drain_destroy(cp_pool_t *pool) {

@@ -18,6 +18,10 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait);
  * that memory back into service (an allocation of the stream needs it more than the device
  * does). Returns whether memory came back. */
 bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* For `st`, out of service, whose streams' work the caller has waited for (a pause): retire
+ * what it can give back (free whole handles, idle stitched ranges) and unmap it now, ending
+ * any drain of it. */
+int cp_drain_release_now_locked(cp_pool_t *pool, cp_stream_state_t *st);
 /* At destroy: every drain event back to the spares (the memory is unmapped by destroy). */
 void cp_drain_destroy(cp_pool_t *pool);
 /* At CP_STITCH_KEEP kept stitched ranges, before another is stitched: retire the least

@@ -261,7 +261,7 @@ static int cp_expand_undo_map(const cp_backend_t *be, uintptr_t addr, size_t siz
 }
 
 /* Room in seg->pages for the granules below `slots` (with page_stitching). */
-static int cp_expand_page_slots_locked(cp_segment_t *seg, size_t slots) {
+int cp_expand_page_slots_locked(cp_segment_t *seg, size_t slots) {
   if (slots <= seg->page_slots) return CP_OK;
   size_t cap = seg->page_slots != 0 ? seg->page_slots : 64;
   while (cap < slots) cap *= 2;
@@ -488,6 +488,7 @@ static int cp_expand_drop_segment_locked(cp_pool_t *pool, cp_segment_t *seg) {
   }
   cp_block_delete_locked(pool, seg->head);
   free(seg->pages);
+  free(seg->spans);
   free(seg);
   return CP_OK;
 }
@@ -611,6 +612,13 @@ int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *ou
   return rc;
 }
 
+bool cp_expand_paused_span(const cp_segment_t *seg, uintptr_t addr, size_t size) {
+  for (size_t i = 0; i < seg->span_count; i++) {
+    if (seg->spans[i].addr == addr && seg->spans[i].size == size) return true;
+  }
+  return false;
+}
+
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {
   const cp_backend_t *be = &pool->backend;
   cp_block_t *b = seg->head;
@@ -622,8 +630,9 @@ void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg) {
     uintptr_t start = b->addr;
     size_t len = 0;
     for (; b != NULL && b->state != CP_BLOCK_UNMAPPED && b->state != CP_BLOCK_MAPPING; b = b->next) len += b->size;
-    be->page_unmap(be->ctx, start, len);
+    if (!cp_expand_paused_span(seg, start, len)) be->page_unmap(be->ctx, start, len);
   }
+  free(seg->spans);
   for (size_t i = 0; i < seg->page_slots; i++) {
     if (seg->pages[i] != 0 && (i == 0 || seg->pages[i] != seg->pages[i - 1]))
       (void)cp_expand_page_release(be, seg->pages[i]);

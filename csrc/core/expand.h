@@ -28,7 +28,12 @@ void cp_expand_revive_locked(cp_pool_t *pool, cp_segment_t *seg);
  * lock, then UNMAPPED; a range the device refuses comes back FREE. A segment left wholly
  * unmapped gives back its address range (*out_dropped = true: `seg` is gone). */
 int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *out_dropped);
-/* At destroy: unmap everything and give back the address space (no lock needed). */
+/* Room in seg->pages for the granules below `slots` (kept handles); CP_ERR_HOST_OOM. */
+int cp_expand_page_slots_locked(cp_segment_t *seg, size_t slots);
+/* Whether [addr, addr + size) of `seg` is a stretch a pause unmapped (pause.c). */
+bool cp_expand_paused_span(const cp_segment_t *seg, uintptr_t addr, size_t size);
+/* At destroy: unmap everything still mapped (not what a pause unmapped) and give back the
+ * address space (no lock needed). */
 void cp_expand_destroy_segment(cp_pool_t *pool, cp_segment_t *seg);
 /* The bytes of one mapping step of a paged segment of `kind`. */
 size_t cp_expand_chunk(const cp_pool_t *pool, int kind);

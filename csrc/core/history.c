@@ -79,6 +79,8 @@ int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out) {
     s->stream = seg->stream->handle;
     s->kind = seg->kind;
     s->page_mapped = seg->paged;
+    s->tag = seg->stream->tag;
+    s->paused = seg->paused;
     s->first_block = bi;
     for (const cp_block_t *b = seg->head; b != NULL; b = b->next, bi++) {
       blocks[bi].addr = b->addr;

@@ -10,6 +10,8 @@
 #include "core/expand.h"
 #include "core/history.h"
 #include "core/oom.h"
+#include "core/pool.h"
+#include "core/region.h"
 #include "core/segment.h"
 #include "core/stitch.h"
 
@@ -50,7 +52,7 @@ static void cp_release_done_locked(cp_pool_t *pool, cp_done_list_t *done) {
 
 /* Reuse what completed frees give back (non-blocking). A failed event query leaves those
  * blocks pending: not fatal. */
-static int cp_reclaim_completed_locked(cp_pool_t *pool) {
+int cp_reclaim_completed_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   const int rc = cp_streams_poll_locked(&pool->streams, &done);
   cp_release_done_locked(pool, &done);
@@ -231,7 +233,24 @@ void cp_pool_destroy(cp_pool_t *pool) {
  * 4. retry (counted in num_alloc_retries): wait for every pending free, give back every
  *    wholly free segment, then best fit and grow once more;
  * 5. fail (counted in num_ooms) with a report of where the memory is. */
-int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
+/* The state that serves region `tag` (> 0) on `stream`: NULL with *rc set when there is none
+ * (no host memory), or when the region is paused. */
+static CP_COLD cp_stream_state_t *cp_region_state_locked(cp_pool_t *pool, cp_stream_t stream, uint32_t tag, int *rc) {
+  cp_stream_state_t *st = cp_streams_get_tagged_locked(&pool->streams, stream, tag);
+  if (st == NULL) {
+    *rc = CP_ERR_HOST_OOM;
+  } else if (st->paused) {
+    const char *name = cp_region_name(tag);
+    *rc = cp_set_error(CP_ERR_STATE,
+                       "cudapool: region \"%s\" is paused: nothing can be allocated in it until it is resumed "
+                       "(cudapool.resume)",
+                       name != NULL ? name : "?");
+    st = NULL;
+  }
+  return st;
+}
+
+static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream, uint32_t tag, void **out_ptr) {
   if (pool == NULL || out_ptr == NULL) return cp_set_error(CP_ERR_INVALID, "cp_alloc: NULL argument");
   if (size == 0) {
     *out_ptr = NULL;
@@ -248,8 +267,12 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
   if (rounded == 0) {
     rc = CP_ERR_OOM; /* larger than any address space */
   } else if ((rc = cp_reserve_metadata_locked(pool, 1)) == CP_OK) {
-    st = cp_streams_get_locked(&pool->streams, stream);
-    if (st == NULL) rc = CP_ERR_HOST_OOM;
+    if (CP_UNLIKELY(tag != 0) && pool->paged) { /* Note [Regions] */
+      st = cp_region_state_locked(pool, stream, tag, &rc);
+    } else {
+      st = cp_streams_get_locked(&pool->streams, stream);
+      if (st == NULL) rc = CP_ERR_HOST_OOM;
+    }
   }
   if (rc == CP_OK && pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
   if (rc == CP_OK && pool->paged) {
@@ -304,6 +327,14 @@ int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
     cp_set_error(CP_ERR_OOM, "%s", report);
   }
   return rc;
+}
+
+int cp_alloc(cp_pool_t *pool, size_t size, cp_stream_t stream, void **out_ptr) {
+  return cp_alloc_impl(pool, size, stream, 0, out_ptr);
+}
+
+int cp_alloc_in(cp_pool_t *pool, size_t size, cp_stream_t stream, uint32_t tag, void **out_ptr) {
+  return cp_alloc_impl(pool, size, stream, tag, out_ptr);
 }
 
 /* cp_free and cp_free_sized: `expect_size` NULL means "any size". */

@@ -137,6 +137,9 @@ struct cp_pool_s {
   uint64_t oom_sequence;  /* failures so far (never reset) */
   cp_capture_t capture;   /* graph capture (capture.c) */
   size_t stitch_inflight; /* bytes lent to ranges being stitched without the lock */
+  /* Paused regions (pause.c): sum of the states' paused_bytes and backup_bytes. */
+  size_t paused_bytes;
+  size_t backup_bytes;
 };
 
 /* Bytes held from the backend (the reserved_bytes stat). */

@@ -87,6 +87,8 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   info->stitched_space = pool->stitched_space;
   info->stitches = pool->stitches;
   info->stitch_reuses = pool->stitch_reuses;
+  info->paused_bytes = pool->paused_bytes;
+  info->backup_bytes = pool->backup_bytes;
   /* Retired memory waiting for its stream (drain.c) is cached too, though not reusable. */
   info->cached_free += pool->draining_bytes;
   for (size_t i = 0; i < pool->streams.count; i++) {

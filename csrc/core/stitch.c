@@ -469,7 +469,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
 cp_stream_state_t *cp_stitch_retire_lru_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   cp_segment_t *lru = NULL;
   for (cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-    if (s->head->state == CP_BLOCK_FREE && !s->broken && !s->stream->reaping &&
+    if (s->head->state == CP_BLOCK_FREE && !s->broken && !s->stream->reaping && !s->stream->paused &&
         (lru == NULL || s->last_use < lru->last_use))
       lru = s;
   }
@@ -586,7 +586,8 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     }
     /* In use, the runs behind the block's bytes are lent, in order, and no other. */
     size_t runs = 0, to_lend = lent ? b->size : 0;
-    if (s->mapped > s->size || ((s->mapped != s->size || s->broken) && (!s->broken || lent)))
+    const bool paused = s->paused_range && s->mapped == 0 && !s->broken && s->stream->paused;
+    if (s->mapped > s->size || (!paused && (s->mapped != s->size || s->broken) && (!s->broken || lent)))
       CP_VIOLATION("range %#lx: %zu of %zu bytes mapped (%s), its block in state %d", (unsigned long)s->addr, s->mapped,
                    s->size, s->broken ? "broken" : "whole", b->state);
     for (size_t i = 0; i < s->run_count; i++) {

@@ -30,9 +30,18 @@ static void cp_event_destroy(cp_streams_t *ss, cp_event_t event) {
   ss->events_created--;
 }
 
+void cp_streams_drop_backups(cp_streams_t *ss, cp_stream_state_t *st) {
+  for (size_t i = 0; i < st->backup_count; i++) (void)ss->backend->host_free(ss->backend->ctx, st->backups[i].host);
+  free(st->backups);
+  st->backups = NULL;
+  st->backup_count = 0;
+  st->backup_bytes = 0;
+}
+
 void cp_streams_destroy(cp_streams_t *ss) {
   for (size_t i = 0; i < ss->count; i++) {
     cp_stream_state_t *st = ss->list[i];
+    cp_streams_drop_backups(ss, st);
     for (size_t k = 0; k < st->queue_len; k++) {
       cp_event_destroy(ss, st->queue[(st->queue_head + k) & (st->queue_cap - 1)].event);
     }
@@ -71,6 +80,32 @@ cp_stream_state_t *cp_streams_lookup_locked(cp_streams_t *ss, cp_stream_t stream
     ss->list[ss->count++] = st;
   }
   ss->last = st;
+  return st;
+}
+
+cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t stream, uint32_t tag) {
+  for (size_t i = 0; i < ss->count; i++) {
+    cp_stream_state_t *st = ss->list[i];
+    if (st->tag == tag && st->handle == stream) return st;
+  }
+  if (ss->count == ss->list_cap) {
+    size_t cap = ss->list_cap ? ss->list_cap * 2 : 8;
+    cp_stream_state_t **list = realloc(ss->list, cap * sizeof *list);
+    if (list == NULL) {
+      cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for stream state");
+      return NULL;
+    }
+    ss->list = list;
+    ss->list_cap = cap;
+  }
+  cp_stream_state_t *st = calloc(1, sizeof *st);
+  if (st == NULL) {
+    cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for stream state");
+    return NULL;
+  }
+  st->handle = stream;
+  st->tag = tag;
+  ss->list[ss->count++] = st;
   return st;
 }
 

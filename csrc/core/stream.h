@@ -41,7 +41,26 @@ struct cp_stream_state_s {
   bool reaping;           /* a thread is unmapping what it retired (the lock drops meanwhile) */
   size_t draining_bytes;  /* bytes of its DRAINING blocks */
   cp_event_t drain_event; /* valid while draining */
+  /* Regions (Note [Regions], region.c): a state serves the allocations of one region on its
+   * stream (tag 0: untagged, the only one in `map`); a tagged state is found by
+   * cp_streams_get_tagged_locked. Paused (pause.c): it serves nothing, nothing of it is
+   * retired, trimmed or reaped; `busy` while a pause or resume of it runs without the lock.
+   * Invariant: paused_bytes == sum of seg->paused over its segments. */
+  uint32_t tag;
+  bool paused;
+  bool busy;
+  size_t paused_bytes;
+  struct cp_backup_s *backups; /* the pause's copies of its live blocks, until resume */
+  size_t backup_count;
+  size_t backup_bytes;
 };
+
+/* A live block's bytes, copied to host memory by a pause (pause.c). */
+typedef struct cp_backup_s {
+  uintptr_t addr;
+  size_t size;
+  void *host; /* the backend's host_alloc */
+} cp_backup_t;
 
 typedef struct cp_streams_s {
   const cp_backend_t *backend; /* the pool's; events are created and recorded through it */
@@ -79,6 +98,11 @@ static inline cp_stream_state_t *cp_streams_get_locked(cp_streams_t *ss, cp_stre
   cp_stream_state_t *st = ss->last;
   return st != NULL && st->handle == stream ? st : cp_streams_lookup_locked(ss, stream);
 }
+/* The state of region `tag` (> 0) on `stream`, created on first use (not in `map`, never
+ * `last`). NULL only when host memory ran out. */
+cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t stream, uint32_t tag);
+/* Give back a state's backups (host_free each). */
+void cp_streams_drop_backups(cp_streams_t *ss, cp_stream_state_t *st);
 /* An event from the pool's spares (created when there is none), and back to them. */
 int cp_streams_event_acquire_locked(cp_streams_t *ss, cp_event_t *out_event);
 void cp_streams_event_release_locked(cp_streams_t *ss, cp_event_t event);

@@ -41,7 +41,8 @@ typedef struct cp_stream_state_s cp_stream_state_t;
  *   bytes are out of it, and out of reserved_bytes, from the moment they are carved out),
  * and at least one block is UNMAPPED or MAPPING (the last chunk is never mapped), so a FREE
  * block of a page-mapped segment is always split and such a segment is never on the list of
- * wholly free segments. reserved_bytes == sum(seg->size of plain) + sum(seg->mapped of paged).
+ * wholly free segments. reserved_bytes == sum(seg->size of plain) + sum(seg->mapped - seg->paused
+ * of paged): a paused stretch keeps its blocks but has no memory behind it (pause.c).
  * ---------------------------------------------------------------------------------------- */
 
 typedef enum cp_block_state_e {
@@ -101,7 +102,22 @@ struct cp_segment_s {
   bool retired;        /* broken by a release: waits for its stream's drain event (drain.c) */
   bool trim_only;      /* retired by the trim of kept ranges alone: it may still serve its stream */
   bool release_failed; /* scratch of cp_stitch_drop_retired_locked */
+  /* Paused (pause.c, Note [Paused regions]): a page-mapped segment lists the stretches of it
+   * the pause unmapped (whole maximal stretches of mapped blocks, which keep their states);
+   * `paused` is their bytes, still in `mapped` but not in reserved_bytes. A stitched range
+   * that is paused has mapped == 0 and maps its whole size again at resume. */
+  bool paused_range;
+  size_t paused;
+  struct cp_span_s *spans;
+  size_t span_count;
+  size_t span_cap;
 };
+
+/* An address range: [addr, addr + size). */
+typedef struct cp_span_s {
+  uintptr_t addr;
+  size_t size;
+} cp_span_t;
 
 /* One run of a stitched range: `size` bytes of the page-mapped segment `seg` at `addr`,
  * mapped next in the stitched range; `lent` is the LENT block holding them while the stitched
