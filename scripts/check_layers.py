@@ -114,6 +114,7 @@ PY_LAYERS: dict[str, int] = {
     "snapshots": 1,
     "summary": 1,
     "_config": 1,
+    "regions": 1,
     # 2: traces, the simulated pool, torch's functions
     "lab.trace": 2,
     "lab._backward": 2,

@@ -146,12 +146,17 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function addr
   X(cuMemSetAccess, CUresult, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count))
 
 /* Optional too, each on its own (Note [Capture and contexts] in cuda.c, Note [Peers] in
- * cuda_vmm.c): a driver without one leaves its entry NULL and the backend does without. */
-#define CUDA_OPTIONAL_FUNCTIONS(X)                                        \
-  X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status)) \
-  X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))       \
-  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))  \
-  X(cuDeviceCanAccessPeer, CUresult, (int *out_can, CUdevice dev, CUdevice peer_dev))
+ * cuda_vmm.c, cuda_copy.c): a driver without one leaves its entry NULL and the backend does
+ * without. */
+#define CUDA_OPTIONAL_FUNCTIONS(X)                                                    \
+  X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status))             \
+  X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))                   \
+  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))              \
+  X(cuDeviceCanAccessPeer, CUresult, (int *out_can, CUdevice dev, CUdevice peer_dev)) \
+  X(cuMemAllocHost, CUresult, (void **out_ptr, size_t size_bytes))                    \
+  X(cuMemFreeHost, CUresult, (void *ptr))                                             \
+  X(cuMemcpyDtoH, CUresult, (void *dst, CUdeviceptr src, size_t size_bytes))          \
+  X(cuMemcpyHtoD, CUresult, (CUdeviceptr dst, const void *src, size_t size_bytes))
 
 enum {
   CU_STREAM_CAPTURE_STATUS_NONE = 0,
@@ -262,6 +267,10 @@ void cp_cuda_vmm_table(cp_backend_t *out);
 /* Find the slot's rdma flag and peers (`count` devices visible; the driver is loaded). Called
  * under cuda_devices_lock before the slot goes live; a failed query means "no": never an error. */
 void cp_cuda_vmm_probe_device(cuda_device_t *d, int count);
+
+/* Fill the entries of Note [Copies for a backup] (base/backend.h) when the driver has all four
+ * functions (cuda_copy.c). */
+void cp_cuda_copy_table(cp_backend_t *out);
 
 /* Hold cuda_vmm.c's lock across fork() (base/fork.h); called once, by cuda.c. */
 void cp_cuda_vmm_register_for_fork(void);

@@ -197,12 +197,14 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   for (size_t i = 0; i < pool->streams.count; i++) {
     const cp_stream_state_t *st = pool->streams.list[i];
     size_t mine = 0, copied = 0;
-    for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) mine += seg->stream == st ? seg->paused : 0;
+    for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next)
+      mine += seg->stream == st ? seg->paused : 0;
     for (size_t k = 0; k < st->backup_count; k++) copied += st->backups[k].size;
     if (mine != st->paused_bytes || copied != st->backup_bytes || (st->tag == 0 && st->paused))
-      CP_VIOLATION("stream %#lx (region %u): %zu bytes paused and %zu backed up, its segments and backups hold %zu "
-                   "and %zu",
-                   (unsigned long)st->handle, (unsigned)st->tag, st->paused_bytes, st->backup_bytes, mine, copied);
+      CP_VIOLATION(
+          "stream %#lx (region %u): %zu bytes paused and %zu backed up, its segments and backups hold %zu "
+          "and %zu",
+          (unsigned long)st->handle, (unsigned)st->tag, st->paused_bytes, st->backup_bytes, mine, copied);
     states_paused += st->paused_bytes;
     backups += st->backup_bytes;
   }

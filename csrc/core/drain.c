@@ -182,8 +182,7 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait) {
 bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   /* Only DRAINING memory can serve the request: retired stitched ranges map pages that are
    * free in their segments already, and wait for their event whatever happens here. */
-  if (!st->draining || st->reaping || st->paused || st->draining_bytes == 0 || pool->capture.windows != 0)
-    return false;
+  if (!st->draining || st->reaping || st->paused || st->draining_bytes == 0 || pool->capture.windows != 0) return false;
   bool done = false;
   if (cp_drain_done_locked(pool, st, false, &done) == CP_OK && done && st->draining && !st->reaping) {
     (void)cp_drain_reap_stream_locked(pool, st);

@@ -316,8 +316,8 @@ typedef struct cp_pause_unmap_s {
 
 /* Every stitched range of the states that is mapped, then every maximal stretch of mapped
  * blocks of their segments. */
-static int cp_pause_list_unmaps_locked(cp_pool_t *pool, cp_stream_state_t *const *sts, size_t n,
-                                       cp_pause_unmap_t **out, size_t *out_n, size_t *out_ranges) {
+static int cp_pause_list_unmaps_locked(cp_pool_t *pool, cp_stream_state_t *const *sts, size_t n, cp_pause_unmap_t **out,
+                                       size_t *out_n, size_t *out_ranges) {
   cp_pause_unmap_t *list = NULL;
   size_t k = 0, cap = 0;
   int rc = CP_OK;
@@ -516,13 +516,14 @@ int cp_pool_pause(cp_pool_t *pool, uint32_t tag, int backup) {
   if (rc == CP_OK) {
     (void)cp_reclaim_completed_locked(pool);
     for (size_t i = 0; i < n; i++) (void)cp_drain_release_now_locked(pool, sts[i]); /* 3. what stays is paused */
-    if (backup) rc = cp_pause_backup_locked(pool, sts, n); /* 4. */
+    if (backup) rc = cp_pause_backup_locked(pool, sts, n);                          /* 4. */
   }
   if (rc == CP_OK) rc = cp_pause_unmap_locked(pool, sts, n); /* 5. */
   for (size_t i = 0; i < n; i++) {
     /* Paused when anything of it was given back (or it has nothing to give); else as it was. */
     bool any = sts[i]->paused_bytes != 0;
-    for (const cp_segment_t *s = pool->stitched; s != NULL && !any; s = s->next) any = s->stream == sts[i] && s->paused_range;
+    for (const cp_segment_t *s = pool->stitched; s != NULL && !any; s = s->next)
+      any = s->stream == sts[i] && s->paused_range;
     if (rc != CP_OK && !any) {
       sts[i]->paused = false;
       cp_pause_drop_backups_locked(pool, sts[i]);
@@ -678,7 +679,8 @@ static int cp_resume_plan_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_resu
 static void cp_resume_undo(const cp_backend_t *be, cp_resume_t *r) {
   for (size_t i = 0; i < r->nranges; i++) {
     size_t mapped = 0;
-    for (size_t k = 0; k < r->nremaps; k++) mapped += r->remaps[k].s == r->ranges[i] && r->remaps[k].mapped ? r->remaps[k].size : 0;
+    for (size_t k = 0; k < r->nremaps; k++)
+      mapped += r->remaps[k].s == r->ranges[i] && r->remaps[k].mapped ? r->remaps[k].size : 0;
     if (mapped == 0) continue;
     (void)cp_pause_unmap_twice(be, r->ranges[i]->addr, mapped);
     r->unmaps++;
@@ -785,8 +787,8 @@ static int cp_resume_state_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   pool->device_unmaps += r.unmaps;
   if (rc != CP_OK) {
     const char *name = cp_region_name(st->tag);
-    rc = cp_set_error(rc, "cudapool: resume of region \"%s\" (%zu bytes): %s; it stays paused", name != NULL ? name : "?",
-                      bytes, why);
+    rc = cp_set_error(rc, "cudapool: resume of region \"%s\" (%zu bytes): %s; it stays paused",
+                      name != NULL ? name : "?", bytes, why);
     cp_resume_free(&r);
     return rc;
   }

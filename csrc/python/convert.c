@@ -239,7 +239,9 @@ fail:
   X(stitched_ranges)           \
   X(stitched_space)            \
   X(stitches)                  \
-  X(stitch_reuses)
+  X(stitch_reuses)             \
+  X(paused_bytes)              \
+  X(backup_bytes)
 
 PyObject *cpy_info_to_dict(const cp_pool_info_t *info) {
   PyObject *d = PyDict_New();

@@ -263,7 +263,50 @@ static PyObject *mod_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(
                        error, "driver_version", version, "device_count", count, "devices", names, "page_mapped", vmm);
 }
 
+/* Regions (core/region.c): the id of a name, the thread's region. */
+static PyObject *mod_region_id(PyObject *Py_UNUSED(m), PyObject *name) {
+  const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+  if (text == NULL) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "a region's tag is a str, not %s", Py_TYPE(name)->tp_name);
+    return NULL;
+  }
+  uint32_t id = 0;
+  if (cp_region_id(text, &id) != CP_OK) {
+    PyErr_SetString(PyExc_ValueError, cp_last_error());
+    return NULL;
+  }
+  return PyLong_FromUnsignedLong(id);
+}
+
+static PyObject *mod_region_enter(PyObject *Py_UNUSED(m), PyObject *arg) {
+  const unsigned long id = PyLong_AsUnsignedLong(arg);
+  if (id == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+  if (id != 0 && cp_region_name((uint32_t)id) == NULL) {
+    PyErr_Format(PyExc_ValueError, "no region has id %lu", id);
+    return NULL;
+  }
+  return PyLong_FromUnsignedLong(cp_region_enter((uint32_t)id));
+}
+
+static PyObject *mod_region_name(PyObject *Py_UNUSED(m), PyObject *arg) {
+  const unsigned long id = PyLong_AsUnsignedLong(arg);
+  if (id == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+  const char *name = id <= UINT32_MAX ? cp_region_name((uint32_t)id) : NULL;
+  if (name == NULL) Py_RETURN_NONE;
+  return PyUnicode_FromString(name);
+}
+
+static PyObject *mod_region_of_thread(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+  return PyLong_FromUnsignedLong(cp_region_of_thread());
+}
+
 static PyMethodDef module_methods[] = {
+    {"region_id", mod_region_id, METH_O,
+     "region_id(name) -> int\n\nThe id of region name (made on first use; the same on every device)."},
+    {"region_enter", mod_region_enter, METH_O,
+     "region_enter(id) -> int\n\nMake region id (0: none) the calling thread's; returns the one it was in."},
+    {"region_name", mod_region_name, METH_O, "region_name(id) -> str or None\n\nThe name of region id."},
+    {"region_of_thread", mod_region_of_thread, METH_NOARGS, "The calling thread's region id (0: none)."},
     {"parse_config", mod_parse_config, METH_VARARGS,
      "parse_config(text) -> str\n\nParse a PYTORCH_CUDA_ALLOC_CONF-style string onto the "
      "defaults and return the resulting configuration, formatted. ValueError if invalid."},

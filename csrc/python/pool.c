@@ -302,10 +302,12 @@ static PyObject *snapshot_segment(const cp_snapshot_t *snap, const cp_snapshot_s
     }
     PyList_SET_ITEM(blocks, (Py_ssize_t)k, t);
   }
-  return Py_BuildValue("{sKsKsKsKsssOsN}", "address", (unsigned long long)s->addr, "size", (unsigned long long)s->size,
-                       "mapped", (unsigned long long)s->mapped, "stream", (unsigned long long)s->stream, "kind",
-                       s->kind == CP_KIND_SMALL ? "small" : "large", "page_mapped", s->page_mapped ? Py_True : Py_False,
-                       "blocks", blocks);
+  const char *region = s->tag != 0 ? cp_region_name(s->tag) : NULL;
+  return Py_BuildValue("{sKsKsKsKsssOszsKsN}", "address", (unsigned long long)s->addr, "size",
+                       (unsigned long long)s->size, "mapped", (unsigned long long)s->mapped, "stream",
+                       (unsigned long long)s->stream, "kind", s->kind == CP_KIND_SMALL ? "small" : "large",
+                       "page_mapped", s->page_mapped ? Py_True : Py_False, "region", region, "paused",
+                       (unsigned long long)s->paused, "blocks", blocks);
 }
 
 static PyObject *Pool_snapshot(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -459,6 +461,97 @@ static PyObject *Pool_set_memory_fraction(PyObject *op, PyObject *fraction_obj) 
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Regions: pause, resume and what each holds (core/pause.c)
+ * ---------------------------------------------------------------------------------------- */
+
+/* The region id of `tag` (None: 0, every region); -1 with an exception set. */
+static int region_of(PyObject *tag, uint32_t *out) {
+  *out = 0;
+  if (tag == NULL || tag == Py_None) return 0;
+  const char *name = PyUnicode_Check(tag) ? PyUnicode_AsUTF8(tag) : NULL;
+  if (name == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError, "a region's tag is a str or None, not %s", Py_TYPE(tag)->tp_name);
+    return -1;
+  }
+  if (cp_region_id(name, out) != CP_OK) {
+    PyErr_SetString(PyExc_ValueError, cp_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+/* Pause and resume may wait for device work and copy gigabytes: without the GIL on a device
+ * pool (Note [GIL]); a simulated pool's device never blocks the host. */
+static PyObject *Pool_pause(PyObject *op, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"tag", "backup", NULL};
+  PyObject *tag = Py_None;
+  int backup = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Op:pause", kwlist, &tag, &backup)) return NULL;
+  ANY_POOL(op, self, pool);
+  uint32_t id = 0;
+  if (region_of(tag, &id) < 0) return NULL;
+  if (pool == NULL) Py_RETURN_NONE; /* a device without a pool holds no region */
+  int rc;
+  cp_clear_error();
+  if (self->device >= 0) {
+    Py_BEGIN_ALLOW_THREADS rc = cp_pool_pause(pool, id, backup);
+    Py_END_ALLOW_THREADS
+  } else {
+    rc = cp_pool_pause(pool, id, backup);
+  }
+  if (rc != CP_OK) return cpy_pool_raise_status(op, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_resume(PyObject *op, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"tag", NULL};
+  PyObject *tag = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:resume", kwlist, &tag)) return NULL;
+  ANY_POOL(op, self, pool);
+  uint32_t id = 0;
+  if (region_of(tag, &id) < 0) return NULL;
+  if (pool == NULL) Py_RETURN_NONE;
+  int rc;
+  cp_clear_error();
+  if (self->device >= 0) {
+    Py_BEGIN_ALLOW_THREADS rc = cp_pool_resume(pool, id);
+    Py_END_ALLOW_THREADS
+  } else {
+    rc = cp_pool_resume(pool, id);
+  }
+  if (rc != CP_OK) return cpy_pool_raise_status(op, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Pool_regions(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+  ANY_POOL(op, self, pool);
+  (void)self;
+  PyObject *list = PyList_New(0);
+  if (list == NULL || pool == NULL) return list;
+  cp_region_info_t infos[CP_REGION_MAX];
+  size_t n = cp_pool_regions(pool, infos, CP_REGION_MAX);
+  if (n > CP_REGION_MAX) n = CP_REGION_MAX;
+  for (size_t i = 0; i < n; i++) {
+    const cp_region_info_t *r = &infos[i];
+    const char *name = cp_region_name(r->tag);
+    PyObject *d = Py_BuildValue("{sssOsKsKsKsKsKsKsK}", "tag", name != NULL ? name : "?", "paused",
+                                r->paused ? Py_True : Py_False, "live_bytes", (unsigned long long)r->live_bytes,
+                                "live_blocks", (unsigned long long)r->live_blocks, "reserved_bytes",
+                                (unsigned long long)r->reserved, "paused_bytes", (unsigned long long)r->paused_bytes,
+                                "backup_bytes", (unsigned long long)r->backup_bytes, "segments",
+                                (unsigned long long)r->segments, "streams", (unsigned long long)r->streams);
+    if (d == NULL || PyList_Append(list, d) < 0) {
+      Py_XDECREF(d);
+      Py_DECREF(list);
+      return NULL;
+    }
+    Py_DECREF(d);
+  }
+  return list;
+}
+
+/* ------------------------------------------------------------------------------------------
  * The type
  * ---------------------------------------------------------------------------------------- */
 
@@ -476,7 +569,8 @@ static PyMethodDef Pool_common_methods[] = {
     {"oom_report", Pool_oom_report, METH_O,
      "oom_report(size) -> str\n\nThe out-of-memory report for a request of size bytes."},
     {"snapshot", Pool_snapshot, METH_NOARGS,
-     "Every segment, by address: dicts of address, size, mapped, stream, kind ('small'/'large'), page_mapped and "
+     "Every segment, by address: dicts of address, size, mapped, stream, kind ('small'/'large'), page_mapped, "
+     "region (its tag, or None), paused (bytes given back by a pause) and "
      "blocks [(address, size, requested, state)], state one of free, live, pending, unmapped, mapping, unmapping."},
     {"history", Pool_history, METH_NOARGS,
      "history() -> (records, recorded, capacity)\n\nThe history held, oldest first: (seq, time_ns, action, addr, "
@@ -490,6 +584,15 @@ static PyMethodDef Pool_common_methods[] = {
     {"empty_cache", Pool_empty_cache, METH_NOARGS, "Return every wholly free segment to the device."},
     {"set_memory_fraction", Pool_set_memory_fraction, METH_O,
      "set_memory_fraction(fraction)\n\nCap the reserved memory at fraction of the device's capacity."},
+    {"pause", CPY_METH_KW(Pool_pause), METH_VARARGS | METH_KEYWORDS,
+     "pause(tag=None, backup=False)\n\nGive back the memory of region tag (None: every region), live blocks "
+     "included, keeping their addresses; backup copies their bytes to host memory first."},
+    {"resume", CPY_METH_KW(Pool_resume), METH_VARARGS | METH_KEYWORDS,
+     "resume(tag=None)\n\nMap memory again at every address of region tag (None: every paused region) and copy "
+     "the backups back."},
+    {"regions", Pool_regions, METH_NOARGS,
+     "The regions of this pool: dicts of tag, paused, live_bytes, live_blocks, reserved_bytes, paused_bytes, "
+     "backup_bytes, segments and streams."},
     {"set_history", Pool_set_history, METH_O,
      "set_history(max_entries)\n\nRecord the last max_entries events (0: stop and drop them)."},
     {"close", Pool_close, METH_NOARGS,

@@ -29,7 +29,7 @@ static PyObject *Pool_alloc(PyObject *op, PyObject *args, PyObject *kwds) {
   void *ptr = NULL;
   cp_clear_error();
   cp_history_set_context(cpy_stack_capture());
-  int rc = cp_alloc(self->pool, size, (cp_stream_t)stream, &ptr);
+  int rc = cp_alloc_in(self->pool, size, (cp_stream_t)stream, cp_region_of_thread(), &ptr);
   cp_history_set_context(0);
   if (rc != CP_OK) return raise_status(op, rc);
   /* Memory another stream's queued work still touches must not be handed out: a fault. */

@@ -276,6 +276,10 @@ static const sti_proc_t sti_procs[] = {
     STI_PROC("cuEventRecord", 2000, cuEventRecord),
     STI_PROC("cuEventQuery", 2000, cuEventQuery),
     STI_PROC("cuEventSynchronize", 2000, cuEventSynchronize),
+    STI_PROC("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    STI_PROC("cuMemFreeHost", 2000, cuMemFreeHost),
+    STI_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    STI_PROC("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
 };
 #undef STI_PROC
 
@@ -607,6 +611,7 @@ STI_EXPORT size_t cpstandin_live(int what) {
     case CPSTANDIN_LIVE_HANDLES:
       for (size_t i = 0; i < sti.handles_count; i++) n += sti.handles[i].holds != 0;
       break;
+    case CPSTANDIN_LIVE_HOST: n = sti.host_allocs; break;
     case CPSTANDIN_LIVE_MAPPINGS:
       for (size_t i = 0; i < sti.mappings_count; i++) n += sti.mappings[i].live != 0;
       break;

@@ -56,8 +56,9 @@ enum {
   CPSTANDIN_LIVE_HANDLES = 2,      /* cuMemCreate memory still held (a handle or a mapping) */
   CPSTANDIN_LIVE_MAPPINGS = 3,
   CPSTANDIN_LIVE_EVENTS = 4,
-  CPSTANDIN_LIVE_STREAMS = 5, /* created streams not destroyed */
-  CPSTANDIN_LIVE_CONTEXTS = 6 /* primary contexts retained */
+  CPSTANDIN_LIVE_STREAMS = 5,  /* created streams not destroyed */
+  CPSTANDIN_LIVE_CONTEXTS = 6, /* primary contexts retained */
+  CPSTANDIN_LIVE_HOST = 7      /* cuMemAllocHost blocks not freed */
 };
 
 /* cpstandin_fault_kind. */

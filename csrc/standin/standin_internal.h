@@ -158,6 +158,10 @@ STI_EXPORT CUresult cuEventDestroy_v2(CUevent event);
 STI_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream);
 STI_EXPORT CUresult cuEventQuery(CUevent event);
 STI_EXPORT CUresult cuEventSynchronize(CUevent event);
+STI_EXPORT CUresult cuMemAllocHost_v2(void **out, size_t size);
+STI_EXPORT CUresult cuMemFreeHost(void *ptr);
+STI_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size);
+STI_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t size);
 
 /* ------------------------------------------------------------------------------------------
  * Entry points: X(base name, flags). The base name is what cuGetProcAddress is asked for and
@@ -207,7 +211,11 @@ enum {
   X(cuEventDestroy, 0)                                 \
   X(cuEventRecord, 0)                                  \
   X(cuEventQuery, STI_F_UNSAFE)                        \
-  X(cuEventSynchronize, STI_F_UNSAFE)
+  X(cuEventSynchronize, STI_F_UNSAFE)                  \
+  X(cuMemAllocHost, STI_F_UNSAFE)                      \
+  X(cuMemFreeHost, STI_F_UNSAFE)                       \
+  X(cuMemcpyDtoH, 0)                                   \
+  X(cuMemcpyHtoD, 0)
 
 typedef enum sti_fn_e {
 #define STI_X(name, flags) STI_FN_##name,
@@ -331,6 +339,7 @@ typedef struct sti_state_s {
   unsigned long long calls[STI_FN_COUNT];
   sti_injection_t injections[STI_MAX_INJECTIONS];
   size_t injection_count;
+  size_t host_allocs; /* cuMemAllocHost blocks not freed (standin_copy.c) */
   size_t fault_count;
   sti_fault_t faults[STI_MAX_FAULTS];
 #define STI_TABLE(type, name) \
@@ -381,6 +390,9 @@ void sti_mem_clear(void);              /* reset: every allocation, range, handle
 void sti_mem_drop_context(int device); /* the context's cuMemAlloc memory, at its reset */
 int sti_mem_writable(int device, CUdeviceptr ptr, size_t bytes);
 void sti_mem_touch(CUdeviceptr ptr, size_t bytes, unsigned char value);
+/* The host bytes behind device address `ptr` and how many follow in the same allocation or
+ * mapping (*out_len); NULL when nothing is there. */
+unsigned char *sti_mem_bytes(CUdeviceptr ptr, size_t *out_len);
 
 /* standin_stream.c */
 void sti_stream_clear(void);                                        /* reset: every stream and event */

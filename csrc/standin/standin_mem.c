@@ -113,6 +113,19 @@ int sti_mem_writable(int device, CUdeviceptr ptr, size_t bytes) {
   return 1;
 }
 
+unsigned char *sti_mem_bytes(CUdeviceptr ptr, size_t *out_len) {
+  const sti_alloc_t *a = sti_alloc_at(ptr, 1);
+  if (a != NULL) {
+    *out_len = a->size - (ptr - a->addr);
+    return a->backing != NULL ? a->backing + (ptr - a->addr) : NULL;
+  }
+  const sti_mapping_t *m = sti_mapping_at(ptr);
+  if (m == NULL) return NULL;
+  const sti_handle_t *h = &sti.handles[m->handle - 1];
+  *out_len = m->size - (ptr - m->addr);
+  return h->backing != NULL ? h->backing + (ptr - m->addr) : NULL;
+}
+
 void sti_mem_touch(CUdeviceptr ptr, size_t bytes, unsigned char value) {
   for (size_t off = 0; off < bytes; off += STI_HOST_PAGE) {
     unsigned char *b = sti_byte_at(ptr + off);

@@ -59,10 +59,11 @@ int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   if (routed) return rc;
   rc = cpd_pool(device, &pool);
   if (rc != CP_OK) return rc;
+  const uint32_t tag = cp_region_of_thread(); /* Note [Regions] */
   cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
-  if (context == NULL) return cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+  if (context == NULL) return cp_alloc_in(pool, size, (cp_stream_t)stream, tag, out_ptr);
   cp_history_set_context(context());
-  rc = cp_alloc(pool, size, (cp_stream_t)stream, out_ptr);
+  rc = cp_alloc_in(pool, size, (cp_stream_t)stream, tag, out_ptr);
   cp_history_set_context(0);
   return rc;
 }

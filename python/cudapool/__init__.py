@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _C, _torch, ab, oom
 from ._version import __version__
+from .regions import current_region, region
 
 # Frees that arrive while the interpreter exits (tensors dropped during teardown, possibly
 # after the CUDA driver shut down) cannot fail loudly: they are counted instead.
@@ -41,6 +42,11 @@ __all__ = [
     "last_oom",
     "graph_pools",
     "mem_pool_allocator",
+    "region",
+    "current_region",
+    "pause",
+    "resume",
+    "regions",
     "ab",
     "oom",
 ]
@@ -174,3 +180,52 @@ def mem_pool_allocator() -> Any:
 
     Not together with :func:`enable` (torch's pluggable allocator refuses ``MemPool``)."""
     return _torch.mem_pool_allocator()
+
+
+# -- regions: pause and resume (docs/regions.md) ----------------------------------------------
+
+
+def _pools_of(device: Any) -> List[int]:
+    if device is not None:
+        return [_torch.device_index(device)]
+    return list(_C.device_pools())
+
+
+def _require_pools(what: str) -> None:
+    if not (_torch.enabled() or _C.using_sim_devices()):
+        raise RuntimeError(f"cudapool.{what}: cudapool is not this process's allocator: call cudapool.enable() first")
+
+
+def pause(tag: Optional[str] = None, backup: bool = False, device: Any = None) -> None:
+    """Give back the GPU memory of region ``tag`` (None: every region), live tensors included,
+    keeping their addresses: the tensors stay valid objects, but their memory is gone until
+    :func:`resume`. First it waits for the work queued on the streams the region's memory is
+    used on (those streams only, not the whole device); with ``backup=True`` it then copies
+    the live tensors' bytes to pinned host memory, which :func:`resume` copies back. Until
+    then, allocating in the region raises and touching its tensors is an illegal memory
+    access. On every device with a pool, or on ``device``. Raises during a CUDA graph capture,
+    and for a pool without page-mapped memory."""
+    _require_pools("pause")
+    for index in _pools_of(device):
+        _C.device_pool(index).pause(tag, backup)
+
+
+def resume(tag: Optional[str] = None, device: Any = None) -> None:
+    """Map new GPU memory at every address of region ``tag`` (None: every paused region) and
+    copy back what :func:`pause` backed up: tensors made before the pause work again, with the
+    same ``data_ptr()``. All or nothing per region: when the device has no room for it now,
+    it raises ``cudapool.sim.OutOfMemoryError`` (a MemoryError) and the region stays paused."""
+    _require_pools("resume")
+    for index in _pools_of(device):
+        _C.device_pool(index).resume(tag)
+
+
+def regions(device: Any = None) -> List[Dict[str, Any]]:
+    """The regions of every device's pool (or of ``device``'s): one dict each with device,
+    tag, paused, live_bytes, live_blocks, reserved_bytes, paused_bytes, backup_bytes,
+    segments and streams."""
+    rows: List[Dict[str, Any]] = []
+    for index in _pools_of(device):
+        for row in _C.device_pool(index).regions():
+            rows.append({"device": index, **row})
+    return rows

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C, _config
 from . import snapshots as _snapshot_mod
-from .summary import DEFAULT_TITLE, format_all_ranks, format_summary
+from .summary import DEFAULT_TITLE, format_all_ranks, format_regions, format_summary
 
 # The hooks cudapool sets, when the installed torch offers them:
 # (name, setter on torch._C._CUDAPluggableAllocator, exported symbol of _C).
@@ -292,7 +292,8 @@ def memory_summary(device: Any = None, abbreviated: bool = False, all_ranks: boo
     if all_ranks:
         return all_ranks_summary(device)
     index = device_index(device)
-    return format_summary(memory_stats(index), index, abbreviated, title=DEFAULT_TITLE)
+    text = format_summary(memory_stats(index), index, abbreviated, title=DEFAULT_TITLE)
+    return text + format_regions(_C.device_pool(index).regions(), index)
 
 
 def device_name(index: int) -> str:

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from . import _C
 from ._config import config_string
-from .summary import format_summary
+from .regions import region
+from .summary import format_regions, format_summary
 
 __all__ = ["Pool", "OutOfMemoryError", "config_string"]
 
@@ -42,9 +43,10 @@ class Pool(_C.Pool):
     ``complete``, ``complete_all``, ``set_lag``, ``device_faults``, ``fail_nth``,
     ``backend_calls``, ``invalidate_stream``, ``sim_reserved_bytes``), cache and limits (``empty_cache``, ``set_memory_cap``,
     ``set_memory_fraction``), introspection (``info``, ``check``, ``check_report``,
-    ``oom_report``, ``config``, ``reset_peak_stats``, ``reset_accumulated_stats``) and
-    ``close`` are the methods of :class:`cudapool._C.Pool`; this class adds the torch-style
-    statistics and the context manager.
+    ``oom_report``, ``config``, ``reset_peak_stats``, ``reset_accumulated_stats``), regions
+    (``pause``, ``resume``, ``regions``) and ``close`` are the methods of
+    :class:`cudapool._C.Pool`; this class adds the torch-style statistics, ``region(tag)`` and
+    the context manager.
     """
 
     _config_text: str
@@ -63,8 +65,20 @@ class Pool(_C.Pool):
         return OrderedDict(sorted(self.stats().items()))
 
     def memory_summary(self, abbreviated: bool = False) -> str:
-        """The statistics as a table, in the layout of ``torch.cuda.memory_summary``."""
-        return format_summary(self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary")
+        """The statistics as a table, in the layout of ``torch.cuda.memory_summary``, and the
+        regions' table when there are regions."""
+        text = format_summary(self.memory_stats(), 0, abbreviated, title="cudapool sim memory summary")
+        return text + format_regions(self.regions(), 0)
+
+    # -- regions ------------------------------------------------------------------------------
+
+    @staticmethod
+    def region(tag: str) -> region:
+        """``with pool.region(tag):`` — this thread's allocations inside go to region ``tag``
+        (the same as :class:`cudapool.region`: regions are the thread's, in every pool).
+        ``pause(tag=None, backup=False)``, ``resume(tag=None)`` and ``regions()`` are the
+        methods of :class:`cudapool._C.Pool`."""
+        return region(tag)
 
     # -- lifetime -----------------------------------------------------------------------------
 

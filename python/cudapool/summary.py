@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Mapping, Sequence, Tuple
 
 from ._units import format_bytes, scaled
 
-__all__ = ["format_summary", "format_all_ranks", "DEFAULT_TITLE", "RANK_ROWS"]
+__all__ = ["format_summary", "format_all_ranks", "format_regions", "DEFAULT_TITLE", "RANK_ROWS"]
 
 DEFAULT_TITLE = "cudapool CUDA memory summary"
 
@@ -176,3 +176,31 @@ def format_all_ranks(per_rank: Sequence[Mapping[str, Any]], title: str = DEFAULT
         lines.append(f" {label:<24}| {cells[0]:>11} | {cells[1]:>11} | {cells[2]:>11} | {worst:>5} ".ljust(WIDTH))
     lines.append(frame)
     return "".join(f"|{line}|\n" for line in lines)
+
+
+def format_regions(regions: Sequence[Mapping[str, Any]], device: int) -> str:
+    """The regions of one device's pool (``Pool.regions()`` rows) as a table in the summary's
+    box: per region its state, live, reserved, paused and backed-up bytes. "" when there is
+    none."""
+    if not regions:
+        return ""
+    rule = "-" * WIDTH
+    frame = "=" * WIDTH
+    lines: List[str] = [
+        f" Regions of device {device} (cudapool.region; pause and resume)".ljust(WIDTH),
+        rule,
+        f" {'Region':<18}|{'State':^8}|{'Live':>10} |{'Reserved':>10} |{'Paused':>10} |{'Backup':>9} ",
+        rule,
+    ]
+    for r in regions:
+        name = str(r["tag"])
+        if len(name) > 17:
+            name = name[:16] + "…"
+        state = "paused" if r["paused"] else "active"
+        cells = [
+            format_bytes(int(r[k]), largest="PiB").strip() for k in ("live_bytes", "reserved_bytes", "paused_bytes")
+        ]
+        backup = format_bytes(int(r["backup_bytes"]), largest="PiB").strip()
+        lines.append(f" {name:<17} |{state:^8}|{cells[0]:>10} |{cells[1]:>10} |{cells[2]:>10} |{backup:>9} ")
+    lines.append(frame)
+    return "".join(f"|{line.ljust(WIDTH)[:WIDTH]}|\n" for line in lines)

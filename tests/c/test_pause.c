@@ -146,7 +146,7 @@ static void pause_and_resume_keep_every_byte(const char *conf) {
   CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
   const cp_region_info_t paused = region_info(&fx, kv);
   CHECK(paused.paused);
-  CHECK_EQ_U(paused.reserved, 0);                /* every page of it: >= 99 % */
+  CHECK_EQ_U(paused.reserved, 0);                   /* every page of it: >= 99 % */
   CHECK_EQ_U(paused.paused_bytes, before.reserved); /* what resume maps again */
   CHECK_EQ_U(paused.live_bytes, before.live_bytes); /* the blocks are still live */
   CHECK_EQ_U(paused.backup_bytes, h.n[0] + h.n[1] + h.n[2]);
@@ -202,7 +202,7 @@ TEST(pause_waits_for_the_regions_streams_only) {
   launch(&fx, 9, h.p[1], h.n[1]);
   launch(&fx, 11, other, 4 * MiB);
   CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
-  fx_no_faults(fx.sim);                         /* unmapped only after that work was done */
+  fx_no_faults(fx.sim); /* unmapped only after that work was done */
   CHECK(cp_sim_stream_idle(fx.sim, 7) == 1);
   CHECK(cp_sim_stream_idle(fx.sim, 9) == 1);
   CHECK_EQ_U(cp_sim_queued_launches(fx.sim), 1); /* not the whole device: stream 11 still runs */
@@ -402,11 +402,10 @@ static void fault_sweep(const char *conf, int stage, cp_sim_call_t kind) {
 }
 
 TEST(faults_of_each_call) {
-  const cp_sim_call_t pause_calls[] = {CP_SIM_EVENT_CREATE,  CP_SIM_EVENT_RECORD, CP_SIM_EVENT_SYNCHRONIZE,
-                                       CP_SIM_HOST_ALLOC,    CP_SIM_COPY_TO_HOST, CP_SIM_PAGE_UNMAP,
-                                       CP_SIM_PAGE_RELEASE,  CP_SIM_HOST_FREE,    CP_SIM_PAGE_MAP,
-                                       CP_SIM_PAGE_SET_ACCESS};
-  const cp_sim_call_t resume_calls[] = {CP_SIM_PAGE_CREATE, CP_SIM_PAGE_MAP,     CP_SIM_PAGE_SET_ACCESS,
+  const cp_sim_call_t pause_calls[] = {
+      CP_SIM_EVENT_CREATE, CP_SIM_EVENT_RECORD, CP_SIM_EVENT_SYNCHRONIZE, CP_SIM_HOST_ALLOC, CP_SIM_COPY_TO_HOST,
+      CP_SIM_PAGE_UNMAP,   CP_SIM_PAGE_RELEASE, CP_SIM_HOST_FREE,         CP_SIM_PAGE_MAP,   CP_SIM_PAGE_SET_ACCESS};
+  const cp_sim_call_t resume_calls[] = {CP_SIM_PAGE_CREATE,    CP_SIM_PAGE_MAP,  CP_SIM_PAGE_SET_ACCESS,
                                         CP_SIM_COPY_TO_DEVICE, CP_SIM_HOST_FREE, CP_SIM_PAGE_UNMAP,
                                         CP_SIM_PAGE_RELEASE};
   const char *confs[] = {ST, EX};
