@@ -264,14 +264,19 @@ uint32_t cp_region_of_thread(void);
 
 /* Pause region `tag` (0: every region) of the pool (Note [Paused regions], pause.c): wait for
  * the work of every stream its memory is used on (stream-ordered: those streams only), give
- * its free memory back, copy its live blocks to pinned host memory when `backup` is set, then
+ * its free memory back (unless CP_PAUSE_KEEP_FREE), copy its live blocks to pinned host memory
+ * with CP_PAUSE_BACKUP, then
  * unmap and release every page of its memory, live blocks included, keeping the addresses
  * reserved. Until cp_pool_resume its allocations are CP_ERR_STATE; frees work as before.
  * CP_ERR_STATE during a capture, or in a pool without page-mapped memory; CP_ERR_INVALID for
- * `backup` on a device without copies. A region paused already is left as it is. When the
+ * CP_PAUSE_BACKUP on a device without copies, or an unknown flag. A region paused already is left as it is. When the
  * wait, a backup copy or the first unmap fails, nothing is paused; a later unmap the device
  * refuses (twice) leaves that memory mapped and reserved, the rest paused, and says so. */
-int cp_pool_pause(cp_pool_t *pool, uint32_t tag, int backup);
+enum {
+  CP_PAUSE_BACKUP = 1u,   /* copy the live blocks to host memory first */
+  CP_PAUSE_KEEP_FREE = 2u /* free memory is paused and mapped again too (a graph's pool: its replays use it) */
+};
+int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags);
 /* Map new memory at every address region `tag` (0: every paused region) had mapped, and copy
  * the backups back: its blocks are where they were, with their bytes when backed up (else
  * undefined). All or nothing per region: when the device refuses (CP_ERR_OOM: no memory for

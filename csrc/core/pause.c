@@ -27,7 +27,9 @@
  *     for (event_synchronize: those streams only, never the whole device). Work of those
  *     streams queued before the pause is then done, and pending frees come back.
  *  3. Its free memory goes back as empty_cache would give it (free whole handles unmapped,
- *     idle stitched ranges dropped), at once: step 2 waited for its streams.
+ *     idle stitched ranges dropped), at once: step 2 waited for its streams. Not for a CUDA
+ *     graph's pool (CP_PAUSE_KEEP_FREE): its replays use the addresses of blocks freed during
+ *     the capture, so every mapped byte is paused and mapped again.
  *  4. With a backup, the bytes of every live block (its requested size) are copied to pinned
  *     host memory.
  *  5. Unmap: every stitched range still mapped (whole, one call each), then every maximal
@@ -495,8 +497,11 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
   return rc;
 }
 
-int cp_pool_pause(cp_pool_t *pool, uint32_t tag, int backup) {
+int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags) {
   if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_pause: NULL pool");
+  if (flags & ~(unsigned)(CP_PAUSE_BACKUP | CP_PAUSE_KEEP_FREE))
+    return cp_set_error(CP_ERR_INVALID, "cp_pool_pause: unknown flags 0x%x", flags);
+  const bool backup = (flags & CP_PAUSE_BACKUP) != 0;
   pthread_mutex_lock(&pool->lock);
   int rc = cp_pause_refuse_locked(pool, "pause");
   if (rc == CP_OK && backup && pool->backend.copy_to_host == NULL) {
@@ -515,7 +520,9 @@ int cp_pool_pause(cp_pool_t *pool, uint32_t tag, int backup) {
   rc = cp_pause_wait_locked(pool, sts, n); /* 2. */
   if (rc == CP_OK) {
     (void)cp_reclaim_completed_locked(pool);
-    for (size_t i = 0; i < n; i++) (void)cp_drain_release_now_locked(pool, sts[i]); /* 3. what stays is paused */
+    if (!(flags & CP_PAUSE_KEEP_FREE)) { /* 3. what stays is paused */
+      for (size_t i = 0; i < n; i++) (void)cp_drain_release_now_locked(pool, sts[i]);
+    }
     if (backup) rc = cp_pause_backup_locked(pool, sts, n);                          /* 4. */
   }
   if (rc == CP_OK) rc = cp_pause_unmap_locked(pool, sts, n); /* 5. */

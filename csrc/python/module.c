@@ -209,13 +209,37 @@ static PyObject *mod_graph_pools(PyObject *Py_UNUSED(module), PyObject *Py_UNUSE
   for (size_t i = 0; list != NULL && i < n; i++) {
     const cpd_graph_info_t *g = &infos[i];
     PyObject *d =
-        Py_BuildValue("{sis(KK)sIsOsnsnsn}", "device", g->device, "id", g->id0, g->id1, "uses", g->uses, "window_open",
-                      g->window_open ? Py_True : Py_False, "allocated", (Py_ssize_t)g->allocated, "reserved",
-                      (Py_ssize_t)g->reserved, "allocations", (Py_ssize_t)g->allocations);
+        Py_BuildValue("{sis(KK)sIsOsnsnsnszsn}", "device", g->device, "id", g->id0, g->id1, "uses", g->uses,
+                      "window_open", g->window_open ? Py_True : Py_False, "allocated", (Py_ssize_t)g->allocated,
+                      "reserved", (Py_ssize_t)g->reserved, "allocations", (Py_ssize_t)g->allocations, "region",
+                      g->tag != 0 ? cp_region_name(g->tag) : NULL, "paused", (Py_ssize_t)g->paused);
     if (d == NULL || PyList_Append(list, d) < 0) Py_CLEAR(list);
     Py_XDECREF(d);
   }
   return list;
+}
+
+/* graph_pause(device, tag_id, backup) and graph_resume(device, tag_id): Note [Graph regions]. */
+static PyObject *mod_graph_pause(PyObject *module, PyObject *args) {
+  int device = 0, backup = 0;
+  unsigned int tag = 0;
+  if (!PyArg_ParseTuple(args, "iIp:graph_pause", &device, &tag, &backup)) return NULL;
+  int rc;
+  cp_clear_error();
+  Py_BEGIN_ALLOW_THREADS rc = cpd_graph_pause(device, tag, backup);
+  Py_END_ALLOW_THREADS if (rc != CP_OK) return cpy_raise_status(cpy_state_of_module(module)->oom_error, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_graph_resume(PyObject *module, PyObject *args) {
+  int device = 0;
+  unsigned int tag = 0;
+  if (!PyArg_ParseTuple(args, "iI:graph_resume", &device, &tag)) return NULL;
+  int rc;
+  cp_clear_error();
+  Py_BEGIN_ALLOW_THREADS rc = cpd_graph_resume(device, tag);
+  Py_END_ALLOW_THREADS if (rc != CP_OK) return cpy_raise_status(cpy_state_of_module(module)->oom_error, rc);
+  Py_RETURN_NONE;
 }
 
 static PyObject *mod_shutdown(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
@@ -349,6 +373,11 @@ static PyMethodDef module_methods[] = {
     {"graph_pools", mod_graph_pools, METH_NOARGS,
      "graph_pools() -> list\n\nThe private pools of CUDA graphs and MemPool ids, oldest first (at most 64): "
      "device, id, uses (begins not released), window_open, allocated, reserved, allocations."},
+    {"graph_pause", mod_graph_pause, METH_VARARGS,
+     "graph_pause(device, tag_id, backup)\n\nPause the CUDA graph pools of region tag_id (0: every region) on "
+     "device: every mapped byte of them."},
+    {"graph_resume", mod_graph_resume, METH_VARARGS,
+     "graph_resume(device, tag_id)\n\nResume the CUDA graph pools of region tag_id (0: every region) on device."},
     {"shutdown", mod_shutdown, METH_NOARGS,
      "Destroy every device pool (all memory goes back); later use creates fresh ones."},
     {"cuda_info", mod_cuda_info, METH_NOARGS, "What the CUDA driver says (never raises)."},

@@ -495,10 +495,10 @@ static PyObject *Pool_pause(PyObject *op, PyObject *args, PyObject *kwds) {
   int rc;
   cp_clear_error();
   if (self->device >= 0) {
-    Py_BEGIN_ALLOW_THREADS rc = cp_pool_pause(pool, id, backup);
+    Py_BEGIN_ALLOW_THREADS rc = cp_pool_pause(pool, id, backup ? CP_PAUSE_BACKUP : 0);
     Py_END_ALLOW_THREADS
   } else {
-    rc = cp_pool_pause(pool, id, backup);
+    rc = cp_pool_pause(pool, id, backup ? CP_PAUSE_BACKUP : 0);
   }
   if (rc != CP_OK) return cpy_pool_raise_status(op, rc);
   Py_RETURN_NONE;

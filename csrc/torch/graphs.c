@@ -15,6 +15,8 @@ typedef struct cpd_gpool_s {
   unsigned long long id0, id1;
   cp_pool_t *pool;
   unsigned uses; /* begins not released yet */
+  uint32_t tag;  /* Note [Graph regions] */
+  unsigned held; /* cpd_graph_pause / resume at work on it without the lock */
   struct cpd_gpool_s *next;
 } cpd_gpool_t;
 
@@ -76,7 +78,7 @@ static int cpd_window_open_on_locked(const cpd_gpool_t *gp) {
 /* Destroy `gp` when nothing holds it any more (Note [Graph pools]); returns the status of
  * emptying it (the pool stays when that fails). */
 static int cpd_gpool_maybe_destroy_locked(cpd_gpool_t *gp) {
-  if (gp->uses != 0 || atomic_load_explicit(&cpd_open[gp->device], memory_order_relaxed) != 0) return CP_OK;
+  if (gp->uses != 0 || gp->held != 0 || atomic_load_explicit(&cpd_open[gp->device], memory_order_relaxed) != 0) return CP_OK;
   size_t allocated = 0, reserved = 0;
   cp_pool_usage(gp->pool, &allocated, &reserved);
   if (allocated != 0) return CP_OK;
@@ -117,8 +119,10 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
   }
   cpd_config(&cfg);
   /* A graph's pool keeps its plain segments, as torch's does: page_stitching alone would turn
-   * paging on, and nothing a captured graph uses may be unmapped or stitched elsewhere. */
-  cfg.expandable_segments = 0;
+   * paging on, and nothing a captured graph uses may be unmapped or stitched elsewhere. In a
+   * region it is page-mapped, so that a pause can give it back (Note [Graph regions]). */
+  const uint32_t tag = cp_region_of_thread();
+  cfg.expandable_segments = tag != 0;
   cfg.page_stitching = 0;
 
   cpd_graph_lock_take();
@@ -140,6 +144,7 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
       gp->device = device;
       gp->id0 = id0;
       gp->id1 = id1;
+      gp->tag = tag;
       cpd_gpool_t **link = &cpd_gpools;
       while (*link != NULL) link = &(*link)->next;
       *link = gp;
@@ -229,7 +234,7 @@ int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *
   for (cpd_window_t *w = cpd_windows; w != NULL; w = w->next) {
     if (w->device == device && w->filter(w->ctx, stream)) {
       *out_routed = 1;
-      rc = cp_alloc(w->gp->pool, size, (cp_stream_t)stream, out_ptr);
+      rc = cp_alloc_in(w->gp->pool, size, (cp_stream_t)stream, w->gp->tag, out_ptr);
       break;
     }
   }
@@ -307,6 +312,10 @@ size_t cpd_graph_pools(cpd_graph_info_t *out, size_t max) {
     info->window_open = cpd_window_open_on_locked(gp);
     cp_pool_usage(gp->pool, &info->allocated, &info->reserved);
     info->allocations = (size_t)stats.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current;
+    info->tag = gp->tag;
+    cp_pool_info_t pi;
+    cp_pool_info(gp->pool, &pi);
+    info->paused = pi.paused_bytes;
   }
   cpd_graph_unlock();
   return n;
@@ -319,6 +328,45 @@ cp_pool_t *cpd_graph_pool(int device, unsigned long long id0, unsigned long long
   cpd_graph_unlock();
   return pool;
 }
+
+/* Pause (pause != 0) or resume the private pools of region `tag` on `device`. */
+static int cpd_graph_pause_resume(int device, uint32_t tag, int pause, unsigned flags) {
+  int rc = cpd_check_device(device, pause ? "pause" : "resume");
+  if (rc != CP_OK) return rc;
+  cpd_graph_lock_take();
+  size_t n = 0;
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) n += gp->device == device && gp->tag != 0;
+  cpd_gpool_t **held = n != 0 ? malloc(n * sizeof *held) : NULL;
+  if (n != 0 && held == NULL) {
+    cpd_graph_unlock();
+    return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory to pause graph pools");
+  }
+  size_t k = 0;
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (gp->device != device || gp->tag == 0 || (tag != 0 && gp->tag != tag)) continue;
+    gp->held++;
+    held[k++] = gp;
+  }
+  cpd_graph_unlock();
+  for (size_t i = 0; i < k; i++) { /* the tag is the pool's own: every state of it matches */
+    const int r = pause ? cp_pool_pause(held[i]->pool, held[i]->tag, flags) : cp_pool_resume(held[i]->pool, 0);
+    if (r != CP_OK && rc == CP_OK) rc = r;
+  }
+  cpd_graph_lock_take();
+  for (size_t i = 0; i < k; i++) {
+    held[i]->held--;
+    (void)cpd_gpool_maybe_destroy_locked(held[i]);
+  }
+  cpd_graph_unlock();
+  free(held);
+  return rc;
+}
+
+int cpd_graph_pause(int device, uint32_t tag, int backup) {
+  return cpd_graph_pause_resume(device, tag, 1, CP_PAUSE_KEEP_FREE | (backup ? CP_PAUSE_BACKUP : 0u));
+}
+
+int cpd_graph_resume(int device, uint32_t tag) { return cpd_graph_pause_resume(device, tag, 0, 0); }
 
 void cpd_graphs_shutdown(void) {
   cpd_graph_lock_take();

@@ -63,11 +63,23 @@ typedef struct cpd_graph_info_s {
   size_t allocated;   /* bytes in live blocks */
   size_t reserved;    /* bytes reserved from the device */
   size_t allocations; /* live blocks */
+  uint32_t tag;       /* its region (Note [Graph regions]); 0: none */
+  size_t paused;      /* bytes a pause gave back */
 } cpd_graph_info_t;
 /* Fill up to `max` entries (oldest pool first); returns how many pools there are. */
 size_t cpd_graph_pools(cpd_graph_info_t *out, size_t max);
 /* The private pool of (device, id), NULL when none (for tests; valid until it is destroyed). */
 cp_pool_t *cpd_graph_pool(int device, unsigned long long id0, unsigned long long id1);
+
+/* Note [Graph regions]
+ * A graph captured while its thread is in a region (cudapool.region / graph_region) gets a
+ * private pool of that region: page-mapped (expandable segments, no stitching: nothing it
+ * maps moves), its allocations tagged. cpd_graph_pause and cpd_graph_resume pause and resume
+ * the private pools of region `tag` (0: every region) on `device`, every mapped byte of them
+ * (CP_PAUSE_KEEP_FREE): a replay uses the addresses of blocks freed during its capture too.
+ * The pools are held (not destroyed) while they are paused or resumed without the graph lock. */
+int cpd_graph_pause(int device, uint32_t tag, int backup);
+int cpd_graph_resume(int device, uint32_t tag);
 
 /* Destroy every private pool and close every window (the device table's shutdown). */
 void cpd_graphs_shutdown(void);

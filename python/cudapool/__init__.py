@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _C, _torch, ab, oom
 from ._version import __version__
-from .regions import current_region, region
+from .regions import current_region, graph_region, region
 
 # Frees that arrive while the interpreter exits (tensors dropped during teardown, possibly
 # after the CUDA driver shut down) cannot fail loudly: they are counted instead.
@@ -43,6 +43,7 @@ __all__ = [
     "graph_pools",
     "mem_pool_allocator",
     "region",
+    "graph_region",
     "current_region",
     "pause",
     "resume",
@@ -203,11 +204,14 @@ def pause(tag: Optional[str] = None, backup: bool = False, device: Any = None) -
     used on (those streams only, not the whole device); with ``backup=True`` it then copies
     the live tensors' bytes to pinned host memory, which :func:`resume` copies back. Until
     then, allocating in the region raises and touching its tensors is an illegal memory
-    access. On every device with a pool, or on ``device``. Raises during a CUDA graph capture,
-    and for a pool without page-mapped memory."""
+    access. CUDA graphs captured in the region (:func:`graph_region`) are paused whole: every
+    byte their replays use. On every device with a pool, or on ``device``. Raises during a CUDA
+    graph capture, and for a pool without page-mapped memory."""
     _require_pools("pause")
+    tag_id = _C.region_id(tag) if tag is not None else 0
     for index in _pools_of(device):
         _C.device_pool(index).pause(tag, backup)
+        _C.graph_pause(index, tag_id, backup)  # CUDA graphs captured in the region
 
 
 def resume(tag: Optional[str] = None, device: Any = None) -> None:
@@ -216,8 +220,10 @@ def resume(tag: Optional[str] = None, device: Any = None) -> None:
     same ``data_ptr()``. All or nothing per region: when the device has no room for it now,
     it raises ``cudapool.sim.OutOfMemoryError`` (a MemoryError) and the region stays paused."""
     _require_pools("resume")
+    tag_id = _C.region_id(tag) if tag is not None else 0
     for index in _pools_of(device):
         _C.device_pool(index).resume(tag)
+        _C.graph_resume(index, tag_id)
 
 
 def regions(device: Any = None) -> List[Dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import List, Optional, Type
 
 from . import _C
 
-__all__ = ["region", "current_region"]
+__all__ = ["region", "graph_region", "current_region"]
 
 
 class region:
@@ -58,3 +58,14 @@ class region:
 def current_region() -> Optional[str]:
     """The tag of the region the calling thread allocates in, or None."""
     return _C.region_name(_C.region_of_thread())
+
+
+def graph_region(tag: str) -> region:
+    """``with cudapool.graph_region(tag):`` around a CUDA graph capture (``torch.cuda.graph``,
+    ``make_graphed_callables``) gives the graph a private pool of region ``tag``: page-mapped,
+    so that ``cudapool.pause(tag)`` gives back every byte the graph's replays use (its
+    intermediates, freed during the capture, included) and ``cudapool.resume(tag)`` maps them
+    again at the same addresses, so the graph replays as before. It is :class:`region` by
+    another name: a capture inside any region does the same, and allocations made inside it
+    outside a capture go to the region as usual."""
+    return region(tag)

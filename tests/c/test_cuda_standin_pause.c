@@ -59,7 +59,7 @@ TEST(pause_and_resume_through_the_driver) {
     CHECK(sa.launch(s, (uintptr_t)b, 5 * MiB) == 0);
     const size_t used = sa.used(0);
     CHECK(used >= 35 * MiB);
-    CHECK(cp_pool_pause(pool, kv, 1) == CP_OK);
+    CHECK(cp_pool_pause(pool, kv, CP_PAUSE_BACKUP) == CP_OK);
     if (sa.faults() != 0) print_faults();
     CHECK_EQ_U(sa.faults(), 0); /* it waited for the stream before copying and unmapping */
     CHECK_EQ_U(sa.used(0), 0);  /* every byte back on the device */

@@ -244,6 +244,59 @@ TEST(graph_pools_keep_plain_segments_under_page_stitching) {
   REQUIRE(cpd_configure(&cfg) == CP_OK);
 }
 
+/* Note [Graph regions]: a graph captured in a region gets a page-mapped private pool of that
+ * region; pausing the region gives back every byte of it, the intermediates freed during the
+ * capture included, and resuming maps them at the same addresses so that a replay (work on
+ * those addresses) runs without a fault. */
+TEST(graph_region_pause_gives_back_every_byte_a_replay_uses) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  REQUIRE(cp_config_parse(&cfg, "expandable_segments:True,page_stitching:True") == CP_OK);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+  REQUIRE(cpd_use_sim(256 * MiB, 1, 0) == CP_OK);
+  uint32_t tag = 0;
+  REQUIRE(cp_region_id("graph_test", &tag) == CP_OK);
+  const uint32_t outer = cp_region_enter(tag);
+  REQUIRE(cpd_graph_begin(0, 21, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *tmp = NULL, *out = NULL;
+  REQUIRE(cpd_alloc(8 * MiB, 0, (void *)5, &tmp) == CP_OK); /* an intermediate */
+  REQUIRE(cpd_alloc(4 * MiB, 0, (void *)5, &out) == CP_OK); /* the graph's output, kept */
+  cudapool_free(tmp, 8 * MiB, 0, (void *)5);                 /* freed during the capture */
+  CHECK(cpd_graph_end(0, 21, 0) == CP_OK);
+  cp_region_enter(outer);
+  cp_pool_t *gpool = cpd_graph_pool(0, 21, 0);
+  REQUIRE(gpool != NULL);
+  cp_pool_info_t in;
+  cp_pool_info(gpool, &in);
+  CHECK_EQ_U(in.page_mapped, 1);
+  cpd_graph_info_t info[2];
+  CHECK_EQ_U(cpd_graph_pools(info, 2), 1);
+  CHECK(info[0].tag == tag);
+  cp_sim_t *sim = cpd_sim(0);
+  /* A replay: kernels on both addresses, still queued when the pause comes. */
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)tmp, 8 * MiB) == CP_OK);
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)out, 4 * MiB) == CP_OK);
+  const size_t before = cp_sim_reserved_bytes(sim);
+  CHECK(cpd_graph_pause(0, tag, 0) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0); /* it waited for the replay */
+  cp_pool_info(gpool, &in);
+  CHECK(in.paused_bytes >= 12 * MiB); /* the freed intermediate's memory too */
+  CHECK_EQ_U(cp_sim_reserved_bytes(sim), before - in.paused_bytes);
+  CHECK(cpd_graph_resume(0, tag) == CP_OK);
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)tmp, 8 * MiB) == CP_OK); /* the replay runs again */
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)out, 4 * MiB) == CP_OK);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  cp_sim_complete_all(sim);
+  CHECK_EQ_U(cp_pool_check(gpool, stderr), 0);
+  cudapool_free(out, 4 * MiB, 0, (void *)5);
+  CHECK(cpd_graph_release(0, 21, 0) == CP_OK);
+  CHECK_EQ_U(cpd_graph_pools(info, 2), 0);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 0);
+  cpd_shutdown();
+  cp_config_default(&cfg);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+}
+
 TEST(bad_calls_are_refused_and_shutdown_frees_everything) {
   REQUIRE(cpd_use_sim(64 * MiB, 1, 0) == CP_OK);
   filters_freed = 0;
@@ -280,6 +333,7 @@ int main(void) {
   RUN(a_capturing_stream_without_a_window_is_respected);
   RUN(graph_pools_route_isolate_and_go_when_released);
   RUN(graph_pools_keep_plain_segments_under_page_stitching);
+  RUN(graph_region_pause_gives_back_every_byte_a_replay_uses);
   RUN(bad_calls_are_refused_and_shutdown_frees_everything);
   return check_summary("test_graphs");
 }

@@ -143,7 +143,7 @@ static void pause_and_resume_keep_every_byte(const char *conf) {
   CHECK(before.reserved > 0);
   const size_t device = cp_sim_reserved_bytes(fx.sim);
 
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   const cp_region_info_t paused = region_info(&fx, kv);
   CHECK(paused.paused);
   CHECK_EQ_U(paused.reserved, 0);                   /* every page of it: >= 99 % */
@@ -165,7 +165,7 @@ static void pause_and_resume_keep_every_byte(const char *conf) {
   CHECK_EQ_U(cp_sim_device_faults(fx.sim), 1);
   cp_sim_clear_device_faults(fx.sim);
   /* A second pause leaves it as it is. */
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   CHECK_EQ_U(cp_sim_host_allocations(fx.sim, NULL), 3);
 
   CHECK(cp_pool_resume(fx.pool, kv) == CP_OK);
@@ -201,7 +201,7 @@ TEST(pause_waits_for_the_regions_streams_only) {
   CHECK(cp_record_stream(fx.pool, h.p[1], 9) == CP_OK);
   launch(&fx, 9, h.p[1], h.n[1]);
   launch(&fx, 11, other, 4 * MiB);
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   fx_no_faults(fx.sim); /* unmapped only after that work was done */
   CHECK(cp_sim_stream_idle(fx.sim, 7) == 1);
   CHECK(cp_sim_stream_idle(fx.sim, 9) == 1);
@@ -254,7 +254,7 @@ TEST(stitched_blocks_keep_their_bytes_and_pages) {
   char *big = alloc_in(&fx, kv, 16 * MiB, 0); /* stitched from the four holes */
   CHECK_EQ_U(info_of(&fx).stitches, 1);
   fill(big, 16 * MiB, 9);
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   CHECK_EQ_U(region_info(&fx, kv).reserved, 0);
   CHECK_EQ_U(cp_sim_vmm_mappings(fx.sim), 0);
   CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
@@ -338,7 +338,7 @@ TEST(resume_without_memory_stays_paused) {
   REQUIRE(fx_open(&fx, 96 * MiB, ST) == 0);
   const uint32_t kv = region("kv_cache");
   held_t h = fill_region(&fx, kv, 0);
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   char *hog = must_alloc(&fx, 80 * MiB, 0); /* the memory went to someone else */
   CHECK(cp_pool_resume(fx.pool, kv) == CP_ERR_OOM);
   CHECK(contains(cp_last_error(), "it stays paused"));
@@ -357,7 +357,7 @@ TEST(destroy_while_paused) {
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
   const uint32_t kv = region("kv_cache");
   (void)fill_region(&fx, kv, 0);
-  CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   fx_close(&fx); /* every page, mapping, range and event back; backups freed by destroy */
 }
 
@@ -371,10 +371,10 @@ static void fault_sweep(const char *conf, int stage, cp_sim_call_t kind) {
     const uint32_t kv = region("kv_cache");
     held_t h = fill_region(&fx, kv, 0);
     const cp_region_info_t before = region_info(&fx, kv);
-    if (stage == 1) CHECK(cp_pool_pause(fx.pool, kv, 1) == CP_OK);
+    if (stage == 1) CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
     const uint64_t injected = cp_sim_faults_injected(fx.sim);
     cp_sim_fail_nth(fx.sim, kind, n, CP_ERR_BACKEND);
-    const int rc = stage == 0 ? cp_pool_pause(fx.pool, kv, 1) : cp_pool_resume(fx.pool, kv);
+    const int rc = stage == 0 ? cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) : cp_pool_resume(fx.pool, kv);
     const bool fired = cp_sim_faults_injected(fx.sim) != injected;
     cp_sim_fail_nth(fx.sim, kind, 0, CP_OK);
     CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
@@ -433,7 +433,7 @@ static void *worker(void *arg) {
       if (rc != CP_OK && rc != CP_ERR_STATE) w->failures++; /* paused by the other thread: fine */
       if (rc == CP_OK) memset(p[i], w->id, 4096);
     }
-    int rc = cp_pool_pause(w->fx->pool, w->tag, round % 2);
+    int rc = cp_pool_pause(w->fx->pool, w->tag, round % 2 ? CP_PAUSE_BACKUP : 0);
     if (rc != CP_OK) w->failures++;
     rc = cp_pool_resume(w->fx->pool, w->tag);
     if (rc != CP_OK) w->failures++;
@@ -449,7 +449,7 @@ static void *worker(void *arg) {
 static void *pauser(void *arg) {
   worker_t *w = arg;
   for (int round = 0; round < 30; round++) {
-    if (cp_pool_pause(w->fx->pool, 0, 1) != CP_OK) w->failures++;
+    if (cp_pool_pause(w->fx->pool, 0, CP_PAUSE_BACKUP) != CP_OK) w->failures++;
     if (cp_pool_resume(w->fx->pool, 0) != CP_OK) w->failures++;
   }
   return NULL;
@@ -482,9 +482,9 @@ TEST(several_devices) {
   held_t ha = fill_region(&a, kv, 0);
   char *pb = alloc_in(&b, kv, 8 * MiB, 0); /* the same region on another device */
   fill(pb, 8 * MiB, 77);
-  CHECK(cp_pool_pause(a.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(a.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   CHECK(!region_info(&b, kv).paused); /* each device pauses on its own */
-  CHECK(cp_pool_pause(b.pool, kv, 1) == CP_OK);
+  CHECK(cp_pool_pause(b.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
   CHECK(cp_pool_resume(a.pool, 0) == CP_OK);
   CHECK(cp_pool_resume(b.pool, 0) == CP_OK);
   check_region(&ha);
