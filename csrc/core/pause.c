@@ -523,7 +523,7 @@ int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags) {
     if (!(flags & CP_PAUSE_KEEP_FREE)) { /* 3. what stays is paused */
       for (size_t i = 0; i < n; i++) (void)cp_drain_release_now_locked(pool, sts[i]);
     }
-    if (backup) rc = cp_pause_backup_locked(pool, sts, n);                          /* 4. */
+    if (backup) rc = cp_pause_backup_locked(pool, sts, n); /* 4. */
   }
   if (rc == CP_OK) rc = cp_pause_unmap_locked(pool, sts, n); /* 5. */
   for (size_t i = 0; i < n; i++) {
@@ -767,7 +767,8 @@ static int cp_resume_state_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   int rc = cp_resume_plan_locked(pool, st, &r);
   const size_t bytes = st->paused_bytes;
   const size_t held = cp_held_locked(pool);
-  if (rc == CP_OK && pool->cap_bytes != 0 && (bytes > pool->cap_bytes || held > pool->cap_bytes - bytes)) {
+  if (rc == CP_OK && bytes != 0 && pool->cap_bytes != 0 &&
+      (bytes > pool->cap_bytes || held > pool->cap_bytes - bytes)) {
     const char *name = cp_region_name(st->tag);
     rc = cp_set_error(CP_ERR_OOM, "cudapool: resume of region \"%s\" needs %zu bytes: memory cap of %zu bytes reached",
                       name != NULL ? name : "?", bytes, pool->cap_bytes);

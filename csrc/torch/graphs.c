@@ -78,7 +78,8 @@ static int cpd_window_open_on_locked(const cpd_gpool_t *gp) {
 /* Destroy `gp` when nothing holds it any more (Note [Graph pools]); returns the status of
  * emptying it (the pool stays when that fails). */
 static int cpd_gpool_maybe_destroy_locked(cpd_gpool_t *gp) {
-  if (gp->uses != 0 || gp->held != 0 || atomic_load_explicit(&cpd_open[gp->device], memory_order_relaxed) != 0) return CP_OK;
+  if (gp->uses != 0 || gp->held != 0 || atomic_load_explicit(&cpd_open[gp->device], memory_order_relaxed) != 0)
+    return CP_OK;
   size_t allocated = 0, reserved = 0;
   cp_pool_usage(gp->pool, &allocated, &reserved);
   if (allocated != 0) return CP_OK;

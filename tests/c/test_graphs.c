@@ -261,7 +261,7 @@ TEST(graph_region_pause_gives_back_every_byte_a_replay_uses) {
   void *tmp = NULL, *out = NULL;
   REQUIRE(cpd_alloc(8 * MiB, 0, (void *)5, &tmp) == CP_OK); /* an intermediate */
   REQUIRE(cpd_alloc(4 * MiB, 0, (void *)5, &out) == CP_OK); /* the graph's output, kept */
-  cudapool_free(tmp, 8 * MiB, 0, (void *)5);                 /* freed during the capture */
+  cudapool_free(tmp, 8 * MiB, 0, (void *)5);                /* freed during the capture */
   CHECK(cpd_graph_end(0, 21, 0) == CP_OK);
   cp_region_enter(outer);
   cp_pool_t *gpool = cpd_graph_pool(0, 21, 0);

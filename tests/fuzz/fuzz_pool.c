@@ -1,7 +1,7 @@
 /* fuzz_pool.c — libFuzzer harness: input bytes become a sequence of pool operations on a
  * simulated device (allocations of every size class and absurd sizes, frees, bad frees,
  * stream switches, record_stream, event completions, empty_cache, cap and fraction changes,
- * injected device failures), each followed by the pool's own invariant check and a shadow
+ * injected device failures, allocations in regions, a region paused and resumed), each followed by the pool's own invariant check and a shadow
  * model that knows what the caller holds. Every allocation and record_stream queues work that
  * uses the block on its stream, which completes only with the stream (Note [Simulated
  * asynchrony] in backend/sim.h); the device faults are checked after every operation.
@@ -22,7 +22,10 @@
  *     an injected device failure, a bad pointer, or memory that really is exhausted;
  *   - cp_pool_lookup knows every live allocation and its size, and nothing else;
  *   - a free, sized free or record_stream of a pointer that is not live, and a sized free
- *     with the wrong size, fail with CP_ERR_INVALID and change nothing.
+ *     with the wrong size, fail with CP_ERR_INVALID and change nothing;
+ *   - a region paused (with a backup) and resumed keeps every live block at its address with
+ *     its bytes; while paused, the pool is whole, what it gave back is out of reserved and of
+ *     the device, and nothing faulted (the pause waited for the work queued on it).
  * With page-mapped segments (expandable_segments:True, the configurations of paged_configs):
  *   - every byte of every live block is mapped, and no two live blocks share a byte of
  *     physical memory, whatever addresses they are mapped at (cp_sim_vmm_resolve);
@@ -265,6 +268,27 @@ static int dev_stream_capturing(void *ctx, cp_stream_t stream, int *out_capturin
   return d->real.stream_capturing(d->real.ctx, stream, out_capturing);
 }
 
+/* A pause's backups: forwarded as they are. */
+static int dev_host_alloc(void *ctx, size_t size, void **out_ptr) {
+  dev_t *d = ctx;
+  return d->real.host_alloc(d->real.ctx, size, out_ptr);
+}
+
+static int dev_host_free(void *ctx, void *ptr) {
+  dev_t *d = ctx;
+  return d->real.host_free(d->real.ctx, ptr);
+}
+
+static int dev_copy_to_host(void *ctx, void *dst, uintptr_t src, size_t size) {
+  dev_t *d = ctx;
+  return d->real.copy_to_host(d->real.ctx, dst, src, size);
+}
+
+static int dev_copy_to_device(void *ctx, uintptr_t dst, const void *src, size_t size) {
+  dev_t *d = ctx;
+  return d->real.copy_to_device(d->real.ctx, dst, src, size);
+}
+
 static void dev_backend(dev_t *d, cp_backend_t *out) {
   *out = d->real;
   out->ctx = d;
@@ -287,6 +311,10 @@ static void dev_backend(dev_t *d, cp_backend_t *out) {
     out->page_unmap = dev_page_unmap;
     out->page_set_access = dev_page_set_access;
   }
+  out->host_alloc = dev_host_alloc;
+  out->host_free = dev_host_free;
+  out->copy_to_host = dev_copy_to_host;
+  out->copy_to_device = dev_copy_to_device;
 }
 
 static void dev_complete(dev_t *d, unsigned stream) {
@@ -346,6 +374,8 @@ typedef struct model_s {
   size_t nguards;
   uintptr_t stale[8]; /* recently freed addresses, for double frees */
   size_t nstale;
+  unsigned region; /* allocations go to region_ids[region] (0: none) */
+  uint32_t region_ids[3];
   int paged_cfg;    /* a page-mapped configuration (expandable_segments:True) */
   int paged;        /* the pool serves from page-mapped segments (cp_pool_info) */
   int stitch;       /* and stitches pages (page_stitching:True) */
@@ -644,6 +674,8 @@ enum {
   OP_CAP,
   OP_FRACTION,
   OP_FAULT,
+  OP_REGION,
+  OP_PAUSE,
   OP_BAD_POINTER,
   OP_COUNT
 };
@@ -711,7 +743,7 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
   cp_pool_info(x->pool, &info_before);
   uint64_t faults = cp_sim_faults_injected(x->dev->sim);
   void *p = (void *)(uintptr_t)1; /* must be overwritten on success */
-  int rc = cp_alloc(x->pool, size, m->stream, &p);
+  int rc = cp_alloc_in(x->pool, size, m->stream, m->region_ids[m->region], &p);
   int fired = cp_sim_faults_injected(x->dev->sim) != faults;
   expect_failure_explained(rc);
   size_t rounded = cp_round_size(&m->cfg, size);
@@ -1078,6 +1110,69 @@ static void do_misc(ctx_t *x, reader_t *r) {
   }
 }
 
+static int contains_text(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+
+/* Pause a region (or every one) with a backup, look at the pool while it is paused, resume it:
+ * every live block is where it was, with its bytes (check_all after the operation), on pages
+ * the resume mapped. An armed failure may refuse the pause (nothing changes) or a resume (it
+ * stays paused, and the next resume maps it). */
+static void do_pause(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  const uint8_t b = rd_u8(r);
+  const uint32_t tag = m->region_ids[b % 3];
+  const unsigned flags = CP_PAUSE_BACKUP | ((b & 4) ? CP_PAUSE_KEEP_FREE : 0u);
+  const uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  int rc = cp_pool_pause(x->pool, tag, flags);
+  const int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  if (!m->paged) {
+    FZ_ASSERT(rc == CP_ERR_STATE, "pause of a pool without page-mapped memory: %s", cp_status_name(rc));
+    return;
+  }
+  FZ_ASSERT(rc == CP_OK || fired, "pause failed with %s, no failure injected", cp_status_name(rc));
+  FZ_ASSERT(cp_pool_check(x->pool, stderr) == 0, "the pool's invariant check failed while paused (see above)");
+  cp_pool_info_t in;
+  cp_pool_info(x->pool, &in);
+  FZ_ASSERT(in.allocated + in.cached_free + in.pending_free == in.reserved + in.paused_bytes,
+            "paused: allocated %zu + cached %zu + pending %zu != reserved %zu + paused %zu", in.allocated,
+            in.cached_free, in.pending_free, in.reserved, in.paused_bytes);
+  FZ_ASSERT(in.reserved == cp_sim_reserved_bytes(x->dev->sim),
+            "paused: the pool says %zu bytes reserved, the device %zu", in.reserved,
+            cp_sim_reserved_bytes(x->dev->sim));
+  FZ_ASSERT(cp_sim_print_device_faults(x->dev->sim, stderr) == 0, "device faults while pausing");
+  for (int tries = 0;; tries++) {
+    cp_clear_error();
+    const uint64_t before = cp_sim_faults_injected(x->dev->sim);
+    rc = cp_pool_resume(x->pool, tag);
+    if (rc == CP_OK) break;
+    expect_failure_explained(rc);
+    FZ_ASSERT(tries < 4, "resume keeps failing: %s", cp_status_name(rc));
+    if (rc == CP_ERR_OOM && cp_sim_faults_injected(x->dev->sim) == before) {
+      /* A cap below what the pool held already (it only stops growth): the region does not
+       * fit under it again. Lifted for the resume, then set again. */
+      FZ_ASSERT(expected_cap(m) != 0 && contains_text(cp_last_error(), "memory cap"),
+                "resume ran out of memory without a cap: %s", cp_last_error());
+      FZ_ASSERT(cp_pool_set_memory_cap(x->pool, 0) == CP_OK && cp_pool_set_memory_fraction(x->pool, 0) == CP_OK,
+                "lifting the cap");
+      rc = cp_pool_resume(x->pool, tag);
+      FZ_ASSERT(rc == CP_OK, "resume with no cap: %s", cp_status_name(rc));
+      FZ_ASSERT(cp_pool_set_memory_cap(x->pool, m->memory_cap) == CP_OK, "cap again");
+      if (m->memory_fraction > 0)
+        FZ_ASSERT(cp_pool_set_memory_fraction(x->pool, m->memory_fraction) == CP_OK, "fraction");
+      break;
+    }
+  }
+  cp_pool_info(x->pool, &in);
+  FZ_ASSERT(in.paused_bytes == 0 && in.backup_bytes == 0, "resumed: %zu bytes paused, %zu backed up", in.paused_bytes,
+            in.backup_bytes);
+  for (int i = 0; i < NSLOTS; i++) { /* where each live block's first byte is now */
+    slot_t *s = &m->slot[i];
+    if (s->ptr == NULL) continue;
+    FZ_ASSERT(cp_sim_vmm_resolve(x->dev->sim, (uintptr_t)s->ptr, &s->page, &s->page_off, NULL) == CP_OK,
+              "resumed: slot %d (%p) is not mapped", i, (void *)s->ptr);
+  }
+}
+
 /* ------------------------------------------------------------------------------------------
  * One input
  * ---------------------------------------------------------------------------------------- */
@@ -1166,6 +1261,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   m->memory_cap = m->cfg.memory_cap;
   m->memory_fraction = m->cfg.memory_fraction;
   m->next_seed = 1;
+  FZ_ASSERT(cp_region_id("fuzz_a", &m->region_ids[1]) == CP_OK && cp_region_id("fuzz_b", &m->region_ids[2]) == CP_OK,
+            "region names");
 
   dev_t dev;
   memset(&dev, 0, sizeof dev);
@@ -1236,6 +1333,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case OP_CAP: do_cap(&x, &r); break;
       case OP_FRACTION: do_fraction(&x, &r); break;
       case OP_FAULT: do_fault(&x, &r); break;
+      case OP_REGION: m->region = rd_u8(&r) % 3; break;
+      case OP_PAUSE: do_pause(&x, &r); break;
       default: do_bad_pointer(&x, &r); break;
     }
     prune_guards(m, &dev);
