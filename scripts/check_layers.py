@@ -79,11 +79,12 @@ CORE_RANKS: dict[str, int] = {
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life
     "pool": 10,
-    # 11-12: what reads or drives a pool: stats, seeding, pause and resume, the replay
+    # 11-12: what reads or drives a pool: stats, seeding, pause (11) and resume (12), the replay
     "stats": 11,
     "seed": 11,
     "pause": 11,
     "replay": 12,
+    "resume": 12,
 }
 
 # System headers a layer must not include, with the reason.
