@@ -946,3 +946,116 @@ result(trees=trees)
 def test_reduce_overhead_without_cudagraph_trees_works(child_env):
     r = run_scenario(child_env, REDUCE_OVERHEAD, timeout=300)
     assert r["trees"] == "refused"
+
+
+# -- regions: pause and resume (docs/regions.md) ------------------------------------------------
+
+RL_LOOP = """
+import time
+import torch.nn as nn
+torch.manual_seed(0)
+dev = torch.device("cuda")
+# The "inference engine": weights and a KV cache, each in a region of its own.
+with cudapool.region("engine_weights"):
+    engine = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).to(dev)
+with cudapool.region("kv_cache"):
+    kv = torch.randn(64, 1 << 20, device=dev)           # 256 MiB
+ptrs = {n: p.data_ptr() for n, p in engine.named_parameters()}
+kv_ptr = kv.data_ptr()
+# The "trainer": its own model, untagged.
+trainer = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).to(dev)
+opt = torch.optim.AdamW(trainer.parameters(), lr=1e-3)
+x = torch.randn(256, 1024, device=dev)
+side = torch.cuda.Stream()
+log = []
+for it in range(4):
+    # inference: both regions in use, a kernel on a side stream declared with record_stream
+    with torch.cuda.stream(side):
+        y = engine(x)
+        kv.mul_(0.5)
+    kv.record_stream(side)
+    want = engine(x).sum().item()
+    kv_sum = kv.double().sum().item()
+    reserved = torch.cuda.memory_reserved()
+    free_before = torch.cuda.mem_get_info()[0]
+    t0 = time.perf_counter()
+    cudapool.pause("kv_cache")                        # contents dropped
+    cudapool.pause("engine_weights", backup=True)     # contents kept on the host
+    t_pause = time.perf_counter() - t0
+    paused = {r["tag"]: r for r in cudapool.regions()}
+    assert paused["kv_cache"]["paused"] and paused["engine_weights"]["paused"], paused
+    given = paused["kv_cache"]["paused_bytes"] + paused["engine_weights"]["paused_bytes"]
+    assert torch.cuda.memory_reserved() == reserved - given, (torch.cuda.memory_reserved(), reserved, given)
+    free_paused = torch.cuda.mem_get_info()[0]
+    assert free_paused - free_before >= given * 0.99, (free_paused, free_before, given)
+    # training, with the memory given back
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        loss = (trainer(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+    try:
+        with cudapool.region("kv_cache"):
+            torch.empty(1024, device=dev)
+        raise AssertionError("allocated in a paused region")
+    except RuntimeError as exc:
+        assert "is paused" in str(exc), exc
+    t0 = time.perf_counter()
+    cudapool.resume("engine_weights")
+    cudapool.resume("kv_cache")
+    t_resume = time.perf_counter() - t0
+    assert {n: p.data_ptr() for n, p in engine.named_parameters()} == ptrs
+    assert kv.data_ptr() == kv_ptr
+    got = engine(x).sum().item()
+    assert got == want, (got, want)                    # weights back, byte for byte
+    kv.fill_(1.0)                                     # the cache is usable again
+    log.append(dict(given=given, freed=free_paused - free_before, loss=loss.item(), pause_ms=t_pause * 1e3,
+                    resume_ms=t_resume * 1e3))
+torch.cuda.synchronize()
+check_pool()
+result(log=log)
+"""
+
+
+def test_rl_loop_pauses_engine_while_trainer_trains(child_env):
+    r = run_scenario(child_env, RL_LOOP)
+    assert len(r["log"]) == 4 and all(row["given"] >= 256 * MiB for row in r["log"])
+    for row in r["log"]:  # in the log of scripts/gpu-check.sh
+        print(
+            f"regions on the GPU: gave back {row['given'] / MiB:.0f} MiB (device free +{row['freed'] / MiB:.0f} "
+            f"MiB); pause {row['pause_ms']:.1f} ms, resume {row['resume_ms']:.1f} ms"
+        )
+
+
+GRAPH_REGION = """
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512)).cuda()
+static_x = torch.randn(64, 512, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(3):
+        model(static_x)
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with cudapool.graph_region("graph"):
+    with torch.cuda.graph(g):
+        static_y = model(static_x)
+g.replay()
+want = static_y.clone()
+pools = [p for p in cudapool.graph_pools() if p["region"] == "graph"]
+assert pools, cudapool.graph_pools()
+cudapool.pause("graph", backup=True)
+assert [p for p in cudapool.graph_pools() if p["region"] == "graph"][0]["paused"] > 0
+cudapool.resume("graph")
+g.replay()
+torch.cuda.synchronize()
+assert torch.equal(static_y, want)
+check_pool()
+result(paused=pools[0]["reserved"])
+"""
+
+
+def test_graph_in_a_region_replays_after_resume(child_env):
+    r = run_scenario(child_env, GRAPH_REGION)
+    assert r["paused"] > 0

@@ -159,6 +159,11 @@ def test_summary_snapshot_and_stats_keep_torch_keys():
         segs = [s for s in p.snapshot() if s["region"] == "kv_cache"]
         assert segs and all(s["paused"] == s["mapped"] for s in segs)
         assert p.info()["paused_bytes"] == 20 * MiB and p.info()["backup_bytes"] == 20 * MiB
+        from cudapool.snapshots import segments_of
+
+        torch_style = segments_of(p.snapshot(), 0, {})
+        assert [s["is_paused"] for s in torch_style if s["region"] == "kv_cache"] == [True]
+        assert not any(s["is_paused"] for s in torch_style if s["region"] is None)
         p.resume("kv_cache")
         assert all(s["paused"] == 0 for s in p.snapshot())
         p.free(k)

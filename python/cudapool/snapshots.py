@@ -12,7 +12,9 @@ Field names are torch's. Segments: ``address``, ``total_size``, ``stream``, ``se
 "active_pending_free", "inactive"), ``frames``. cudapool adds ``segment_kind`` ("plain" or
 "page_mapped"); a page-mapped segment is shown as torch shows an expandable one, one segment
 per contiguous mapped range, each with ``page_segment_address`` and ``page_segment_size``
-naming the whole address range it is part of (what is not mapped there holds no memory).
+naming the whole address range it is part of (what is not mapped there holds no memory), and
+``region`` (its region's tag, or None) and ``is_paused`` (a pause gave its memory back: its
+blocks keep their states, but no memory is behind them until resume; docs/regions.md).
 
 Trace entries: ``action`` (alloc, free_requested, free_completed, segment_alloc,
 segment_free, segment_map, segment_unmap, oom), ``addr``, ``size``, ``stream``, ``time_us``,
@@ -137,6 +139,8 @@ def _segment_record(raw: Dict[str, Any], device: int, blocks: List[Dict[str, Any
         "frames": [],
         "blocks": blocks,
         "segment_kind": "page_mapped" if raw["page_mapped"] else "plain",
+        "region": raw.get("region"),
+        "is_paused": bool(raw.get("paused", 0)),
     }
 
 

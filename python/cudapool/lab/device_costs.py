@@ -77,6 +77,10 @@ KINDS = (
     "page_unmap",
     "page_set_access",
     "stream_capturing",
+    "host_alloc",
+    "host_free",
+    "copy_to_host",
+    "copy_to_device",
 )
 
 #: The kinds whose calls wait for the work queued on the device (see the module notes).
@@ -236,6 +240,34 @@ DEFAULT_COSTS: Dict[str, Dict[str, Any]] = {
         "estimate": True,
         "source": "cuStreamIsCapturing: a host-side query of the stream's state, asked only where an event "
         "call or a release would follow; no published figure: estimate, as event_query",
+    },
+    # A paused region's backup (Note [Copies for a backup] in csrc/base/backend.h); a replay never
+    # makes these calls.
+    "host_alloc": {
+        "us": 100.0,
+        "us_per_gib": 250_000.0,
+        "estimate": True,
+        "source": "cuMemAllocHost: page-locking host memory grows with its size (the CUDA best-practice "
+        "guide calls pinned allocation a heavyweight operation); no published per-GiB figure: estimate",
+    },
+    "host_free": {
+        "us": 50.0,
+        "us_per_gib": 50_000.0,
+        "estimate": True,
+        "source": "cuMemFreeHost: no published figure: estimate",
+    },
+    "copy_to_host": {
+        "us": 10.0,
+        "us_per_gib": 21_500.0,
+        "estimate": True,
+        "source": "cuMemcpyDtoH to pinned memory: the host link's bandwidth, taken as 50 GB/s (PCIe 5.0 x16 "
+        "is 64 GB/s per direction nominal); no measurement here: estimate",
+    },
+    "copy_to_device": {
+        "us": 10.0,
+        "us_per_gib": 21_500.0,
+        "estimate": True,
+        "source": "cuMemcpyHtoD from pinned memory: as copy_to_host: estimate",
     },
 }
 
