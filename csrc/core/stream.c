@@ -57,37 +57,9 @@ void cp_streams_destroy(cp_streams_t *ss) {
   ss->backend = backend;
 }
 
-cp_stream_state_t *cp_streams_lookup_locked(cp_streams_t *ss, cp_stream_t stream) {
-  cp_stream_state_t *st = cp_ptrmap_get(&ss->map, stream);
-  if (st == NULL) {
-    if (ss->count == ss->list_cap) {
-      size_t cap = ss->list_cap ? ss->list_cap * 2 : 8;
-      cp_stream_state_t **list = realloc(ss->list, cap * sizeof *list);
-      if (list == NULL) {
-        cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for stream state");
-        return NULL;
-      }
-      ss->list = list;
-      ss->list_cap = cap;
-    }
-    st = calloc(1, sizeof *st);
-    if (st == NULL || cp_ptrmap_insert(&ss->map, stream, st) != CP_OK) {
-      free(st);
-      cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for stream state");
-      return NULL;
-    }
-    st->handle = stream;
-    ss->list[ss->count++] = st;
-  }
-  ss->last = st;
-  return st;
-}
-
-cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t stream, uint32_t tag) {
-  for (size_t i = 0; i < ss->count; i++) {
-    cp_stream_state_t *st = ss->list[i];
-    if (st->tag == tag && st->handle == stream) return st;
-  }
+/* A new state of (stream, tag) on the list; untagged ones go into `map` too. NULL when host
+ * memory ran out (nothing changed). */
+static cp_stream_state_t *cp_streams_add_locked(cp_streams_t *ss, cp_stream_t stream, uint32_t tag) {
   if (ss->count == ss->list_cap) {
     size_t cap = ss->list_cap ? ss->list_cap * 2 : 8;
     cp_stream_state_t **list = realloc(ss->list, cap * sizeof *list);
@@ -99,7 +71,8 @@ cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t st
     ss->list_cap = cap;
   }
   cp_stream_state_t *st = calloc(1, sizeof *st);
-  if (st == NULL) {
+  if (st == NULL || (tag == 0 && cp_ptrmap_insert(&ss->map, stream, st) != CP_OK)) {
+    free(st);
     cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for stream state");
     return NULL;
   }
@@ -107,6 +80,21 @@ cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t st
   st->tag = tag;
   ss->list[ss->count++] = st;
   return st;
+}
+
+cp_stream_state_t *cp_streams_lookup_locked(cp_streams_t *ss, cp_stream_t stream) {
+  cp_stream_state_t *st = cp_ptrmap_get(&ss->map, stream);
+  if (st == NULL) st = cp_streams_add_locked(ss, stream, 0);
+  if (st != NULL) ss->last = st;
+  return st;
+}
+
+cp_stream_state_t *cp_streams_get_tagged_locked(cp_streams_t *ss, cp_stream_t stream, uint32_t tag) {
+  for (size_t i = 0; i < ss->count; i++) {
+    cp_stream_state_t *st = ss->list[i];
+    if (st->tag == tag && st->handle == stream) return st;
+  }
+  return cp_streams_add_locked(ss, stream, tag);
 }
 
 int cp_streams_record_use_locked(cp_block_t *b, cp_stream_t stream) {
