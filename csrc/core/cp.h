@@ -403,6 +403,7 @@ typedef struct cp_oom_info_s {
   size_t device_free; /* 0 and 0 when the device cannot tell */
   size_t device_total;
   size_t memory_cap; /* effective cap in bytes, 0 = none */
+  size_t paused;     /* bytes paused regions gave back: their blocks are counted above, with no memory behind */
   int64_t num_ooms;  /* the num_ooms statistic, this failure included */
   /* The event log's sequence number of this failed allocation (cp_pool_event_log), or
    * UINT64_MAX when no log was kept. */

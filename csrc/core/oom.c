@@ -59,6 +59,7 @@ static void cp_oom_capture_locked(cp_pool_t *pool, size_t size, size_t rounded, 
   out->segments = pool->segment_count;
   out->live_blocks = pool->live.count;
   out->memory_cap = pool->cap_bytes;
+  out->paused = pool->paused_bytes;
   out->num_ooms = pool->stats.num_ooms;
   out->log_event = UINT64_MAX;
   /* Each stream's share; all of them in `other` when there is no host memory to itemise. */

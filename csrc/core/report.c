@@ -68,6 +68,13 @@ int cp_oom_format(const cp_oom_info_t *in, char *buf, size_t buf_size) {
             cp_fmt_bytes(largest, sizeof largest, in->largest_free_block), 100.0 * in->fragmentation,
             cp_fmt_bytes(pend, sizeof pend, in->pending_free), in->pending_blocks, cp_plural(in->pending_blocks),
             in->memory_cap ? cp_fmt_bytes(cap, sizeof cap, in->memory_cap) : "none");
+  if (in->paused != 0) {
+    char paused[32];
+    cp_append(buf, buf_size, &n,
+              " Paused regions gave back %s (their blocks are counted above, with no memory behind them until "
+              "resumed).",
+              cp_fmt_bytes(paused, sizeof paused, in->paused));
+  }
   /* Where the unused bytes are: they serve only their own stream. */
   if (in->cached_free + in->pending_free != 0) {
     cp_append(buf, buf_size, &n, " By stream:");

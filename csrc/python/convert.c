@@ -298,7 +298,7 @@ PyObject *cpy_oom_to_dict(const cp_oom_info_t *in) {
   if (log_event == NULL) goto fail;
   /* N: the dict takes the references. */
   return Py_BuildValue(
-      "{s:K,s:L,s:i,s:s,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:d,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:L,s:N,s:N,s:n,s:N,s:N}",
+      "{s:K,s:L,s:i,s:s,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:d,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:L,s:N,s:N,s:n,s:N,s:N}",
       "sequence", (unsigned long long)in->sequence, "time_ns", (long long)in->time_ns, "device", in->device, "backend",
       in->backend != NULL ? in->backend : "?", "stream", (unsigned long long)in->stream, "requested",
       (Py_ssize_t)in->requested, "rounded", (Py_ssize_t)in->rounded, "reserved", (Py_ssize_t)in->reserved, "allocated",
@@ -307,8 +307,8 @@ PyObject *cpy_oom_to_dict(const cp_oom_info_t *in) {
       (Py_ssize_t)in->pending_free, "segments", (Py_ssize_t)in->segments, "live_blocks", (Py_ssize_t)in->live_blocks,
       "free_blocks", (Py_ssize_t)in->free_blocks, "pending_blocks", (Py_ssize_t)in->pending_blocks, "device_free",
       (Py_ssize_t)in->device_free, "device_total", (Py_ssize_t)in->device_total, "memory_cap",
-      (Py_ssize_t)in->memory_cap, "num_ooms", (long long)in->num_ooms, "log_event", log_event, "streams", streams,
-      "other_streams", (Py_ssize_t)in->other_streams, "other", other, "report", report);
+      (Py_ssize_t)in->memory_cap, "paused", (Py_ssize_t)in->paused, "num_ooms", (long long)in->num_ooms, "log_event",
+      log_event, "streams", streams, "other_streams", (Py_ssize_t)in->other_streams, "other", other, "report", report);
 fail:
   Py_XDECREF(report);
   Py_XDECREF(streams);

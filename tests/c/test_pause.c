@@ -339,6 +339,9 @@ TEST(resume_without_memory_stays_paused) {
   const uint32_t kv = region("kv_cache");
   held_t h = fill_region(&fx, kv, 0);
   CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
+  char report[2048];
+  CHECK(cp_pool_oom_report(fx.pool, 1 * GiB, report, sizeof report) > 0);
+  CHECK(contains(report, "Paused regions gave back 44.00 MiB"));
   char *hog = must_alloc(&fx, 80 * MiB, 0); /* the memory went to someone else */
   CHECK(cp_pool_resume(fx.pool, kv) == CP_ERR_OOM);
   CHECK(contains(cp_last_error(), "it stays paused"));
