@@ -9,9 +9,8 @@ import sys
 import textwrap
 import threading
 
-import pytest
-
 import cudapool
+import pytest
 from cudapool import _C
 from cudapool.policies import config_for
 from cudapool.sim import Pool

@@ -655,7 +655,7 @@ def test_sim_graph_hooks_take_torchs_std_function_and_route_into_a_private_pool(
         lib.cudapool_free(cached, MiB, 0, 5)
         assert hook(0, 0, (3, 0)) is None             # begin, with a std::function filter
         assert _torch.graph_pools() == [dict(device=0, id=(3, 0), uses=1, window_open=True,
-                                             allocated=0, reserved=0, allocations=0)]
+                                             allocated=0, reserved=0, allocations=0, region=None, paused=0)]
         g = lib.cudapool_alloc(MiB, 0, 5)             # the filter accepts stream 5
         s = lib.cudapool_alloc(MiB, 0, 6)             # and refuses stream 6
         assert asked[-2:] == [5, 6], asked

@@ -167,7 +167,8 @@ def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str
 def graph_pools() -> List[Dict[str, Any]]:
     """The private pools cudapool holds for CUDA graphs and ``torch.cuda.MemPool`` ids (oldest
     first): ``device``, ``id``, ``uses``, ``window_open``, ``allocated``, ``reserved``,
-    ``allocations``. :func:`memory_stats` counts the shared pool of each device only."""
+    ``allocations``, ``region``, ``paused``. :func:`memory_stats` counts the shared pool of each
+    device only."""
     return _torch.graph_pools()
 
 

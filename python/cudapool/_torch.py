@@ -672,8 +672,9 @@ def graph_pools() -> List[Dict[str, Any]]:
     """The private pools of CUDA graphs and ``torch.cuda.MemPool`` ids that cudapool holds now
     (oldest first): ``device``, ``id`` (torch's MempoolId pair), ``uses`` (captures or pool
     uses not released yet), ``window_open`` (allocations are being routed into it),
-    ``allocated``, ``reserved`` and ``allocations``. A pool goes once torch released it and its
-    last allocation is freed."""
+    ``allocated``, ``reserved``, ``allocations``, ``region`` (the region it was captured in, or
+    None: docs/regions.md) and ``paused`` (bytes a pause gave back). A pool goes once torch
+    released it and its last allocation is freed."""
     return _C.graph_pools()
 
 
