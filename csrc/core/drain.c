@@ -73,8 +73,7 @@ static void cp_drain_revive_blocks_locked(cp_pool_t *pool, const cp_stream_state
   }
 }
 
-/* Put what `st` retired back into service and end its drain. */
-static void cp_drain_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
+void cp_drain_revive_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   cp_drain_revive_blocks_locked(pool, st);
   if (pool->stitch) cp_stitch_revive_locked(pool, st);
   cp_drain_end_locked(pool, st);
@@ -173,7 +172,8 @@ int cp_drain_reap_all_locked(cp_pool_t *pool, bool wait) {
     if (!st->draining || st->reaping || st->paused || cp_capturing_locked(pool, st->handle)) continue;
     bool done = false;
     int rc = cp_drain_done_locked(pool, st, wait, &done);
-    if (rc == CP_OK && done && st->draining && !st->reaping) rc = cp_drain_reap_stream_locked(pool, st);
+    /* The lock dropped while waiting: a pause may have taken the stream out of service since. */
+    if (rc == CP_OK && done && st->draining && !st->reaping && !st->paused) rc = cp_drain_reap_stream_locked(pool, st);
     if (rc != CP_OK && first_rc == CP_OK) first_rc = rc;
   }
   return first_rc;

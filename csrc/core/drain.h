@@ -22,6 +22,9 @@ bool cp_drain_reclaim_stream_locked(cp_pool_t *pool, cp_stream_state_t *st);
  * what it can give back (free whole handles, idle stitched ranges) and unmap it now, ending
  * any drain of it. */
 int cp_drain_release_now_locked(cp_pool_t *pool, cp_stream_state_t *st);
+/* Put what `st` retired back into service (DRAINING blocks FREE again, retired ranges kept)
+ * and end its drain. */
+void cp_drain_revive_locked(cp_pool_t *pool, cp_stream_state_t *st);
 /* At destroy: every drain event back to the spares (the memory is unmapped by destroy). */
 void cp_drain_destroy(cp_pool_t *pool);
 /* At CP_STITCH_KEEP kept stitched ranges, before another is stitched: retire the least

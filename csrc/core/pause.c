@@ -520,8 +520,12 @@ int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags) {
   rc = cp_pause_wait_locked(pool, sts, n); /* 2. */
   if (rc == CP_OK) {
     (void)cp_reclaim_completed_locked(pool);
-    if (!(flags & CP_PAUSE_KEEP_FREE)) { /* 3. what stays is paused */
-      for (size_t i = 0; i < n; i++) (void)cp_drain_release_now_locked(pool, sts[i]);
+    for (size_t i = 0; i < n; i++) { /* 3. what stays is paused */
+      if (!(flags & CP_PAUSE_KEEP_FREE)) {
+        (void)cp_drain_release_now_locked(pool, sts[i]);
+      } else if (sts[i]->draining) {
+        cp_drain_revive_locked(pool, sts[i]); /* kept: it is paused, and mapped again, whole */
+      }
     }
     if (backup) rc = cp_pause_backup_locked(pool, sts, n); /* 4. */
   }

@@ -306,6 +306,33 @@ TEST(calls_for_a_gibibyte) {
   fx_close(&fx);
 }
 
+/* A graph's pool is paused whole (CP_PAUSE_KEEP_FREE): its free memory too, memory retired
+ * and still waiting for its stream included, and all of it is mapped again. */
+TEST(keep_free_pauses_every_mapped_byte) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 512 * MiB, ST) == 0);
+  const uint32_t g = region("graph_like");
+  char *keep = alloc_in(&fx, g, 8 * MiB, 3);
+  char *tmp = alloc_in(&fx, g, 16 * MiB, 3);
+  launch(&fx, 3, tmp, 16 * MiB);
+  CHECK(cp_free(fx.pool, tmp) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK); /* retired, not unmapped: stream 3 still runs */
+  const size_t mapped = region_info(&fx, g).reserved;
+  CHECK_EQ_U(mapped, 24 * MiB);
+  CHECK(cp_pool_pause(fx.pool, g, CP_PAUSE_KEEP_FREE) == CP_OK);
+  fx_no_faults(fx.sim);
+  CHECK_EQ_U(region_info(&fx, g).paused_bytes, mapped);
+  CHECK_EQ_U(cp_sim_reserved_bytes(fx.sim), 0);
+  CHECK(cp_pool_resume(fx.pool, g) == CP_OK);
+  CHECK_EQ_U(region_info(&fx, g).reserved, mapped);
+  launch(&fx, 3, tmp, 16 * MiB); /* a replay on the freed intermediate's address: mapped */
+  fx_no_faults(fx.sim);
+  CHECK(cp_free(fx.pool, keep) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(region_info(&fx, g).reserved, 0);
+  fx_close(&fx);
+}
+
 TEST(refusals) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -507,6 +534,7 @@ int main(void) {
   RUN(frees_while_paused);
   RUN(stitched_blocks_keep_their_bytes_and_pages);
   RUN(calls_for_a_gibibyte);
+  RUN(keep_free_pauses_every_mapped_byte);
   RUN(refusals);
   RUN(resume_without_memory_stays_paused);
   RUN(destroy_while_paused);
