@@ -11,7 +11,6 @@
 #include "core/history.h"
 #include "core/oom.h"
 #include "core/pool.h"
-#include "core/region.h"
 #include "core/segment.h"
 #include "core/stitch.h"
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "base/fork.h"
-#include "core/region.h"
+#include "core/cp.h"
 
 /* Note [Regions]
  * A region is a name a program gives to some of its allocations ("kv_cache", "weights"): every
@@ -18,7 +18,7 @@
  * device) and never forgotten: a program names a handful. Which region a thread is in is the
  * thread's own, as torch's current stream is. */
 
-_Thread_local uint32_t cp_region_tls;
+static _Thread_local uint32_t cp_region_tls; /* the calling thread's region, 0: none */
 
 static pthread_mutex_t cp_region_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *cp_region_names[CP_REGION_MAX + 1]; /* [0] unused */
