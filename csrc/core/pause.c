@@ -313,6 +313,7 @@ typedef struct cp_pause_unmap_s {
   cp_segment_t *seg;
   uintptr_t addr;
   size_t size;
+  size_t first_handle, handles; /* a stretch: its kept handles, handles[first_handle ..] */
   bool done;
 } cp_pause_unmap_t;
 
@@ -326,7 +327,7 @@ static int cp_pause_list_unmaps_locked(cp_pool_t *pool, cp_stream_state_t *const
   for (cp_segment_t *s = pool->stitched; s != NULL && rc == CP_OK; s = s->next) {
     if (!cp_pause_in(sts, n, s->stream) || s->mapped == 0) continue;
     rc = cp_pause_grow((void **)&list, &cap, k + 1, sizeof *list);
-    if (rc == CP_OK) list[k++] = (cp_pause_unmap_t){s, s->addr, s->mapped, false};
+    if (rc == CP_OK) list[k++] = (cp_pause_unmap_t){.seg = s, .addr = s->addr, .size = s->mapped};
   }
   *out_ranges = k;
   for (cp_segment_t *seg = pool->segments; seg != NULL && rc == CP_OK; seg = seg->next) {
@@ -341,7 +342,7 @@ static int cp_pause_list_unmaps_locked(cp_pool_t *pool, cp_stream_state_t *const
       for (; b != NULL && b->state != CP_BLOCK_UNMAPPED; b = b->next) len += b->size;
       if (cp_expand_paused_span(seg, start, len)) continue; /* held by an earlier pause: none */
       rc = cp_pause_grow((void **)&list, &cap, k + 1, sizeof *list);
-      if (rc == CP_OK) list[k++] = (cp_pause_unmap_t){seg, start, len, false};
+      if (rc == CP_OK) list[k++] = (cp_pause_unmap_t){.seg = seg, .addr = start, .size = len};
     }
   }
   if (rc != CP_OK) {
@@ -403,10 +404,10 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
   for (size_t i = ranges; i < k && rc == CP_OK; i++) {
     cp_segment_t *seg = list[i].seg;
     rc = cp_pause_grow((void **)&seg->spans, &seg->span_cap, seg->span_count + (k - i), sizeof *seg->spans);
+    list[i].first_handle = nh;
     if (rc == CP_OK) rc = cp_pause_add_handles(seg, list[i].addr, list[i].size, &handles, &nh, &hcap);
+    list[i].handles = nh - list[i].first_handle;
   }
-  bool *released = rc == CP_OK && nh != 0 ? calloc(nh, sizeof *released) : NULL;
-  if (rc == CP_OK && nh != 0 && released == NULL) rc = CP_ERR_HOST_OOM;
   if (rc != CP_OK) {
     free(list);
     free(handles);
@@ -437,19 +438,9 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
   }
   if (!undone) {
     /* One release per handle of a stretch given back (the range mappings are gone too). */
-    size_t h = 0;
     for (size_t i = ranges; i < k; i++) {
-      const cp_segment_t *seg = list[i].seg;
-      for (uintptr_t a = list[i].addr; a < list[i].addr + list[i].size; a += seg->chunk) {
-        const size_t slot = (a - seg->addr) / seg->chunk;
-        if (slot >= seg->page_slots || seg->pages[slot] == 0) continue;
-        if (slot != 0 && a != list[i].addr && seg->pages[slot - 1] == seg->pages[slot]) continue;
-        if (list[i].done) {
-          (void)be->page_release(be->ctx, handles[h]);
-          released[h] = true;
-        }
-        h++;
-      }
+      for (size_t h = 0; list[i].done && h < list[i].handles; h++)
+        (void)be->page_release(be->ctx, handles[list[i].first_handle + h]);
     }
   }
   pthread_mutex_lock(&pool->lock);
@@ -491,7 +482,6 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
                         failed, failed_bytes, why);
     }
   }
-  free(released);
   free(handles);
   free(list);
   return rc;
