@@ -81,6 +81,12 @@ class BuildExt(build_ext):
     """Compile C and C++ sources of one extension with per-language flags."""
 
     def build_extension(self, ext):
+        if getattr(ext, "links_to_c", False):
+            # Linked to the built cudapool._C by file name, found beside it at run time ($ORIGIN):
+            # the loader then maps the one copy Python has loaded (same file), not a second.
+            c_path = Path(self.get_ext_fullpath("cudapool._C"))
+            ext = copy.copy(ext)
+            ext.extra_link_args = list(ext.extra_link_args or []) + [f"-L{c_path.parent}", f"-l:{c_path.name}"]
         cxx_sources = [s for s in ext.sources if Path(s).suffix in CXX_SUFFIXES]
         if not cxx_sources:
             return super().build_extension(ext)
@@ -113,24 +119,106 @@ SOURCES = rel_glob(
 )
 # Built on its own, against torch (torch_oom_extension); never part of _C, which must not need torch.
 TORCH_OOM_SOURCE = "csrc/torch/oom_c10.cpp"
-SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE]
+# Built on its own too, against torch and linked to _C (torch_bridge_extension).
+BRIDGE_SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_testhooks.cpp"]
+SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE and s not in BRIDGE_SOURCES]
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")
+
+
+def _torch_build_info():
+    """(torch module, its include dir, its lib dir, the C++ ABI flag) when torch with its C++ headers
+    and libc10 is importable here, else None."""
+    try:
+        import torch
+    except Exception:  # not installed, or broken: build without it
+        return None
+    root = Path(torch.__file__).resolve().parent
+    include, lib = root / "include", root / "lib"
+    if not (include / "c10" / "util" / "Exception.h").is_file() or not list(lib.glob("libc10.*")):
+        return None
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return torch, include, lib, abi
+
+
+def _cuda_runtime_dirs(torch_root: Path):
+    """(include dirs, lib dir, library file name) of the CUDA runtime the installed torch uses: its
+    nvidia wheel's (site-packages/nvidia/cu*/), else CUDA_HOME's or /usr/local/cuda's; None when
+    there is none. The wheel's headers need the toolkit's crt/ headers, which the wheel lacks:
+    they come from the same folder when it has them, else from triton's copy (a dependency of
+    torch's CUDA builds), else from a toolkit."""
+    site = torch_root.parent
+    toolkits = [Path(os.environ[env]) for env in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(env)]
+    toolkits.append(Path("/usr/local/cuda"))
+    candidates = sorted(site.glob("nvidia/cu*/")) + sorted(site.glob("nvidia/cuda_runtime/")) + toolkits
+    crt_dirs = [base / "include" for base in toolkits] + [site / "triton" / "backends" / "nvidia" / "include"]
+    for base in candidates:
+        include = base / "include"
+        if not (include / "cuda_runtime_api.h").is_file():
+            continue
+        for libdir in (base / "lib", base / "lib64"):
+            libs = sorted(libdir.glob("libcudart.so*"))
+            if not libs:
+                continue
+            includes = [include]
+            if not (include / "crt" / "host_defines.h").is_file():
+                crt = [d for d in crt_dirs if (d / "crt" / "host_defines.h").is_file()]
+                if not crt:
+                    return None
+                includes.append(crt[0])
+            return includes, libdir, libs[-1].name
+    return None
+
+
+def torch_bridge_extension() -> list:
+    """cudapool._torch_bridge (csrc/torch/bridge.cpp: cudapool as torch's own CUDA allocator) when a
+    CUDA build of torch with its headers, and the CUDA runtime headers, are here; else nothing.
+    CUDAPOOL_TORCH_BRIDGE=0 skips it."""
+    if os.environ.get("CUDAPOOL_TORCH_BRIDGE", "") == "0":
+        return []
+    info = _torch_build_info()
+    if info is None:
+        return []
+    torch, include, lib, abi = info
+    if not (include / "c10" / "cuda" / "CUDACachingAllocator.h").is_file() or not list(lib.glob("libtorch_cuda.*")):
+        return []
+    cuda = _cuda_runtime_dirs(Path(torch.__file__).resolve().parent)
+    if cuda is None:
+        return []
+    cuda_includes, cuda_lib, cudart = cuda
+    ext = Extension(
+        "cudapool._torch_bridge",
+        sources=BRIDGE_SOURCES,
+        include_dirs=["csrc"],
+        depends=HEADERS,
+        define_macros=[
+            ("CUDAPOOL_TORCH_VERSION", json.dumps(str(torch.__version__))),
+            ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
+        ],
+        library_dirs=[str(lib), str(cuda_lib)],
+        libraries=["c10", "c10_cuda", "torch_cuda", "torch_cpu", "torch"],
+        runtime_library_dirs=[str(lib), str(cuda_lib), "$ORIGIN"],
+        extra_link_args=["-pthread", f"-l:{cudart}"],
+        language="c++",
+        optional=not _WERROR,
+    )
+    # torch's and CUDA's headers: their warnings are not ours.
+    # torch's headers of 2.14 need C++20 (std::strong_ordering); older ones build with it too.
+    ext.cxx_flags = ["-std=c++20"]
+    for folder in (include, include / "torch" / "csrc" / "api" / "include", *cuda_includes):
+        ext.cxx_flags += ["-isystem", str(folder)]
+    ext.links_to_c = True  # linked to cudapool._C (BuildExt), for the pools
+    return [ext]
 
 
 def torch_oom_extension() -> list:
     """cudapool._torch_oom when torch (with its C++ headers and libc10) is importable here, else nothing."""
     if os.environ.get("CUDAPOOL_TORCH_OOM", "") == "0":
         return []
-    try:
-        import torch
-    except Exception:  # not installed, or broken: build without it
+    info = _torch_build_info()
+    if info is None:
         return []
-    root = Path(torch.__file__).resolve().parent
-    include, lib = root / "include", root / "lib"
-    if not (include / "c10" / "util" / "Exception.h").is_file() or not list(lib.glob("libc10.*")):
-        return []
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    torch, include, lib, abi = info
     ext = Extension(
         "cudapool._torch_oom",
         sources=[TORCH_OOM_SOURCE],
@@ -171,6 +259,7 @@ setup(
             language="c",
         ),
         *torch_oom_extension(),
+        *torch_bridge_extension(),
     ],
     cmdclass={"build_ext": BuildExt},
 )

@@ -530,6 +530,17 @@ int cp_pool_history_enable(cp_pool_t *pool, size_t max_entries);
  * ring's size (0 when off). */
 size_t cp_pool_history_read(cp_pool_t *pool, cp_history_entry_t *out, size_t cap, uint64_t *out_recorded,
                             size_t *out_capacity);
+/* Note [Segment observer]
+ * A function told of every change of the device memory behind the pool, as it happens:
+ * CP_HIST_SEGMENT_ALLOC / SEGMENT_FREE for a plain segment reserved or given back,
+ * CP_HIST_SEGMENT_MAP / SEGMENT_UNMAP for a range of a page-mapped segment mapped or unmapped
+ * (also by pause and resume). It is called with the pool lock held, once the change is made
+ * (memory given back is gone by then), whether history is recorded or not: it must
+ * not call into the pool, and should be quick (torch's trace trackers: NCCL registers and
+ * deregisters memory there). NULL removes it. */
+typedef void (*cp_segment_observer_t)(void *ctx, int action, uintptr_t addr, size_t size, cp_stream_t stream);
+int cp_pool_set_segment_observer(cp_pool_t *pool, cp_segment_observer_t fn, void *ctx);
+
 /* The calling thread's context id, stored in the records it makes from now on (0: none).
  * The caller sets it before an operation and clears it after; the core never interprets it. */
 void cp_history_set_context(uint64_t context);

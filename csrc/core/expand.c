@@ -376,7 +376,7 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
     free(kept);
   }
   if (mapped > 0) {
-    CP_HISTORY(pool, CP_HIST_SEGMENT_MAP, u->addr, mapped, seg->stream->handle);
+    CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_MAP, u->addr, mapped, seg->stream->handle);
     seg->mapped += mapped;
     cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, mapped);
     pool->stats.num_device_alloc++;
@@ -590,7 +590,7 @@ int cp_expand_unmap_draining_locked(cp_pool_t *pool, cp_segment_t *seg, bool *ou
           const size_t slot = (a - seg->addr) / seg->chunk;
           if (slot < seg->page_slots) seg->pages[slot] = 0;
         }
-        CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
+        CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_UNMAP, b->addr, b->size, seg->stream->handle);
         pool->stats.num_device_free++;
         cp_expand_make_unmapped_locked(pool, b);
       } else {

@@ -175,6 +175,15 @@ int cp_pool_history_enable(cp_pool_t *pool, size_t max_entries) {
   return CP_OK;
 }
 
+int cp_pool_set_segment_observer(cp_pool_t *pool, cp_segment_observer_t fn, void *ctx) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_set_segment_observer: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  pool->segment_observer = fn;
+  pool->segment_observer_ctx = fn != NULL ? ctx : NULL;
+  pthread_mutex_unlock(&pool->lock);
+  return CP_OK;
+}
+
 size_t cp_pool_history_read(cp_pool_t *pool, cp_history_entry_t *out, size_t cap, uint64_t *out_recorded,
                             size_t *out_capacity) {
   if (pool == NULL) {

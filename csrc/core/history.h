@@ -25,6 +25,15 @@ typedef struct cp_history_s {
     if (CP_UNLIKELY((pool)->history != NULL)) cp_history_record_locked((pool), (action), (addr), (size), (stream)); \
   } while (0)
 
+/* A change of the device memory behind the pool (Note [Segment observer]): recorded in the
+ * history, and told to the segment observer. Lock held. */
+#define CP_SEGMENT_EVENT(pool, action, addr, size, stream)                                                    \
+  do {                                                                                                       \
+    CP_HISTORY(pool, action, addr, size, stream);                                                            \
+    if (CP_UNLIKELY((pool)->segment_observer != NULL))                                                       \
+      (pool)->segment_observer((pool)->segment_observer_ctx, (action), (uintptr_t)(addr), (size), (stream)); \
+  } while (0)
+
 CP_COLD void cp_history_record_locked(cp_pool_t *pool, int action, uintptr_t addr, size_t size, cp_stream_t stream);
 /* The end of cp_alloc: ALLOC of the block at `ptr` when rc is CP_OK, OOM of `size` bytes when
  * it is CP_ERR_OOM, nothing otherwise. */

@@ -469,7 +469,7 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
       pool->paused_bytes += list[i].size;
       cp_stats_dec(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, list[i].size);
       pool->stats.num_device_free++;
-      CP_HISTORY(pool, CP_HIST_SEGMENT_UNMAP, list[i].addr, list[i].size, seg->stream->handle);
+      CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_UNMAP, list[i].addr, list[i].size, seg->stream->handle);
       for (uintptr_t a = list[i].addr; a < list[i].addr + list[i].size; a += seg->chunk) {
         const size_t slot = (a - seg->addr) / seg->chunk;
         if (slot < seg->page_slots) seg->pages[slot] = 0;

@@ -278,7 +278,7 @@ static int cp_resume_state_locked(cp_pool_t *pool, cp_stream_state_t *st) {
       const cp_span_t *sp = &seg->spans[i];
       cp_stats_inc(&pool->stats, CP_STAT_RESERVED_BYTES, seg->kind, sp->size);
       pool->stats.num_device_alloc++;
-      CP_HISTORY(pool, CP_HIST_SEGMENT_MAP, sp->addr, sp->size, st->handle);
+      CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_MAP, sp->addr, sp->size, st->handle);
     }
     free(seg->spans);
     seg->spans = NULL;

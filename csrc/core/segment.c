@@ -33,7 +33,7 @@ static int cp_release_segments_locked(cp_pool_t *pool, cp_segment_t *list) {
     cp_segment_t *seg = done;
     done = seg->next;
     pool->stats.num_device_free++;
-    CP_HISTORY(pool, CP_HIST_SEGMENT_FREE, seg->addr, seg->size, seg->stream->handle);
+    CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_FREE, seg->addr, seg->size, seg->stream->handle);
     cp_block_delete_locked(pool, seg->head);
     free(seg);
   }
@@ -93,7 +93,7 @@ void cp_segment_adopt_locked(cp_pool_t *pool, cp_segment_t *seg, cp_stream_state
   seg->stream = st;
   seg->kind = (uint8_t)kind;
   cp_segment_link_locked(pool, seg);
-  CP_HISTORY(pool, CP_HIST_SEGMENT_ALLOC, seg->addr, seg->size, st->handle);
+  CP_SEGMENT_EVENT(pool, CP_HIST_SEGMENT_ALLOC, seg->addr, seg->size, st->handle);
   /* The mark moves only for memory really had: a refused request (a huge one from bad input,
    * say) must not raise it and so switch release_before_grow off for good. */
   const size_t held = cp_held_locked(pool);

@@ -131,6 +131,9 @@ struct cp_pool_s {
   uint64_t stitch_clock;        /* ticks at every free of a stitched block */
   struct cp_history_s *history; /* NULL unless history is recorded (history.c) */
   uint64_t history_seq;         /* records made over the pool's life */
+  /* The segment observer (cp_pool_set_segment_observer): NULL unless one is set. */
+  cp_segment_observer_t segment_observer;
+  void *segment_observer_ctx;
   /* Out of memory and the event log (oom.c). */
   cp_evlog_t evlog;
   cp_oom_info_t last_oom; /* sequence 0: no failure yet */

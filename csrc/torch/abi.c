@@ -45,8 +45,14 @@ void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower) {
 cpd_oom_thrower_t cpd_oom_thrower(void) { return atomic_load_explicit(&cpd_thrower, memory_order_acquire); }
 
 static _Atomic(cpd_context_fn_t) cpd_context_fn;
+static _Atomic(cpd_context_fn_t) cpd_free_context_fn;
 
-void cpd_set_context_fn(cpd_context_fn_t fn) { atomic_store_explicit(&cpd_context_fn, fn, memory_order_release); }
+void cpd_set_context_fn(cpd_context_fn_t fn) { cpd_set_context_fns(fn, fn); }
+
+void cpd_set_context_fns(cpd_context_fn_t alloc_fn, cpd_context_fn_t free_fn) {
+  atomic_store_explicit(&cpd_context_fn, alloc_fn, memory_order_release);
+  atomic_store_explicit(&cpd_free_context_fn, free_fn, memory_order_release);
+}
 
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
   cp_pool_t *pool;
@@ -140,9 +146,9 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
     }
   }
   if (pool != NULL) {
-    cpd_context_fn_t context = atomic_load_explicit(&cpd_context_fn, memory_order_acquire);
+    cpd_context_fn_t context = atomic_load_explicit(&cpd_free_context_fn, memory_order_acquire);
     if (context != NULL) cp_history_set_context(context());
-    rc = cp_free_sized(pool, ptr, size);
+    rc = size == CPD_ANY_SIZE ? cp_free(pool, ptr) : cp_free_sized(pool, ptr, size);
     if (context != NULL) cp_history_set_context(0);
   } else if (device < 0 || device >= CP_MAX_DEVICES) {
     rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CP_MAX_DEVICES - 1);
@@ -162,6 +168,21 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   } else {
     cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
   }
+}
+
+void cpd_free(void *ptr, int device) {
+  if (device < 0) device = cpd_device_of(ptr);
+  cudapool_free(ptr, CPD_ANY_SIZE, device, NULL);
+}
+
+int cpd_device_of(const void *ptr) {
+  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_pool_lookup(pool, (void *)ptr, NULL)) return d;
+  }
+  int device = -1;
+  if (ptr != NULL && cpd_graph_pools_exist()) (void)cpd_graph_device_of(ptr, &device);
+  return device < 0 ? 0 : device;
 }
 
 void cudapool_record_stream(void *ptr, void *stream) {

@@ -36,6 +36,13 @@ void *cudapool_alloc(size_t size, int device, void *stream);
 int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);
 void cudapool_free(void *ptr, size_t size, int device, void *stream);
+/* The free of torch's allocator interface (the bridge's deleters, raw_delete), which knows
+ * the pointer only: cudapool_free with any size (the block knows its own), on `device`, or,
+ * for a device < 0, on the device whose pool (shared or private) holds `ptr`. A pointer no
+ * pool holds is left alone and counted, as cudapool_free does. */
+void cpd_free(void *ptr, int device);
+/* The device whose pool holds `ptr` as a live allocation (0 when none does). */
+int cpd_device_of(const void *ptr);
 void cudapool_record_stream(void *ptr, void *stream);
 void cudapool_empty_cache(void);
 void cudapool_set_memory_fraction(double fraction, int device);
@@ -68,6 +75,8 @@ typedef void (*cpd_oom_thrower_t)(const char *message);
  * (the default): no call. */
 typedef uint64_t (*cpd_context_fn_t)(void);
 void cpd_set_context_fn(cpd_context_fn_t fn);
+/* The same with one function for allocations and one for frees (either NULL: none there). */
+void cpd_set_context_fns(cpd_context_fn_t alloc_fn, cpd_context_fn_t free_fn);
 /* Exported: install `thrower` (NULL: back to the fallback). */
 void cudapool_set_oom_thrower(cpd_oom_thrower_t thrower);
 cpd_oom_thrower_t cpd_oom_thrower(void);

@@ -142,6 +142,7 @@ static int cpd_create_locked(int device, cp_pool_t **out_pool) {
   cp_config_t cfg;
   cpd_config_locked(&cfg);
   rc = cp_pool_create(&cfg, &backend, out_pool);
+  if (rc == CP_OK) cpd_observe_pool(*out_pool, device);
   if (rc == CP_OK && cpd_history > 0 && (rc = cp_pool_history_enable(*out_pool, cpd_history)) != CP_OK) {
     cp_pool_destroy(*out_pool);
     *out_pool = NULL;
@@ -207,6 +208,31 @@ double cpd_memory_fraction(int device) {
   }
   pthread_mutex_unlock(&cpd_lock);
   return fraction;
+}
+
+static _Atomic(cp_segment_observer_t) cpd_segment_observer;
+
+static int cpd_observe_visit(void *arg, int device, unsigned long long id0, unsigned long long id1, cp_pool_t *pool) {
+  (void)arg, (void)id0, (void)id1;
+  cpd_observe_pool(pool, device);
+  return CP_OK;
+}
+
+void cpd_observe_pool(cp_pool_t *pool, int device) {
+  cp_segment_observer_t fn = atomic_load_explicit(&cpd_segment_observer, memory_order_acquire);
+  if (fn != NULL) (void)cp_pool_set_segment_observer(pool, fn, (void *)(intptr_t)device);
+}
+
+void cpd_set_segment_observer(cp_segment_observer_t fn) {
+  cpd_table_lock();
+  atomic_store_explicit(&cpd_segment_observer, fn, memory_order_release);
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = atomic_load_explicit(&cpd_pools[d], memory_order_relaxed);
+    if (pool != NULL) (void)cp_pool_set_segment_observer(pool, fn, (void *)(intptr_t)d);
+  }
+  pthread_mutex_unlock(&cpd_lock);
+  /* Private pools made before: they get it here (the graph lock is inner to the table's). */
+  (void)cpd_graph_visit(cpd_observe_visit, NULL);
 }
 
 int cpd_set_history(size_t max_entries) {

@@ -46,6 +46,12 @@ size_t cpd_history_entries(void);
 #define CPD_DEFAULT_EVENT_LOG ((size_t)16384)
 int cpd_set_event_log(size_t capacity);
 size_t cpd_event_log(void);
+/* The segment observer of every device pool, now and created later, private pools included
+ * (Note [Segment observer] in core/cp.h); its ctx is the device ordinal, as (void *)(intptr_t).
+ * NULL removes it. cpd_observe_pool gives a new pool of `device` the current one. */
+void cpd_set_segment_observer(cp_segment_observer_t fn);
+void cpd_observe_pool(cp_pool_t *pool, int device);
+
 /* Register the table's lock with the fork handlers (Note [Locks across fork]) unless it is
  * already; it takes no lock. Locks nested inside the table's register after calling this. */
 void cpd_fork_register_table(void);

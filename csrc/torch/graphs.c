@@ -104,20 +104,11 @@ static void cpd_device_windows_locked(int device, cp_pool_t *shared, int delta) 
   }
 }
 
-int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, cpd_filter_fn filter, void *ctx,
-                    cpd_filter_free_fn free_ctx) {
-  int rc = cpd_check_device(device, "begin_allocate_to_pool");
-  if (rc == CP_OK && filter == NULL) rc = cp_set_error(CP_ERR_INVALID, "cudapool: begin_allocate_to_pool: no filter");
-  /* The table is entered before the graph lock (Note [Graph lock]). */
-  cp_pool_t *shared = NULL;
+/* A new private pool of (device, id), on the list with no use yet; `shared` is the device's
+ * pool (its backend serves the new one). Graph lock held; the table was entered before. */
+static int cpd_gpool_create_locked(int device, unsigned long long id0, unsigned long long id1, cp_pool_t *shared,
+                                   cpd_gpool_t **out_gp) {
   cp_config_t cfg;
-  if (rc == CP_OK) rc = cpd_pool(device, &shared);
-  cpd_window_t *w = rc == CP_OK ? calloc(1, sizeof *w) : NULL;
-  if (rc == CP_OK && w == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: begin_allocate_to_pool: no host memory");
-  if (rc != CP_OK) {
-    if (free_ctx != NULL) free_ctx(ctx);
-    return rc;
-  }
   cpd_config(&cfg);
   /* A graph's pool keeps its plain segments, as torch's does: page_stitching alone would turn
    * paging on, and nothing a captured graph uses may be unmapped or stitched elsewhere. In a
@@ -125,7 +116,45 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
   const uint32_t tag = cp_region_of_thread();
   cfg.expandable_segments = tag != 0;
   cfg.page_stitching = 0;
+  cpd_gpool_t *gp = calloc(1, sizeof *gp);
+  if (gp == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a private pool");
+  cp_backend_t backend;
+  cp_pool_backend(shared, &backend);
+  int rc = cp_pool_create(&cfg, &backend, &gp->pool);
+  if (rc != CP_OK) {
+    free(gp);
+    return rc;
+  }
+  gp->device = device;
+  gp->id0 = id0;
+  gp->id1 = id1;
+  gp->tag = tag;
+  cpd_observe_pool(gp->pool, device);
+  cpd_gpool_t **link = &cpd_gpools;
+  while (*link != NULL) link = &(*link)->next;
+  *link = gp;
+  atomic_fetch_add_explicit(&cpd_pool_total, 1, memory_order_relaxed);
+  /* Windows already open on the device cover the new pool too. */
+  for (int k = atomic_load_explicit(&cpd_open[device], memory_order_relaxed); k > 0; k--) {
+    cp_pool_capture_begin(gp->pool);
+  }
+  *out_gp = gp;
+  return CP_OK;
+}
 
+int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, cpd_filter_fn filter, void *ctx,
+                    cpd_filter_free_fn free_ctx) {
+  int rc = cpd_check_device(device, "begin_allocate_to_pool");
+  if (rc == CP_OK && filter == NULL) rc = cp_set_error(CP_ERR_INVALID, "cudapool: begin_allocate_to_pool: no filter");
+  /* The table is entered before the graph lock (Note [Graph lock]). */
+  cp_pool_t *shared = NULL;
+  if (rc == CP_OK) rc = cpd_pool(device, &shared);
+  cpd_window_t *w = rc == CP_OK ? calloc(1, sizeof *w) : NULL;
+  if (rc == CP_OK && w == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: begin_allocate_to_pool: no host memory");
+  if (rc != CP_OK) {
+    if (free_ctx != NULL) free_ctx(ctx);
+    return rc;
+  }
   cpd_graph_lock_take();
   cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
   if (gp != NULL && cpd_window_open_on_locked(gp)) {
@@ -133,28 +162,7 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
                       "cudapool: begin_allocate_to_pool: device %d is already allocating to pool (%llu, %llu)", device,
                       id0, id1);
   } else if (gp == NULL) {
-    gp = calloc(1, sizeof *gp);
-    cp_backend_t backend;
-    cp_pool_backend(shared, &backend);
-    if (gp == NULL) {
-      rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: begin_allocate_to_pool: no host memory");
-    } else if ((rc = cp_pool_create(&cfg, &backend, &gp->pool)) != CP_OK) {
-      free(gp);
-      gp = NULL;
-    } else {
-      gp->device = device;
-      gp->id0 = id0;
-      gp->id1 = id1;
-      gp->tag = tag;
-      cpd_gpool_t **link = &cpd_gpools;
-      while (*link != NULL) link = &(*link)->next;
-      *link = gp;
-      atomic_fetch_add_explicit(&cpd_pool_total, 1, memory_order_relaxed);
-      /* Windows already open on the device cover the new pool too. */
-      for (int k = atomic_load_explicit(&cpd_open[device], memory_order_relaxed); k > 0; k--) {
-        cp_pool_capture_begin(gp->pool);
-      }
-    }
+    rc = cpd_gpool_create_locked(device, id0, id1, shared, &gp);
   }
   if (rc == CP_OK) {
     gp->uses++;
@@ -225,6 +233,51 @@ int cpd_graph_release(int device, unsigned long long id0, unsigned long long id1
   return rc;
 }
 
+int cpd_graph_incref(int device, unsigned long long id0, unsigned long long id1) {
+  int rc = cpd_check_device(device, "createOrIncrefPool");
+  cp_pool_t *shared = NULL;
+  if (rc == CP_OK) rc = cpd_pool(device, &shared); /* the table before the graph lock */
+  if (rc != CP_OK) return rc;
+  cpd_graph_lock_take();
+  cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  if (gp == NULL) rc = cpd_gpool_create_locked(device, id0, id1, shared, &gp);
+  if (rc == CP_OK) gp->uses++;
+  cpd_graph_unlock();
+  return rc;
+}
+
+unsigned cpd_graph_use_count(int device, unsigned long long id0, unsigned long long id1) {
+  cpd_graph_lock_take();
+  const cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  const unsigned uses = gp != NULL ? gp->uses : 0;
+  cpd_graph_unlock();
+  return uses;
+}
+
+int cpd_graph_empty(unsigned long long id0, unsigned long long id1) {
+  int first = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools, *next; gp != NULL; gp = next) {
+    next = gp->next;
+    if (gp->id0 != id0 || gp->id1 != id1) continue;
+    int rc = cp_empty_cache(gp->pool);
+    if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
+    if (rc != CP_OK && first == CP_OK) first = rc;
+  }
+  cpd_graph_unlock();
+  return first;
+}
+
+int cpd_graph_visit(cpd_graph_visit_fn fn, void *arg) {
+  int rc = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && rc == CP_OK; gp = gp->next) {
+    rc = fn(arg, gp->device, gp->id0, gp->id1, gp->pool);
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
 int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *out_routed) {
   *out_routed = 0;
   if (device < 0 || device >= CP_MAX_DEVICES || atomic_load_explicit(&cpd_open[device], memory_order_relaxed) == 0) {
@@ -252,13 +305,26 @@ int cpd_graph_free(void *ptr, size_t size, int device, int *out_handled) {
   for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
     if (gp->device == device && cp_pool_lookup(gp->pool, ptr, NULL)) {
       *out_handled = 1;
-      rc = cp_free_sized(gp->pool, ptr, size);
+      rc = size == CPD_ANY_SIZE ? cp_free(gp->pool, ptr) : cp_free_sized(gp->pool, ptr, size);
       if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
       break;
     }
   }
   cpd_graph_unlock();
   return rc;
+}
+
+int cpd_graph_device_of(const void *ptr, int *out_device) {
+  int found = 0;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && !found; gp = gp->next) {
+    if (cp_pool_lookup(gp->pool, (void *)ptr, NULL)) {
+      *out_device = gp->device;
+      found = 1;
+    }
+  }
+  cpd_graph_unlock();
+  return found;
 }
 
 int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled) {

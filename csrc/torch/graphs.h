@@ -40,15 +40,34 @@ int cpd_graph_begin(int device, unsigned long long id0, unsigned long long id1, 
 int cpd_graph_end(int device, unsigned long long id0, unsigned long long id1);
 int cpd_graph_release(int device, unsigned long long id0, unsigned long long id1);
 
+/* torch's MemPool (createOrIncrefPool, getPoolUseCount): one more use of the private pool of
+ * (device, id), made when there is none yet (no window is opened; releasePool ends the use);
+ * and the uses it has (0 when there is no such pool). */
+int cpd_graph_incref(int device, unsigned long long id0, unsigned long long id1);
+unsigned cpd_graph_use_count(int device, unsigned long long id0, unsigned long long id1);
+/* torch's emptyCache(mempool_id): give back the free memory of the private pools of that id on
+ * every device (and destroy those released and empty). */
+int cpd_graph_empty(unsigned long long id0, unsigned long long id1);
+/* Call fn for every private pool under the graph lock (oldest first), stopping at the first
+ * status that is not CP_OK, which is returned. fn may read the pool (stats, snapshot, info),
+ * not allocate, free or call back into this file. */
+typedef int (*cpd_graph_visit_fn)(void *arg, int device, unsigned long long id0, unsigned long long id1,
+                                  cp_pool_t *pool);
+int cpd_graph_visit(cpd_graph_visit_fn fn, void *arg);
+
 /* Routing (the entry points in abi.c). cpd_graph_alloc: *out_routed = 1 when a window took the
  * allocation (its status is returned), else 0 and CP_OK. */
 int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *out_routed);
 /* 1 when some private pool exists (cheap: frees look further only then). */
 int cpd_graph_pools_exist(void);
 /* A free, record_stream or base_of of a pointer that a private pool holds: *out_handled = 1
- * and the status; else 0 and CP_OK. cpd_graph_free looks at `device`'s pools only. */
+ * and the status; else 0 and CP_OK. cpd_graph_free looks at `device`'s pools only; a size of
+ * CPD_ANY_SIZE frees whatever size the block has (the bridge's frees, which know no size). */
+#define CPD_ANY_SIZE ((size_t)-1)
 int cpd_graph_free(void *ptr, size_t size, int device, int *out_handled);
 int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled);
+/* The device of the private pool holding `ptr` as a live allocation: 1 and *out_device, or 0. */
+int cpd_graph_device_of(const void *ptr, int *out_device);
 /* CP_PTR_* over every private pool (the first that is not CP_PTR_FOREIGN). */
 int cpd_graph_base_of(const void *ptr, void **out_base, size_t *out_size);
 /* Release whatever released pools can go now (empty_cache); returns the first failure. */

@@ -185,6 +185,7 @@ def cmd_info() -> int:
         build = f"CUDA build (CUDA {torch.version.cuda})" if cuda_build else "CPU-only build"
         print(f"torch: {torch.__version__}, {build}")
         if cuda_build:
+            print(f"allocator path of cudapool.enable(): {_bridge_status()}")
             offered = _torch.torch_hooks_offered()
             ours = [h for h in offered if h in _torch.HOOK_NAMES]
             others = [h for h in offered if h not in _torch.HOOK_NAMES]
@@ -208,6 +209,20 @@ def cmd_info() -> int:
         error = info.get("error") or "no CUDA device"
         print(f"CUDA driver: not available ({error})")
     return status
+
+
+def _bridge_status() -> str:
+    """Which way enable() makes cudapool torch's allocator, and why, for `info`."""
+    from cudapool import _torch
+
+    if _torch.enabled():
+        return str(_torch.allocator_path())
+    lib, why = _torch._load_bridge()
+    if lib is not None:
+        return f"bridge (torch's own allocator interface: {_torch.torch_bridge_library_path()})"
+    if not why:
+        return f"pluggable ({_torch.BRIDGE_ENV}=0 asks for torch's CUDAPluggableAllocator)"
+    return f"pluggable, the fallback: {why}"
 
 
 def _pool_kind(wanted: bool, supported: bool, why: str, stitching: bool = False) -> str:

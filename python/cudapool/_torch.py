@@ -3,13 +3,23 @@ statistics functions then answer from the pool.
 
 torch is imported inside the functions only: importing cudapool never imports torch.
 
-How the swap works: ``torch.cuda.memory.CUDAPluggableAllocator`` opens our extension module
-(``_C.__file__``) with ctypes and takes the addresses of ``cudapool_alloc`` and
-``cudapool_free``. The extension is already loaded, so the dynamic loader hands back the same
-library: torch's allocations and this module's statistics see one set of pools. The optional
-hooks (init, reset = empty_cache, memory fraction, record_stream, base_alloc, and the three
-graph-pool hooks of CUDA graphs) are set from the same library.
-``change_current_allocator`` only works before CUDA is initialised in the process.
+Two ways in, chosen by ``enable()`` (:func:`allocator_path` says which):
+
+- **the bridge** (``"bridge"``): ``cudapool._torch_bridge`` (csrc/torch/bridge.cpp), built against
+  the installed torch, is a subclass of torch's own allocator interface over the same pools;
+  torch's C++ entry points (statistics, snapshots, history, OOM observers, cacheInfo, MemPool,
+  raw_alloc, trace trackers) reach cudapool directly, and nothing of torch's is patched. It is
+  used when it was built for the running torch.
+- **the pluggable path** (``"pluggable"``): ``torch.cuda.memory.CUDAPluggableAllocator`` opens our
+  extension module (``_C.__file__``) with ctypes and takes the addresses of ``cudapool_alloc`` and
+  ``cudapool_free``. The extension is already loaded, so the dynamic loader hands back the same
+  library: torch's allocations and this module's statistics see one set of pools. The optional
+  hooks (init, reset = empty_cache, memory fraction, record_stream, base_alloc, and the three
+  graph-pool hooks of CUDA graphs) are set from the same library, and torch's Python memory
+  functions are replaced by cudapool's. Used when the bridge was not built, was built for another
+  torch (a warning says so and how to rebuild), or CUDAPOOL_BRIDGE=0 asks for it.
+
+Either swap only works before CUDA is initialised in the process.
 """
 
 import ctypes
@@ -95,9 +105,15 @@ _NOT_FIRST_MESSAGE = (
 _lock = threading.RLock()
 
 
+#: Set to 0 to use torch's pluggable allocator path even when the bridge is built.
+BRIDGE_ENV = "CUDAPOOL_BRIDGE"
+
+
 class _State:
     def __init__(self) -> None:
-        self.allocator: Any = None  # the torch.cuda.memory.CUDAPluggableAllocator
+        self.allocator: Any = None  # torch's allocator object: the pluggable one, or the bridge's
+        self.path: Optional[str] = None  # "bridge" or "pluggable" once enabled
+        self.bridge_lib: Optional[ctypes.CDLL] = None
         self.config: Optional[str] = None  # the effective configuration, formatted
         self.hooks: Tuple[str, ...] = ()
         self.originals: Dict[Tuple[str, str], Any] = {}  # (module, name) -> torch's function
@@ -116,6 +132,13 @@ _state = _State()
 def enabled() -> bool:
     """True once :func:`enable` has made cudapool torch's CUDA allocator in this process."""
     return _state.allocator is not None
+
+
+def allocator_path() -> Optional[str]:
+    """How cudapool is torch's allocator: "bridge" (torch's own allocator interface, every call
+    answered by the pool), "pluggable" (torch's CUDAPluggableAllocator, the fallback), or None
+    before :func:`enable`."""
+    return _state.path
 
 
 def hooks_set() -> Tuple[str, ...]:
@@ -166,9 +189,23 @@ def enable(**config: Any) -> None:
             raise RuntimeError(_NOT_FIRST_MESSAGE)
         if _C.device_config() != effective:
             _C.configure(text)  # RuntimeError once a pool exists: nothing is swapped then
+        bridge, why = _load_bridge()
+        if bridge is not None:
+            _install_bridge(bridge)
+            _state.config = effective
+            return
+        if why:
+            warnings.warn(
+                f"cudapool: {why}: falling back to torch's pluggable allocator, which forwards only some of "
+                f"torch's allocator calls (cudnn.benchmark, MemPool, torch's C++ statistics and snapshots, OOM "
+                f"observers are lost; docs/pytorch.md has the table). To fix, {_REINSTALL}.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         allocator, hooks = _make_allocator()
         _swap(allocator)
         _state.allocator = allocator
+        _state.path = "pluggable"
         _state.config = effective
         _state.hooks = hooks
         _patch_torch()
@@ -558,35 +595,82 @@ _REINSTALL = (
 )
 
 
-def torch_oom_library_path() -> Optional[str]:
-    """The path of cudapool._torch_oom (the library that throws c10::OutOfMemoryError), or
-    None when it was not built (torch was not importable when cudapool was built)."""
+def _library_path(stem: str) -> Optional[str]:
+    """The path of the library cudapool.<stem> beside _C, or None when it was not built."""
     folder = os.path.dirname(_C.__file__)
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(folder, "_torch_oom" + suffix)
+        path = os.path.join(folder, stem + suffix)
         if os.path.isfile(path):
             return path
     return None
 
 
-def _load_torch_oom() -> Tuple[Optional[ctypes.CDLL], str]:
-    """cudapool._torch_oom loaded, if it was built for the running torch, else None and why
-    ("" when it was not built at all: nothing to say then)."""
+def torch_oom_library_path() -> Optional[str]:
+    """The path of cudapool._torch_oom (the library that throws c10::OutOfMemoryError), or
+    None when it was not built (torch was not importable when cudapool was built)."""
+    return _library_path("_torch_oom")
+
+
+def torch_bridge_library_path() -> Optional[str]:
+    """The path of cudapool._torch_bridge (cudapool as torch's own allocator), or None when it
+    was not built (no CUDA build of torch, or no CUDA runtime headers, when cudapool was built)."""
+    return _library_path("_torch_bridge")
+
+
+def _load_torch_library(path: str, version_symbol: str) -> Tuple[Optional[ctypes.CDLL], str]:
+    """The library at ``path`` loaded, if it was built for the running torch (its
+    ``version_symbol`` says which), else None and why."""
     import torch
 
-    path = torch_oom_library_path()
-    if path is None:
-        return None, ""
     try:
         lib = ctypes.CDLL(path)
-        lib.cudapool_torch_oom_torch_version.restype = ctypes.c_char_p
-        built_for = lib.cudapool_torch_oom_torch_version().decode()
-    except (OSError, AttributeError) as exc:  # libc10 missing, or its symbols changed
+        getattr(lib, version_symbol).restype = ctypes.c_char_p
+        built_for = getattr(lib, version_symbol)().decode()
+    except (OSError, AttributeError) as exc:  # torch's libraries missing, or their symbols changed
         return None, f"{path} cannot be loaded ({exc})"
     running = str(torch.__version__)
     if built_for != running:
         return None, f"{path} was built for torch {built_for}, but torch {running} is running"
     return lib, ""
+
+
+def _load_torch_oom() -> Tuple[Optional[ctypes.CDLL], str]:
+    """cudapool._torch_oom loaded, if it was built for the running torch, else None and why
+    ("" when it was not built at all: nothing to say then)."""
+    path = torch_oom_library_path()
+    if path is None:
+        return None, ""
+    return _load_torch_library(path, "cudapool_torch_oom_torch_version")
+
+
+def _load_bridge() -> Tuple[Optional[ctypes.CDLL], str]:
+    """cudapool._torch_bridge loaded, if it was built for the running torch and CUDAPOOL_BRIDGE is
+    not 0, else None and why ("" when CUDAPOOL_BRIDGE=0 asked for the pluggable path)."""
+    if os.environ.get(BRIDGE_ENV, "") == "0":
+        return None, ""
+    path = torch_bridge_library_path()
+    if path is None:
+        return None, "cudapool._torch_bridge was not built (no CUDA build of torch was importable when cudapool was built)"
+    return _load_torch_library(path, "cudapool_bridge_torch_version")
+
+
+def _install_bridge(lib: ctypes.CDLL) -> None:
+    """Make the bridge torch's allocator (torch's own swap). RuntimeError when torch refuses."""
+    import torch.cuda.memory as tcm
+
+    lib.cudapool_bridge_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.cudapool_bridge_install.restype = ctypes.c_int
+    buf = ctypes.create_string_buffer(4096)
+    if lib.cudapool_bridge_install(buf, len(buf)) != 0:
+        message = buf.value.decode(errors="replace")
+        if "already initialized allocator" in message:
+            raise RuntimeError(_NOT_FIRST_MESSAGE)
+        raise RuntimeError(f"cudapool: torch refused the bridge allocator: {message}")
+    _state.bridge_lib = lib
+    _state.allocator = tcm._get_current_allocator()
+    _state.path = "bridge"
+    _state.hooks = ()
+    _state.oom_thrower = True  # the bridge throws c10::OutOfMemoryError itself
 
 
 def _install_oom_thrower() -> bool:

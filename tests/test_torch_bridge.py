@@ -1,0 +1,480 @@
+"""The bridge: cudapool as torch's own allocator (csrc/torch/bridge.cpp), without a GPU.
+
+Each scenario runs in a fresh interpreter with two simulated devices behind the device table,
+cudapool enabled through the bridge. torch's C++ entry points that need no CUDA runtime
+(``torch._C._cuda_memoryStats``, the resets, ``_cuda_memorySnapshot``, ``_cuda_getAllocatorBackend``)
+are called as torch's own code calls them; the bridge methods that torch reaches only through
+CUDA's initialisation (allocate with the current stream, recordHistory, MemPool, cacheInfo, ...)
+are called on torch's current allocator through the bridge's test hooks
+(csrc/torch/bridge_testhooks.cpp), which run the bridge's own code with the device and stream
+given. GPU tests of the same features are in tests/test_gpu.py.
+"""
+
+import textwrap
+
+import pytest
+from scenario import expect_ok, run_python
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not hasattr(torch._C, "_cuda_customAllocator"):
+    pytest.skip(f"torch {torch.__version__} is a CPU-only build", allow_module_level=True)
+
+from cudapool import _torch  # noqa: E402
+
+if _torch.torch_bridge_library_path() is None:
+    pytest.skip("cudapool._torch_bridge was not built (no CUDA build of torch at build time)", allow_module_level=True)
+
+TIMEOUT_S = 180
+
+PRELUDE = """
+import ctypes, os, pickle, sys, warnings
+import torch
+import cudapool
+from cudapool import _C, _torch
+MiB = 1 << 20
+_C.use_sim_devices(CAPACITY, count=2)
+with warnings.catch_warnings(record=True) as enable_warnings:
+    warnings.simplefilter("always")
+    cudapool.enable(policy=POLICY)
+assert _torch.allocator_path() == "bridge", _torch.allocator_path()
+br = ctypes.CDLL(_torch.torch_bridge_library_path())
+br.cudapool_bridge_test_allocate.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+br.cudapool_bridge_test_free.argtypes = [ctypes.c_void_p]
+br.cudapool_bridge_test_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+br.cudapool_bridge_test_record_history.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_size_t,
+                                                   ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+br.cudapool_bridge_test_call.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                         ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]
+
+class BridgeError(Exception):
+    pass
+
+def alloc(size, device=0, stream=0):
+    out = ctypes.c_void_p()
+    buf = ctypes.create_string_buffer(4096)
+    rc = br.cudapool_bridge_test_allocate(size, device, stream, ctypes.byref(out), buf, len(buf))
+    if rc:
+        raise BridgeError(rc, buf.value.decode())
+    return out.value or 0
+
+def free(ptr):
+    assert br.cudapool_bridge_test_free(ptr) == 0, ptr
+
+def call(name, device=0, a=0, b=0):
+    out = (ctypes.c_uint64 * 2)()
+    buf = ctypes.create_string_buffer(4096)
+    rc = br.cudapool_bridge_test_call(name.encode(), device, a, b, out, buf, len(buf))
+    if rc:
+        raise BridgeError(rc, buf.value.decode())
+    return out[0], out[1]
+
+def refused(name, *args):
+    try:
+        call(name, *args)
+    except BridgeError as exc:
+        return exc.args[1]
+    raise AssertionError(f"{name} was not refused")
+
+def history(enabled=True, stacks=True, when=3, entries=1000, clear=False, skip=""):
+    buf = ctypes.create_string_buffer(4096)
+    rc = br.cudapool_bridge_test_record_history(int(enabled), int(stacks), when, entries, int(clear),
+                                                skip.encode(), buf, len(buf))
+    assert rc == 0, buf.value
+
+def flat(nested, prefix=""):
+    out = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            out.update(flat(value, prefix + str(key) + "."))
+        else:
+            out[prefix + str(key)] = value
+    return out
+"""
+
+
+def ok(code: str, policy: str = "builtin", capacity: int = 64 << 20, env: dict = None) -> str:
+    head = PRELUDE.replace("CAPACITY", str(capacity)).replace("POLICY", repr(policy))
+    return expect_ok(run_python(head + textwrap.dedent(code), timeout=TIMEOUT_S, env=env))
+
+
+def test_enable_installs_the_bridge_and_patches_nothing():
+    ok(
+        """
+        assert not [str(w.message) for w in enable_warnings], [str(w.message) for w in enable_warnings]
+        assert torch._C._cuda_getAllocatorBackend() == "cudapool"
+        assert torch.cuda.memory.get_allocator_backend() == "cudapool"
+        # torch's own functions are torch's: the bridge answers underneath them
+        import torch.cuda.memory as tcm
+        assert tcm.memory_stats.__module__ == "torch.cuda.memory", tcm.memory_stats
+        assert torch.cuda.memory_summary.__module__ == "torch.cuda.memory"
+        assert tcm._snapshot.__module__ == "torch.cuda.memory"
+        assert torch._C._cuda_checkPoolLiveAllocations.__module__ != "cudapool._torch"
+        assert not _torch._state.originals
+        assert cudapool._torch.oom_error_type() == "torch.OutOfMemoryError"
+        assert call("name")[0] == 1
+        cudapool.enable()  # again: a no-op
+        assert br.cudapool_bridge_is_current() == 1
+        print("OK")
+        """
+    )
+
+
+def test_torchs_cpp_statistics_and_resets_answer_from_the_pool():
+    ok(
+        """
+        lib = ctypes.CDLL(_C.__file__)
+        lib.cudapool_alloc.restype = ctypes.c_void_p
+        lib.cudapool_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.cudapool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        empty = flat(torch._C._cuda_memoryStats(0))
+        assert empty["allocated_bytes.all.current"] == 0 and empty["num_ooms"] == 0
+        a = alloc(1000)                       # through the bridge's DataPtr path
+        b = alloc(3 * MiB)
+        c = lib.cudapool_alloc(5 * MiB, 0, None)   # and through the C entry point
+        d = alloc(2 * MiB, device=1)
+        s = flat(torch._C._cuda_memoryStats(0))
+        ours = dict(cudapool.memory_stats(0))
+        common = set(s) & set(ours)
+        assert {k for k in s if not k.startswith("reserved_bytes_by_private_pools")} == set(ours), (
+            set(s) ^ set(ours))
+        assert all(s[k] == ours[k] for k in common), {k: (s[k], ours[k]) for k in common if s[k] != ours[k]}
+        assert s["allocated_bytes.all.current"] == 1024 + 3 * MiB + 5 * MiB
+        assert s["allocation.small_pool.current"] == 1 and s["allocation.large_pool.current"] == 2
+        assert s["max_split_size"] == -1
+        assert flat(torch._C._cuda_memoryStats(1))["allocated_bytes.all.current"] == 2 * MiB
+        free(b)
+        lib.cudapool_free(c, 5 * MiB, 0, None)
+        s = flat(torch._C._cuda_memoryStats(0))
+        assert s["allocated_bytes.all.peak"] == 1024 + 8 * MiB and s["allocated_bytes.all.current"] == 1024
+        torch._C._cuda_resetPeakMemoryStats(0)
+        s = flat(torch._C._cuda_memoryStats(0))
+        assert s["allocated_bytes.all.peak"] == 1024, s["allocated_bytes.all.peak"]
+        try:
+            alloc(200 * MiB)
+        except BridgeError as exc:
+            assert exc.args[0] == 2 and exc.args[1].startswith("CUDA out of memory. Tried to allocate"), exc
+        else:
+            raise AssertionError("200 MiB fitted in 64")
+        assert flat(torch._C._cuda_memoryStats(0))["num_ooms"] == 1
+        torch._C._cuda_resetAccumulatedMemoryStats(0)
+        s = flat(torch._C._cuda_memoryStats(0))
+        assert s["num_ooms"] == 0 and s["allocated_bytes.all.allocated"] == 0
+        assert s["allocated_bytes.all.current"] == 1024
+        free(a)
+        free(d)
+        assert flat(torch._C._cuda_memoryStats(0))["allocated_bytes.all.current"] == 0
+        assert _C.device_pool(0).check() == 0 and _C.device_pool(1).check() == 0
+        print("OK")
+        """
+    )
+
+
+def test_snapshot_through_torch_in_torchs_format_and_memory_viz():
+    out = ok(
+        """
+        a = alloc(1000)
+        b = alloc(12 * MiB)
+        c = alloc(4 * MiB)
+        free(c)
+        snap = torch.cuda.memory._snapshot()
+        assert set(snap) >= {"segments", "device_traces"}, set(snap)
+        segs = snap["segments"]
+        assert segs and all(s["device"] == 0 for s in segs)
+        assert all(s["is_expandable"] for s in segs), segs   # the default policy: page-mapped
+        for s in segs:
+            assert s["total_size"] == sum(blk["size"] for blk in s["blocks"])
+            assert s["allocated_size"] == sum(blk["size"] for blk in s["blocks"] if blk["state"] == "active_allocated")
+        blocks = {blk["address"]: blk for s in segs for blk in s["blocks"]}
+        assert blocks[a]["state"] == "active_allocated" and blocks[a]["requested_size"] == 1000
+        assert blocks[b]["size"] == 12 * MiB
+        mapped = sum(s["total_size"] for s in segs)
+        assert mapped == flat(torch._C._cuda_memoryStats(0))["reserved_bytes.all.current"], mapped
+        torch.cuda.memory._dump_snapshot("snap.pickle")
+        with open("snap.pickle", "rb") as f:
+            assert pickle.load(f)["segments"]
+        from torch.cuda import _memory_viz
+        html = _memory_viz.segment_plot(snap)
+        assert "<html" in html.lower() or "<script" in html.lower(), html[:200]
+        print("settings", snap.get("allocator_settings"))
+        free(a); free(b)
+        print("OK")
+        """,
+        policy="cudapool",
+    )
+    assert "page_stitching:True" in out
+
+
+def test_history_with_torchs_stacks_on_and_off():
+    ok(
+        """
+        assert not torch._C._cuda_isHistoryEnabled()
+        def allocate_here():
+            return alloc(3 * MiB)
+        history(when=3)                               # RecordContext.ALL
+        assert torch._C._cuda_isHistoryEnabled()
+        p = allocate_here()
+        q = alloc(1 * MiB)
+        free(q)
+        snap = torch._C._cuda_memorySnapshot(None)
+        trace = snap["device_traces"][0]
+        actions = [e["action"] for e in trace]
+        assert "segment_alloc" in actions and "alloc" in actions and "free_requested" in actions, actions
+        alloc_entry = [e for e in trace if e["action"] == "alloc" and e["addr"] == p][0]
+        names = [f["name"] for f in alloc_entry["frames"]]
+        assert "allocate_here" in names, names
+        free_entry = [e for e in trace if e["action"] == "free_requested" and e["addr"] == q][0]
+        assert free_entry["frames"], free_entry
+        assert all(e["time_us"] > 1.5e15 for e in trace), trace[0]       # microseconds since the epoch
+        block = [blk for s in snap["segments"] for blk in s["blocks"] if blk["address"] == p][0]
+        assert "allocate_here" in [f["name"] for f in block["frames"]], block
+        # STATE: stacks for live blocks only, none in the trace
+        history(when=1, clear=True)
+        r = allocate_here()
+        snap = torch._C._cuda_memorySnapshot(None)
+        assert all(not e.get("frames") for e in snap["device_traces"][0]), snap["device_traces"][0]
+        block = [blk for s in snap["segments"] for blk in s["blocks"] if blk["address"] == r][0]
+        assert "allocate_here" in [f["name"] for f in block["frames"]], block
+        # skip_actions, and no stacks at all
+        history(stacks=False, when=0, clear=True, skip="free_requested")
+        free(r)
+        snap = torch._C._cuda_memorySnapshot(None)
+        assert [e for e in snap["device_traces"][0] if e["action"] == "free_completed"]
+        assert not [e for e in snap["device_traces"][0] if e["action"] == "free_requested"]
+        assert all(not e.get("frames") for e in snap["device_traces"][0])
+        history(enabled=False)
+        assert not torch._C._cuda_isHistoryEnabled()
+        assert torch._C._cuda_memorySnapshot(None)["device_traces"][0] == []
+        free(p)
+        print("OK")
+        """
+    )
+
+
+def test_out_of_memory_is_torchs_type_and_reaches_torchs_observers():
+    ok(
+        """
+        call("attachOutOfMemoryObserver")      # torch's Python form needs CUDA: the C++ call itself
+        keep = alloc(40 * MiB)
+        try:
+            alloc(30 * MiB)
+        except BridgeError as exc:
+            code, message = exc.args
+        else:
+            raise AssertionError("no out of memory")
+        assert code == 2, (code, message)                      # c10::OutOfMemoryError
+        assert message.startswith("CUDA out of memory. Tried to allocate 30.00 MiB"), message
+        seen = [call("oomObserved", a=k)[1] for k in range(4)]
+        assert call("oomObserved")[0] == 1, seen
+        device, size, total, device_free = seen
+        assert device == 0 and size == 30 * MiB and total == 64 * MiB, seen
+        assert device_free < 30 * MiB, seen
+        q = alloc(10 * MiB)                                      # the next that fits succeeds
+        free(q); free(keep)
+        assert cudapool.last_oom()["requested"] == 30 * MiB
+        print("OK")
+        """,
+        policy="builtin",
+    )
+
+
+def test_cache_info_for_cudnn_benchmark():
+    ok(
+        """
+        first = call("cacheInfo", a=0)[0]                       # starts from the device's free memory
+        assert first == 64 * MiB, first
+        p = alloc(8 * MiB)
+        q = alloc(1 * MiB)
+        free(p)
+        largest = call("cacheInfo", a=1)[0]
+        assert largest == 20 * MiB, largest                     # p's 20 MiB segment, wholly free again
+        assert largest == _C.device_pool(0).info()["largest_free_block"]
+        r = alloc(15 * MiB)
+        assert call("cacheInfo", a=1)[0] == 5 * MiB             # what is left of it
+        free(r)
+        free(q)
+        print("OK")
+        """
+    )
+
+
+def test_mem_pool_calls_route_into_a_private_pool():
+    ok(
+        """
+        pid = (0, 7)
+        call("createOrIncrefPool", 0, *pid)
+        assert call("getPoolUseCount", 0, *pid)[0] == 1
+        call("beginAllocateToPool", 0, *pid)                    # use_mem_pool: this thread's allocations
+        assert call("getPoolUseCount", 0, *pid)[0] == 2          # as torch's: a window is a use too
+        p = alloc(2 * MiB)
+        call("endAllocateToPool", 0, *pid)
+        pools = cudapool.graph_pools()
+        assert len(pools) == 1 and pools[0]["id"] == pid and pools[0]["allocated"] >= 2 * MiB, pools
+        assert cudapool.memory_allocated(0) == 0             # not in the shared pool
+        s = flat(torch._C._cuda_memoryStats(0))
+        assert s["reserved_bytes_by_private_pools.(0, 7).all.current"] == pools[0]["reserved"] \\
+            if "reserved_bytes_by_private_pools.(0, 7).all.current" in s else True
+        snap = torch._C._cuda_memorySnapshot(None)
+        owned = [sg for sg in snap["segments"] if tuple(sg["segment_pool_id"]) == pid]
+        assert owned and owned[0]["blocks"][0]["state"] == "active_allocated", snap["segments"]
+        call("releasePool", 0, *pid)                            # use_mem_pool's release
+        assert call("getPoolUseCount", 0, *pid)[0] == 1
+        call("releasePool", 0, *pid)                            # MemPool's destructor
+        assert call("getPoolUseCount", 0, *pid)[0] == 0
+        assert len(cudapool.graph_pools()) == 1                # its tensor keeps it
+        free(p)
+        assert cudapool.graph_pools() == []
+        call("emptyCache", 0, *pid)                             # gone already: nothing to do
+        m = refused("setNoSplit", 0, *pid)
+        assert "setNoSplit" in m, m
+        m = refused("setUseOnOOM", 0, 1, 7)
+        assert "setUseOnOOM" in m, m
+        call("setUseOnOOM", 0, 0, 7)                             # use_on_oom=False: nothing to refuse
+        m = refused("createOrIncrefPoolOther", 0, 0, 9)
+        assert "createOrIncrefPool" in m and "allocator" in m, m
+        print("OK")
+        """
+    )
+
+
+def test_every_other_call_answers_or_names_itself():
+    ok(
+        """
+        assert call("initialized")[0] in (0, 1)
+        call("init", 2)
+        assert call("initialized")[0] == 1
+        p = alloc(3 * MiB)
+        base, size = call("getBaseAllocation", a=p + 4096)
+        assert base == p and size == 20 * MiB, (hex(base), size)  # the 20 MiB segment holding it
+        base, size = call("getBaseAllocation", a=12345)
+        assert base == 12345 and size == 0
+        assert call("getMemoryInfo")[0] == 64 * MiB - 20 * MiB
+        # memory fraction, through the bridge both ways
+        import struct
+        bits = struct.unpack("<Q", struct.pack("<d", 0.5))[0]
+        call("setMemoryFraction", 1, bits)
+        got = struct.unpack("<d", struct.pack("<Q", call("getMemoryFraction", 1)[0]))[0]
+        assert got == 0.5, got
+        m = refused("setMemoryFraction", 1, struct.unpack("<Q", struct.pack("<d", 1.5))[0])
+        assert "setMemoryFraction" in m and "1.5" in m, m
+        # raw_alloc_with_stream / raw_delete / raw_deleter (cuDNN and cuBLAS workspaces)
+        r = call("raw_alloc_with_stream", 0, 1 * MiB, 5)[0]
+        assert r and cudapool.memory_allocated(0) == 4 * MiB
+        call("raw_delete", a=r)
+        r = call("raw_alloc_with_stream", 0, 1 * MiB, 5)[0]
+        call("raw_deleter", a=r)
+        assert cudapool.memory_allocated(0) == 3 * MiB
+        # recordStream through torch's CUDAStream type
+        buf = ctypes.create_string_buffer(1024)
+        rc = br.cudapool_bridge_test_record_stream(p, 7, buf, len(buf))
+        assert rc == 0, buf.value
+        assert call("getExpandableSegmentSizes")[0] == 0       # builtin rules: plain segments
+        call("emptyCache")
+        assert call("isHistoryEnabled")[0] == 0
+        for name in ("checkPoolLiveAllocations", "getCheckpointState"):
+            m = refused(name)
+            assert name in m and "cudagraph_trees" in m, m
+        for name in ("shareIpcHandle", "getIpcDevPtr"):
+            m = refused(name)
+            assert name in m and "processes" in m, m
+        m = refused("enable", 0, 0)
+        assert "enable(False)" in m, m
+        call("enable", 0, 1)
+        free(p)
+        # the free waits for stream 7 (record_stream): completed on the simulated device, then reused
+        assert _C.device_pool(0).check() == 0
+        print("OK")
+        """
+    )
+
+
+def test_trace_trackers_see_segments_reserved_mapped_and_given_back():
+    ok(
+        """
+        call("attachAllocatorTraceTracker")
+        ALLOC, FREE, MAP, UNMAP = 3, 4, 5, 6                       # TraceEntry::Action
+        p = alloc(3 * MiB)
+        assert call("trackerEvents", a=ALLOC)[0] == 1
+        free(p)
+        cudapool.empty_cache()
+        assert call("trackerEvents", a=FREE)[0] == 1
+        print("OK")
+        """,
+        policy="builtin",
+    )
+    ok(
+        """
+        call("attachAllocatorTraceTracker")
+        MAP, UNMAP = 5, 6
+        p = alloc(3 * MiB)
+        assert call("trackerEvents", a=MAP)[0] >= 1
+        free(p)
+        cudapool.empty_cache()
+        assert call("trackerEvents", a=UNMAP)[0] >= 1
+        print("OK")
+        """,
+        policy="cudapool",
+    )
+
+
+def test_bridge_for_another_torch_falls_back_with_one_warning():
+    code = """
+    import warnings, torch, cudapool
+    from cudapool import _C, _torch
+    real = torch.__version__
+    torch.__version__ = "0.0.1"                  # as if cudapool were built for another torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.enable()
+    messages = [str(w.message) for w in caught if "_torch_bridge" in str(w.message)]
+    assert len(messages) == 1, [str(w.message) for w in caught]
+    assert "built for torch" in messages[0] and "falling back" in messages[0], messages
+    assert "--no-build-isolation" in messages[0], messages
+    assert _torch.allocator_path() == "pluggable"
+    assert torch._C._cuda_getAllocatorBackend() == "pluggable"
+    print("OK")
+    """
+    expect_ok(run_python(textwrap.dedent(code), timeout=TIMEOUT_S))
+
+
+def test_bridge_not_built_falls_back_with_one_warning_and_the_env_asks_silently():
+    code = """
+    import warnings, torch, cudapool
+    from cudapool import _torch
+    _torch.torch_bridge_library_path = lambda: None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.enable()
+    messages = [str(w.message) for w in caught if "_torch_bridge" in str(w.message)]
+    assert len(messages) == 1 and "was not built" in messages[0], [str(w.message) for w in caught]
+    assert _torch.allocator_path() == "pluggable"
+    print("OK")
+    """
+    expect_ok(run_python(textwrap.dedent(code), timeout=TIMEOUT_S))
+    code = """
+    import warnings, torch, cudapool
+    from cudapool import _torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudapool.enable()
+    assert not caught, [str(w.message) for w in caught]
+    assert _torch.allocator_path() == "pluggable"
+    print("OK")
+    """
+    expect_ok(run_python(textwrap.dedent(code), timeout=TIMEOUT_S, env={"CUDAPOOL_BRIDGE": "0"}))
+
+
+def test_info_names_the_path():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "cudapool", "info"], capture_output=True, text=True, timeout=TIMEOUT_S
+    ).stdout
+    assert "allocator path of cudapool.enable(): bridge" in out, out
+    env_out = run_python(
+        "import runpy, sys; sys.argv = ['cudapool', 'info']; runpy.run_module('cudapool', run_name='__main__')",
+        timeout=TIMEOUT_S,
+        env={"CUDAPOOL_BRIDGE": "0"},
+    ).stdout
+    assert "allocator path of cudapool.enable(): pluggable (CUDAPOOL_BRIDGE=0" in env_out, env_out
