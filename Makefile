@@ -170,6 +170,18 @@ build/bench_micro: build/bench/obj/benchmarks/bench_micro.o $(call lib_objs,benc
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(BENCH_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
+# The bridge's allocation and free (benchmarks/bench_bridge.cpp): C++ against torch's c10 headers
+# and libc10, so only where torch is installed (run_bench_micro.py skips the row otherwise).
+CXX_BENCH ?= g++
+build/bench_bridge: benchmarks/bench_bridge.cpp $(call lib_objs,bench) $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	@torch_dir=$$($(PYTHON) -c 'import os, torch; print(os.path.dirname(torch.__file__))') || \
+	  { echo "build/bench_bridge needs torch (its c10 headers and libc10)" >&2; exit 1; }; \
+	echo "$(CXX_BENCH) -std=c++20 $(BENCH_CFLAGS) ... -isystem $$torch_dir/include -lc10 -o $@"; \
+	$(CXX_BENCH) -std=c++20 -Wall -Wextra -Werror $(BENCH_CFLAGS) -pthread -Icsrc -isystem $$torch_dir/include \
+	  benchmarks/bench_bridge.cpp $(call lib_objs,bench) -L$$torch_dir/lib -lc10 -Wl,-rpath,$$torch_dir/lib \
+	  -o $@ $(LIB_LDLIBS)
+
 bench-micro:
 	$(MAKE) build/bench_micro && $(PYTHON) benchmarks/run_bench_micro.py
 

@@ -120,7 +120,7 @@ SOURCES = rel_glob(
 # Built on its own, against torch (torch_oom_extension); never part of _C, which must not need torch.
 TORCH_OOM_SOURCE = "csrc/torch/oom_c10.cpp"
 # Built on its own too, against torch and linked to _C (torch_bridge_extension).
-BRIDGE_SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_testhooks.cpp"]
+BRIDGE_SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_state.cpp", "csrc/torch/bridge_testhooks.cpp"]
 SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE and s not in BRIDGE_SOURCES]
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")

@@ -8,6 +8,10 @@
    `pair` and `pair_100k_live` cases: I(N pairs) - I(0 pairs), divided by N, so that setup
    and teardown cancel out. Adds "pair_instr" and "pair_100k_live_instr" to the JSON, and
    "pair_instr_cudapool": the pair under cudapool's default policy (page-mapped, stitching).
+   Where torch is importable, also builds build/bench_bridge (benchmarks/bench_bridge.cpp) and
+   counts the same way an allocation + free through the bridge's C++ entry (the DataPtr path
+   torch's tensors take) and through the C entry points: "bridge_pair_instr",
+   "c_entry_pair_instr".
 4. Prints a markdown table of every figure with the targets and PASS/MISS markers.
 
 The targets are figures to watch, not tests: a missed target still exits 0. A benchmark that
@@ -51,6 +55,9 @@ DEFAULT_JSON = BUILD / "bench-micro.json"
 TARGET_PAIR_NS = 100.0
 TARGET_LIVE_RATIO = 1.5
 TARGET_POLICY_RATIO = 1.5
+# The bridge's allocation + free (benchmarks/bench_bridge.cpp) <= 1.2 x the core's pair.
+TARGET_BRIDGE_RATIO = 1.2
+BRIDGE_BINARY = BUILD / "bench_bridge"
 
 CALLGRIND_CASES = ("pair", "pair_100k_live")
 BENCH_TIMEOUT_S = 600
@@ -191,6 +198,51 @@ def callgrind_count(valgrind: str, case: str, pairs: int, workdir: Path, config:
     return parse_callgrind_total(out_file, proc.stderr)
 
 
+def bridge_count(valgrind: str, case: str, pairs: int, workdir: Path) -> int:
+    out_file = workdir / f"callgrind.bridge.{case}.{pairs}.out"
+    cmd = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}", str(BRIDGE_BINARY)]
+    cmd += ["--case", case, "--pairs", str(pairs)]
+    env = {k: v for k, v in os.environ.items() if k != "CUDAPOOL_CONF"}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CALLGRIND_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"callgrind of bench_bridge {case} did not finish within {CALLGRIND_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise BenchError(f"bench_bridge under callgrind ({case}, {pairs} pairs) failed (exit {proc.returncode})")
+    return parse_callgrind_total(out_file, proc.stderr)
+
+
+def run_bridge_callgrind(data: dict, pairs: int) -> None:
+    """The bridge's pair (and the C entry points' pair) in instructions, when torch is here to
+    build bench_bridge against; None and the reason otherwise."""
+    details = data.setdefault("details", {})
+    data["bridge_pair_instr"] = data["c_entry_pair_instr"] = None
+    valgrind = shutil.which("valgrind")
+    try:
+        import torch  # noqa: F401
+    except Exception as exc:  # no torch: no c10 headers to build against
+        details["bridge"] = {"skipped": f"torch is not importable ({exc.__class__.__name__})"}
+        log("torch is not importable: no bridge row")
+        return
+    if valgrind is None:
+        details["bridge"] = {"skipped": "valgrind not found"}
+        return
+    proc = subprocess.run(["make", "-C", str(ROOT), "build/bench_bridge"], cwd=ROOT)
+    if proc.returncode != 0 or not BRIDGE_BINARY.exists():
+        raise BenchError(f"building build/bench_bridge failed (exit {proc.returncode})")
+    counts = {}
+    with tempfile.TemporaryDirectory(prefix="bench-bridge-cg-") as tmp:
+        for case, key in (("bridge", "bridge_pair_instr"), ("c_entry", "c_entry_pair_instr")):
+            base = bridge_count(valgrind, case, 0, Path(tmp))
+            total = bridge_count(valgrind, case, pairs, Path(tmp))
+            per_pair = (total - base) / pairs
+            data[key] = round(per_pair, 1)
+            counts[case] = {"pairs": pairs, "instr_without_pairs": base, "instr_with_pairs": total}
+            log(f"callgrind bench_bridge {case}: {per_pair:.1f} instructions per pair")
+    details["bridge"] = counts
+
+
 def run_callgrind(data: dict, pairs: int) -> None:
     details = data.setdefault("details", {})
     valgrind = shutil.which("valgrind")
@@ -251,6 +303,21 @@ def _policy_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
     )
 
 
+def _bridge_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
+    """Instructions per allocation + free through the bridge's C++ entry, against the core's pair."""
+    v, plain = data.get("bridge_pair_instr"), data.get("pair_instr")
+    why = data.get("details", {}).get("bridge", {}).get("skipped", "no valgrind")
+    if v is None or not plain:
+        return ("bridge_pair_instr", f"n/a ({why})", f"<= {TARGET_BRIDGE_RATIO:g} x pair_instr", "")
+    ratio = v / plain
+    return (
+        "bridge_pair_instr",
+        f"{v:.1f} ({ratio:.2f} x pair_instr; the C entry points' pair: {data.get('c_entry_pair_instr')})",
+        f"<= {TARGET_BRIDGE_RATIO:g} x pair_instr ({TARGET_BRIDGE_RATIO * plain:.1f})",
+        mark(ratio <= TARGET_BRIDGE_RATIO),
+    )
+
+
 def report(data: dict) -> str:
     pair = data["pair_ns"]
     live = data["pair_ns_100k_live"]
@@ -276,6 +343,7 @@ def report(data: dict) -> str:
         ("pair_instr", instr("pair_instr"), "-", ""),
         ("pair_100k_live_instr", instr("pair_100k_live_instr"), "-", ""),
         _policy_row(data, mark),
+        _bridge_row(data, mark),
     ]
     lines = ["| figure | value | target | status |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -318,6 +386,7 @@ def main(argv: list[str]) -> int:
             data.setdefault("details", {})["callgrind"] = {"skipped": "--no-callgrind"}
         else:
             run_callgrind(data, args.callgrind_pairs)
+            run_bridge_callgrind(data, args.callgrind_pairs)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     except BenchError as exc:
         log(f"FAILED: {exc}")

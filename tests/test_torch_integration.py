@@ -51,9 +51,16 @@ MiB = 1 << 20
 """
 
 
+# These are the tests of the pluggable path (torch's CUDAPluggableAllocator, with cudapool's
+# patches of torch's Python functions), which enable() falls back to when the bridge cannot be
+# used; tests/test_torch_bridge.py tests the bridge.
+FALLBACK_ENV = {"CUDAPOOL_BRIDGE": "0"}
+
+
 def run_py(code: str, env: dict = None) -> subprocess.CompletedProcess:
-    """Run PRELUDE + code in a fresh interpreter; CUDAPOOL_CONF unset unless ``env`` sets it."""
-    return run_python(PRELUDE + textwrap.dedent(code), timeout=TIMEOUT_S, env=env)
+    """Run PRELUDE + code in a fresh interpreter on the pluggable path; CUDAPOOL_CONF unset unless
+    ``env`` sets it."""
+    return run_python(PRELUDE + textwrap.dedent(code), timeout=TIMEOUT_S, env={**FALLBACK_ENV, **(env or {})})
 
 
 def ok(code: str, env: dict = None) -> str:

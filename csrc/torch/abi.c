@@ -60,9 +60,12 @@ int cpd_alloc(size_t size, int device, void *stream, void **out_ptr) {
     *out_ptr = NULL;
     return CP_OK;
   }
-  int routed;
-  int rc = cpd_graph_alloc(size, device, stream, out_ptr, &routed); /* Note [Graph pools] */
-  if (routed) return rc;
+  int rc;
+  if (cpd_graph_window_open(device)) { /* Note [Graph pools] */
+    int routed;
+    rc = cpd_graph_alloc(size, device, stream, out_ptr, &routed);
+    if (routed) return rc;
+  }
   rc = cpd_pool(device, &pool);
   if (rc != CP_OK) return rc;
   const uint32_t tag = cp_region_of_thread(); /* Note [Regions] */
@@ -131,14 +134,16 @@ static int cpd_is_foreign(const void *ptr) {
  * pool changes nothing (cp_free_sized), and a pointer that another device's pool holds is
  * named with that device. A pointer no pool holds is not cudapool's (Note [Pointers cudapool
  * does not own]). */
-void cudapool_free(void *ptr, size_t size, int device, void *stream) {
-  (void)stream; /* the block remembers its allocation stream */
+/* The free of both entry points: `size` NULL frees whatever size the block has (the bridge's
+ * frees, which know the pointer only); else it must match (Note [Frees that do not match]). */
+static void cpd_release(void *ptr, const size_t *size_or_null, int device) {
   if (ptr == NULL) return;
+  const size_t size = size_or_null != NULL ? *size_or_null : 0; /* for the messages */
   cp_pool_t *pool = cpd_pool_if_created(device);
   int rc;
   if (cpd_graph_pools_exist() && (pool == NULL || !cp_pool_lookup(pool, ptr, NULL))) {
     int handled; /* a private pool's pointer (Note [Graph pools]) */
-    rc = cpd_graph_free(ptr, size, device, &handled);
+    rc = cpd_graph_free(ptr, size_or_null, device, &handled);
     if (handled) {
       if (rc != CP_OK)
         cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
@@ -148,7 +153,7 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   if (pool != NULL) {
     cpd_context_fn_t context = atomic_load_explicit(&cpd_free_context_fn, memory_order_acquire);
     if (context != NULL) cp_history_set_context(context());
-    rc = size == CPD_ANY_SIZE ? cp_free(pool, ptr) : cp_free_sized(pool, ptr, size);
+    rc = size_or_null == NULL ? cp_free(pool, ptr) : cp_free_sized(pool, ptr, size);
     if (context != NULL) cp_history_set_context(0);
   } else if (device < 0 || device >= CP_MAX_DEVICES) {
     rc = cp_set_error(CP_ERR_INVALID, "invalid device %d (expected 0..%d)", device, CP_MAX_DEVICES - 1);
@@ -170,9 +175,22 @@ void cudapool_free(void *ptr, size_t size, int device, void *stream) {
   }
 }
 
+void cudapool_free(void *ptr, size_t size, int device, void *stream) {
+  (void)stream; /* the block remembers its allocation stream */
+  cpd_release(ptr, &size, device);
+}
+
 void cpd_free(void *ptr, int device) {
+  /* The bridge's deleters (Note [The bridge's data pointers]): with no private pool and no
+   * history context to take, the device's pool frees it; anything else (a failure included,
+   * which changes nothing) takes cudapool_free's way, which reports. */
+  if (device >= 0 && !cpd_graph_pools_exist() &&
+      atomic_load_explicit(&cpd_free_context_fn, memory_order_relaxed) == NULL) {
+    cp_pool_t *pool = cpd_pool_if_created(device);
+    if (pool != NULL && cp_free(pool, ptr) == CP_OK) return;
+  }
   if (device < 0) device = cpd_device_of(ptr);
-  cudapool_free(ptr, CPD_ANY_SIZE, device, NULL);
+  cpd_release(ptr, NULL, device);
 }
 
 int cpd_device_of(const void *ptr) {

@@ -39,7 +39,7 @@ static pthread_mutex_t cpd_graph_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t cpd_graph_fork_once = PTHREAD_ONCE_INIT;
 static cpd_gpool_t *cpd_gpools;   /* oldest first */
 static cpd_window_t *cpd_windows; /* oldest first */
-static atomic_int cpd_open[CP_MAX_DEVICES];
+atomic_int cpd_open[CP_MAX_DEVICES]; /* windows open per device (graphs.h) */
 static atomic_int cpd_pool_total;
 
 static void cpd_graph_register_for_fork(void) {
@@ -298,14 +298,14 @@ int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *
 
 int cpd_graph_pools_exist(void) { return atomic_load_explicit(&cpd_pool_total, memory_order_relaxed) != 0; }
 
-int cpd_graph_free(void *ptr, size_t size, int device, int *out_handled) {
+int cpd_graph_free(void *ptr, const size_t *size, int device, int *out_handled) {
   *out_handled = 0;
   int rc = CP_OK;
   cpd_graph_lock_take();
   for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
     if (gp->device == device && cp_pool_lookup(gp->pool, ptr, NULL)) {
       *out_handled = 1;
-      rc = size == CPD_ANY_SIZE ? cp_free(gp->pool, ptr) : cp_free_sized(gp->pool, ptr, size);
+      rc = size == NULL ? cp_free(gp->pool, ptr) : cp_free_sized(gp->pool, ptr, *size);
       if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
       break;
     }

@@ -55,16 +55,25 @@ typedef int (*cpd_graph_visit_fn)(void *arg, int device, unsigned long long id0,
                                   cp_pool_t *pool);
 int cpd_graph_visit(cpd_graph_visit_fn fn, void *arg);
 
+/* 1 when a window may be open on `device` (a cheap look, before cpd_graph_alloc). */
+#ifndef __cplusplus
+#include <stdatomic.h>
+extern atomic_int cpd_open[CP_MAX_DEVICES];
+static inline int cpd_graph_window_open(int device) {
+  return device >= 0 && device < CP_MAX_DEVICES && atomic_load_explicit(&cpd_open[device], memory_order_relaxed) != 0;
+}
+#endif
+
 /* Routing (the entry points in abi.c). cpd_graph_alloc: *out_routed = 1 when a window took the
  * allocation (its status is returned), else 0 and CP_OK. */
 int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *out_routed);
 /* 1 when some private pool exists (cheap: frees look further only then). */
 int cpd_graph_pools_exist(void);
 /* A free, record_stream or base_of of a pointer that a private pool holds: *out_handled = 1
- * and the status; else 0 and CP_OK. cpd_graph_free looks at `device`'s pools only; a size of
- * CPD_ANY_SIZE frees whatever size the block has (the bridge's frees, which know no size). */
-#define CPD_ANY_SIZE ((size_t)-1)
-int cpd_graph_free(void *ptr, size_t size, int device, int *out_handled);
+ * and the status; else 0 and CP_OK. cpd_graph_free looks at `device`'s pools only; `size`
+ * NULL frees whatever size the block has (the bridge's frees, which know no size), else the
+ * size must be the block's. */
+int cpd_graph_free(void *ptr, const size_t *size, int device, int *out_handled);
 int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled);
 /* The device of the private pool holding `ptr` as a live allocation: 1 and *out_device, or 0. */
 int cpd_graph_device_of(const void *ptr, int *out_device);

@@ -767,7 +767,8 @@ def mem_pool_allocator() -> Any:
     ``torch.cuda.MemPool(allocator=cudapool.mem_pool_allocator().allocator())``: torch's own
     caching allocator stays the process's allocator and asks cudapool for the whole segments of
     that pool only (``with torch.cuda.use_mem_pool(pool): ...``). Use it without ``enable()``:
-    under ``enable()`` torch's pluggable allocator refuses ``MemPool`` ("does not yet support
+    under ``enable()`` through the bridge a plain ``torch.cuda.MemPool()`` is served by cudapool
+    already, and on the pluggable fallback torch refuses ``MemPool`` ("does not yet support
     createOrIncrefPool"). The same object is returned on every call."""
     _require_cuda_build()
     with _lock:

@@ -328,6 +328,103 @@ TEST(bad_calls_are_refused_and_shutdown_frees_everything) {
   CHECK_EQ_U(cpd_graph_pools(info, 4), 0);
 }
 
+/* torch's MemPool through the bridge: createOrIncrefPool makes the pool without a window,
+ * beginAllocateToPool adds a use, each releasePool ends one; the bridge's frees (cpd_free, no
+ * size) find private pools too; emptyCache(id) gives one id's free memory back. */
+TEST(mem_pool_use_counts_and_frees_without_a_size) {
+  REQUIRE(cpd_use_sim(64 * MiB, 2, 0) == CP_OK);
+  CHECK_EQ_U(cpd_graph_use_count(0, 0, 9), 0);
+  REQUIRE(cpd_graph_incref(0, 0, 9) == CP_OK);
+  CHECK_EQ_U(cpd_graph_use_count(0, 0, 9), 1);
+  CHECK(cpd_graph_pools_exist());
+  CHECK(!cpd_graph_window_open(0));
+  REQUIRE(cpd_graph_begin(0, 0, 9, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  CHECK(cpd_graph_window_open(0) && !cpd_graph_window_open(1));
+  CHECK_EQ_U(cpd_graph_use_count(0, 0, 9), 2);
+  void *p, *q;
+  REQUIRE(cpd_alloc(3 * MiB, 0, (void *)5, &p) == CP_OK); /* routed into (0, 9) */
+  REQUIRE(cpd_alloc(MiB, 0, (void *)6, &q) == CP_OK);     /* another stream: the shared pool */
+  CHECK(cpd_graph_end(0, 0, 9) == CP_OK);
+  CHECK_EQ_U(shared_allocated(0), MiB);
+  CHECK_EQ_U(cpd_device_of(p), 0);
+  CHECK(cpd_graph_release(0, 0, 9) == CP_OK);
+  CHECK_EQ_U(cpd_graph_use_count(0, 0, 9), 1);
+  cpd_free(p, -1); /* no size, no device: found in the private pool */
+  CHECK(cpd_graph_pool(0, 0, 9) != NULL); /* one use left: it stays */
+  CHECK(cpd_graph_empty(0, 9) == CP_OK);
+  size_t allocated = 0, reserved = 0;
+  cp_pool_usage(cpd_graph_pool(0, 0, 9), &allocated, &reserved);
+  CHECK_EQ_U(allocated, 0);
+  CHECK_EQ_U(reserved, 0); /* its free memory went back */
+  CHECK(cpd_graph_release(0, 0, 9) == CP_OK);
+  CHECK(cpd_graph_pool(0, 0, 9) == NULL); /* the last use: gone */
+  CHECK(cpd_graph_release(0, 0, 9) == CP_ERR_STATE);
+  CHECK(cpd_graph_incref(CP_MAX_DEVICES, 0, 1) == CP_ERR_INVALID);
+  CHECK(cpd_graph_incref(5, 0, 1) == CP_ERR_INVALID); /* no device 5 */
+  cpd_free(q, 0);
+  CHECK_EQ_U(shared_allocated(0), 0);
+  /* A free without a size of a pointer no pool holds is left alone and counted. */
+  unsigned long long frees_before, frees_after, rs;
+  cpd_foreign_calls(&frees_before, &rs);
+  cpd_free((void *)0x1000, 0);
+  cpd_free((void *)0x1000, -1);
+  cpd_foreign_calls(&frees_after, &rs);
+  CHECK_EQ_U(frees_after - frees_before, 2);
+  /* A size that does not match is still refused on the sized entry point: SIZE_MAX is no
+   * wildcard there. */
+  REQUIRE(cpd_alloc(MiB, 0, (void *)5, &p) == CP_OK);
+  cudapool_free(p, SIZE_MAX, 0, (void *)5);
+  CHECK_EQ_U(shared_allocated(0), MiB);
+  cudapool_free(p, MiB, 0, (void *)5);
+  CHECK_EQ_U(shared_allocated(0), 0);
+  cpd_shutdown();
+}
+
+/* The segment observer (Note [Segment observer]) sees every segment reserved and given back,
+ * on pools made before and after it was set, private pools included. */
+static int seen_alloc[2], seen_free[2];
+static void observe(void *ctx, int action, uintptr_t addr, size_t size, cp_stream_t stream) {
+  const int device = (int)(intptr_t)ctx;
+  (void)addr, (void)stream;
+  if (device < 0 || device > 1 || size == 0) return;
+  if (action == CP_HIST_SEGMENT_ALLOC) seen_alloc[device]++;
+  if (action == CP_HIST_SEGMENT_FREE) seen_free[device]++;
+}
+
+TEST(segment_observer_sees_every_segment) {
+  REQUIRE(cpd_use_sim(64 * MiB, 2, 0) == CP_OK);
+  memset(seen_alloc, 0, sizeof seen_alloc);
+  memset(seen_free, 0, sizeof seen_free);
+  void *a, *b, *c;
+  REQUIRE(cpd_alloc(3 * MiB, 0, NULL, &a) == CP_OK); /* device 0's pool exists before */
+  cpd_set_segment_observer(observe);
+  REQUIRE(cpd_alloc(25 * MiB, 0, NULL, &b) == CP_OK); /* a segment of its own */
+  REQUIRE(cpd_alloc(MiB, 1, NULL, &c) == CP_OK);      /* device 1's pool is made after */
+  CHECK_EQ_U(seen_alloc[0], 1);
+  CHECK_EQ_U(seen_alloc[1], 1);
+  REQUIRE(cpd_graph_incref(1, 0, 4) == CP_OK);
+  REQUIRE(cpd_graph_begin(1, 0, 4, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *g;
+  REQUIRE(cpd_alloc(MiB, 1, (void *)5, &g) == CP_OK); /* a private pool's segment */
+  CHECK(cpd_graph_end(1, 0, 4) == CP_OK);
+  CHECK_EQ_U(seen_alloc[1], 2);
+  cpd_free(a, 0);
+  cpd_free(b, 0);
+  cpd_free(c, 1);
+  cudapool_empty_cache();
+  CHECK_EQ_U(seen_free[0], 2);
+  CHECK_EQ_U(seen_free[1], 1);
+  cpd_free(g, 1);
+  CHECK(cpd_graph_release(1, 0, 4) == CP_OK);
+  CHECK(cpd_graph_release(1, 0, 4) == CP_OK); /* the last use: emptied and destroyed */
+  CHECK_EQ_U(seen_free[1], 2);
+  cpd_set_segment_observer(NULL);
+  REQUIRE(cpd_alloc(3 * MiB, 0, NULL, &a) == CP_OK);
+  CHECK_EQ_U(seen_alloc[0], 1); /* nothing more seen once it is removed */
+  cpd_free(a, 0);
+  cpd_shutdown();
+}
+
 int main(void) {
   RUN(capture_window_makes_no_event_call_and_gives_nothing_back);
   RUN(a_capturing_stream_without_a_window_is_respected);
@@ -335,5 +432,7 @@ int main(void) {
   RUN(graph_pools_keep_plain_segments_under_page_stitching);
   RUN(graph_region_pause_gives_back_every_byte_a_replay_uses);
   RUN(bad_calls_are_refused_and_shutdown_frees_everything);
+  RUN(mem_pool_use_counts_and_frees_without_a_size);
+  RUN(segment_observer_sees_every_segment);
   return check_summary("test_graphs");
 }
