@@ -272,7 +272,7 @@ test-py: deps-py
 # The tools come with `pip install -e '.[lint]'` (ruff, mypy) and Debian's clang-format.
 CLANG_FORMAT ?= clang-format
 C_FORMAT_FILES = $(sort $(wildcard csrc/*/*.c csrc/*/*.h csrc/*/*.cpp csrc/*/*/*.c csrc/*/*/*.h \
-                   tests/c/*.c tests/c/*.h tests/fuzz/*.c benchmarks/*.c))
+                   tests/c/*.c tests/c/*.h tests/fuzz/*.c benchmarks/*.c benchmarks/*.cpp))
 PY_LINT_DIRS := python tests benchmarks scripts setup.py
 
 lint: lint-layers lint-docs lint-format lint-types

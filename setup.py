@@ -1,5 +1,5 @@
 """Build of the extension modules: cudapool._C and its test hooks, cudapool._testhooks, and, when torch is
-importable at build time, the library cudapool._torch_oom.
+importable at build time, the libraries cudapool._torch_oom and cudapool._torch_bridge.
 
 cudapool._C: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++
 sources get different flags: setuptools hands every source of an Extension the same extra_compile_args,
@@ -15,6 +15,14 @@ with ctypes and installs it only when the running torch is the one it was built 
 `pip install --no-build-isolation .` to have it. Without it everything works, and out of memory raises a
 RuntimeError. Set CUDAPOOL_TORCH_OOM=0 to skip it. Its build failing is a warning, not an error, unless
 warnings are errors (CUDAPOOL_WERROR=1).
+
+cudapool._torch_bridge: csrc/torch/bridge*.cpp, cudapool as torch's own CUDA allocator (a subclass of
+c10::cuda::CUDACachingAllocator::CUDAAllocator, Note [The bridge] in csrc/torch/bridge.cpp), compiled
+against the installed torch's headers (C++20 for torch 2.14's) and the CUDA runtime headers of its nvidia
+wheels, linked to its libraries and to cudapool._C (by file name, found beside it: the one copy Python
+loaded). Built when a CUDA build of torch is importable here (so also only with --no-build-isolation);
+enable() uses it when it was built for the running torch, else falls back to torch's pluggable allocator.
+CUDAPOOL_TORCH_BRIDGE=0 skips it; its build failing is a warning unless CUDAPOOL_WERROR=1.
 
 Warnings are errors only when asked (CUDAPOOL_WERROR=1, as the Makefile does): a user's newer
 compiler with a new warning must not fail `pip install .`.

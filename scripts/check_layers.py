@@ -100,7 +100,7 @@ C_FORBIDDEN += [
         re.compile(r"^(torch|c10|ATen)/"),
         {"base", "core", "backend", "python", "standin"},
         "only the torch layer may use torch",
-    ),
+    )
 ]
 
 # python/cudapool modules by rank: a module imports only modules of a lower rank.

@@ -27,7 +27,7 @@ typedef struct cp_history_s {
 
 /* A change of the device memory behind the pool (Note [Segment observer]): recorded in the
  * history, and told to the segment observer. Lock held. */
-#define CP_SEGMENT_EVENT(pool, action, addr, size, stream)                                                    \
+#define CP_SEGMENT_EVENT(pool, action, addr, size, stream)                                                   \
   do {                                                                                                       \
     CP_HISTORY(pool, action, addr, size, stream);                                                            \
     if (CP_UNLIKELY((pool)->segment_observer != NULL))                                                       \

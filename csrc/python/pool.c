@@ -413,12 +413,11 @@ static PyObject *Pool_event_log(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     if (rc != CP_OK) return cpy_pool_raise_status(op, rc);
   }
   /* An empty array may be NULL, which y# would turn into None: bytes always ("" when empty). */
-  PyObject *r = Py_BuildValue("{s:n,s:K,s:K,s:y#,s:y#}", "capacity", (Py_ssize_t)log.capacity, "first",
-                              (unsigned long long)log.first, "next", (unsigned long long)log.next, "events",
-                              log.events != NULL ? (const char *)log.events : "",
-                              (Py_ssize_t)(log.n_events * sizeof(cp_trace_event_t)), "live",
-                              log.live != NULL ? (const char *)log.live : "",
-                              (Py_ssize_t)(log.n_live * sizeof(cp_trace_event_t)));
+  PyObject *r = Py_BuildValue(
+      "{s:n,s:K,s:K,s:y#,s:y#}", "capacity", (Py_ssize_t)log.capacity, "first", (unsigned long long)log.first, "next",
+      (unsigned long long)log.next, "events", log.events != NULL ? (const char *)log.events : "",
+      (Py_ssize_t)(log.n_events * sizeof(cp_trace_event_t)), "live", log.live != NULL ? (const char *)log.live : "",
+      (Py_ssize_t)(log.n_live * sizeof(cp_trace_event_t)));
   cp_event_log_release(&log);
   return r;
 }

@@ -370,8 +370,9 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override {
     (void)device, (void)mempool_id;
     if (use_on_oom) {
-      refuse("setUseOnOOM", "a MemPool's memory is not lent to other allocations at out of memory under cudapool "
-                            "(torch.cuda.MemPool(use_on_oom=True) is not supported)");
+      refuse("setUseOnOOM",
+             "a MemPool's memory is not lent to other allocations at out of memory under cudapool "
+             "(torch.cuda.MemPool(use_on_oom=True) is not supported)");
     }
   }
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
@@ -473,8 +474,8 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
       C10_CUDA_CHECK(err);
     }
   }
-  cudaError_t memcpyAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
-                          cudaStream_t stream, bool p2p_enabled) override {
+  cudaError_t memcpyAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count, cudaStream_t stream,
+                          bool p2p_enabled) override {
     (void)p2p_enabled;
     if (dstDevice == srcDevice) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
@@ -500,7 +501,8 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
       const char *name = cp_history_action_names[r.action];
       if (std::find(h.skip.begin(), h.skip.end(), name) != h.skip.end()) continue;
       std::shared_ptr<c10::GatheredContext> ctx;
-      if (h.when == cc::RecordContext::ALL || (h.when == cc::RecordContext::ALLOC && r.action != CP_HIST_FREE_REQUESTED))
+      if (h.when == cc::RecordContext::ALL ||
+          (h.when == cc::RecordContext::ALLOC && r.action != CP_HIST_FREE_REQUESTED))
         ctx = traced_context(r.context);
       trace.emplace_back(trace_action(static_cast<int>(r.action)), static_cast<c10::DeviceIndex>(d), r.addr, r.size,
                          reinterpret_cast<void *>(r.stream), c10::MempoolId_t{0, 0}, 0, std::move(ctx));

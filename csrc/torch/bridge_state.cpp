@@ -64,7 +64,6 @@ std::shared_ptr<c10::GatheredContext> traced_context(uint64_t id) {
 
 // ---- out of memory, and trace trackers ---------------------------------------------------------
 
-
 Observers &observers() {
   static Observers *o = new Observers();
   return *o;
@@ -72,22 +71,14 @@ Observers &observers() {
 
 cda::TraceEntry::Action trace_action(int action) {
   switch (action) {
-    case CP_HIST_ALLOC:
-      return cda::TraceEntry::ALLOC;
-    case CP_HIST_FREE_REQUESTED:
-      return cda::TraceEntry::FREE_REQUESTED;
-    case CP_HIST_FREE_COMPLETED:
-      return cda::TraceEntry::FREE_COMPLETED;
-    case CP_HIST_SEGMENT_ALLOC:
-      return cda::TraceEntry::SEGMENT_ALLOC;
-    case CP_HIST_SEGMENT_FREE:
-      return cda::TraceEntry::SEGMENT_FREE;
-    case CP_HIST_SEGMENT_MAP:
-      return cda::TraceEntry::SEGMENT_MAP;
-    case CP_HIST_SEGMENT_UNMAP:
-      return cda::TraceEntry::SEGMENT_UNMAP;
-    default:
-      return cda::TraceEntry::OOM;
+    case CP_HIST_ALLOC: return cda::TraceEntry::ALLOC;
+    case CP_HIST_FREE_REQUESTED: return cda::TraceEntry::FREE_REQUESTED;
+    case CP_HIST_FREE_COMPLETED: return cda::TraceEntry::FREE_COMPLETED;
+    case CP_HIST_SEGMENT_ALLOC: return cda::TraceEntry::SEGMENT_ALLOC;
+    case CP_HIST_SEGMENT_FREE: return cda::TraceEntry::SEGMENT_FREE;
+    case CP_HIST_SEGMENT_MAP: return cda::TraceEntry::SEGMENT_MAP;
+    case CP_HIST_SEGMENT_UNMAP: return cda::TraceEntry::SEGMENT_UNMAP;
+    default: return cda::TraceEntry::OOM;
   }
 }
 

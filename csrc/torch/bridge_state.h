@@ -48,7 +48,7 @@ struct History {
   std::vector<std::string> skip;
   uint64_t next_id = kContextBit;
   std::deque<std::pair<uint64_t, std::shared_ptr<c10::GatheredContext>>> traced; // by id, oldest first
-  std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> live;         // live blocks' contexts
+  std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> live;        // live blocks' contexts
 };
 
 // The one History of the process (never destroyed: deleters may run at exit).

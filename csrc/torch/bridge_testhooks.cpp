@@ -8,8 +8,8 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <array>
@@ -28,8 +28,8 @@ namespace cc = c10::cuda::CUDACachingAllocator;
 namespace {
 
 std::mutex mu;
-std::map<void *, c10::DataPtr> held;       // DataPtrs the tests allocated, by address
-std::vector<int> tracker_actions;          // actions the test's trace tracker saw
+std::map<void *, c10::DataPtr> held; // DataPtrs the tests allocated, by address
+std::vector<int> tracker_actions;    // actions the test's trace tracker saw
 std::vector<std::pair<size_t, size_t>> tracker_ranges;
 std::vector<std::array<uint64_t, 4>> oom_seen; // what the test's out-of-memory observer was told
 

@@ -37,8 +37,8 @@ typedef struct cpd_window_s {
  * `pool_count` are written under it and read without it on the allocation and free paths. */
 static pthread_mutex_t cpd_graph_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t cpd_graph_fork_once = PTHREAD_ONCE_INIT;
-static cpd_gpool_t *cpd_gpools;   /* oldest first */
-static cpd_window_t *cpd_windows; /* oldest first */
+static cpd_gpool_t *cpd_gpools;      /* oldest first */
+static cpd_window_t *cpd_windows;    /* oldest first */
 atomic_int cpd_open[CP_MAX_DEVICES]; /* windows open per device (graphs.h) */
 static atomic_int cpd_pool_total;
 

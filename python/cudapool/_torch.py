@@ -597,12 +597,8 @@ _REINSTALL = (
 
 def _library_path(stem: str) -> Optional[str]:
     """The path of the library cudapool.<stem> beside _C, or None when it was not built."""
-    folder = os.path.dirname(_C.__file__)
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(folder, stem + suffix)
-        if os.path.isfile(path):
-            return path
-    return None
+    paths = (os.path.join(os.path.dirname(_C.__file__), stem + s) for s in importlib.machinery.EXTENSION_SUFFIXES)
+    return next((path for path in paths if os.path.isfile(path)), None)
 
 
 def torch_oom_library_path() -> Optional[str]:
@@ -635,12 +631,9 @@ def _load_torch_library(path: str, version_symbol: str) -> Tuple[Optional[ctypes
 
 
 def _load_torch_oom() -> Tuple[Optional[ctypes.CDLL], str]:
-    """cudapool._torch_oom loaded, if it was built for the running torch, else None and why
-    ("" when it was not built at all: nothing to say then)."""
+    """cudapool._torch_oom loaded if it was built for the running torch, else None and why ("": not built)."""
     path = torch_oom_library_path()
-    if path is None:
-        return None, ""
-    return _load_torch_library(path, "cudapool_torch_oom_torch_version")
+    return (None, "") if path is None else _load_torch_library(path, "cudapool_torch_oom_torch_version")
 
 
 def _load_bridge() -> Tuple[Optional[ctypes.CDLL], str]:
@@ -650,7 +643,10 @@ def _load_bridge() -> Tuple[Optional[ctypes.CDLL], str]:
         return None, ""
     path = torch_bridge_library_path()
     if path is None:
-        return None, "cudapool._torch_bridge was not built (no CUDA build of torch was importable when cudapool was built)"
+        return (
+            None,
+            "cudapool._torch_bridge was not built (no CUDA build of torch was importable when cudapool was built)",
+        )
     return _load_torch_library(path, "cudapool_bridge_torch_version")
 
 

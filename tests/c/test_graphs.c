@@ -349,7 +349,7 @@ TEST(mem_pool_use_counts_and_frees_without_a_size) {
   CHECK_EQ_U(cpd_device_of(p), 0);
   CHECK(cpd_graph_release(0, 0, 9) == CP_OK);
   CHECK_EQ_U(cpd_graph_use_count(0, 0, 9), 1);
-  cpd_free(p, -1); /* no size, no device: found in the private pool */
+  cpd_free(p, -1);                        /* no size, no device: found in the private pool */
   CHECK(cpd_graph_pool(0, 0, 9) != NULL); /* one use left: it stays */
   CHECK(cpd_graph_empty(0, 9) == CP_OK);
   size_t allocated = 0, reserved = 0;
