@@ -115,6 +115,13 @@ def test_enable_installs_the_bridge_and_patches_nothing():
         assert call("name")[0] == 1
         cudapool.enable()  # again: a no-op
         assert br.cudapool_bridge_is_current() == 1
+        # the device-generic registry names the bridge too (torch.accelerator, storages for a device)
+        T = os.path.dirname(torch.__file__) + "/lib/"
+        c10 = ctypes.CDLL(T + "libc10.so")
+        get = c10._ZN3c1012GetAllocatorERKNS_10DeviceTypeE
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.POINTER(ctypes.c_int8)]
+        current = ctypes.c_void_p.in_dll(ctypes.CDLL(T + "libc10_cuda.so"), "_ZN3c104cuda20CUDACachingAllocator9allocatorE")
+        assert get(ctypes.byref(ctypes.c_int8(1))) == current.value    # DeviceType::CUDA is 1
         print("OK")
         """
     )

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <limits>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -549,6 +550,10 @@ __attribute__((visibility("default"))) int cudapool_bridge_install(char *buf, si
   try {
     if (installed() == nullptr) installed() = std::make_shared<cudapool_bridge::CudapoolAllocator>();
     if (cc::get() != installed().get()) torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(installed());
+    // torch's swap sets the allocator that CUDA tensors and torch.cuda reach; the device-generic
+    // registry (c10::GetAllocator(kCUDA): torch.accelerator's memory functions, storages made
+    // for a device) would still name torch's own one. It names the bridge too.
+    c10::SetAllocator(c10::DeviceType::CUDA, installed().get(), std::numeric_limits<uint8_t>::max());
     return 0;
   } catch (const c10::Error &e) {
     std::snprintf(buf, buf_size, "%s", e.what_without_backtrace());
