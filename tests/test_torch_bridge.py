@@ -136,6 +136,7 @@ def test_torchs_cpp_statistics_and_resets_answer_from_the_pool():
         lib.cudapool_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         empty = flat(torch._C._cuda_memoryStats(0))
         assert empty["allocated_bytes.all.current"] == 0 and empty["num_ooms"] == 0
+        assert alloc(0) == 0 and alloc(0, device=99) == 0    # size 0: a null DataPtr, as torch's
         a = alloc(1000)                       # through the bridge's DataPtr path
         b = alloc(3 * MiB)
         c = lib.cudapool_alloc(5 * MiB, 0, None)   # and through the C entry point

@@ -30,9 +30,9 @@
 
 #include <algorithm>
 #include <cinttypes>
-#include <limits>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,10 +79,6 @@ const char *const kGraphTreesRefusal =
 
 const char *const kIpcRefusal =
     "sharing CUDA tensors between processes (torch.multiprocessing, reduce_tensor) is not supported by cudapool yet";
-
-} // namespace
-
-namespace {
 
 void raw_delete_any(void *ptr) {
   if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);

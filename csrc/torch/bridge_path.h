@@ -67,8 +67,10 @@ inline void *alloc_raw(size_t size, int device, void *stream) {
 
 inline c10::DataPtr allocate_on(size_t size, int device, void *stream) {
   void *ptr = alloc_raw(size, device, stream);
-  return c10::DataPtr(ptr, ptr, deleters[static_cast<size_t>(device)],
-                      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  const c10::Device where(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+  // Size 0 succeeds before the device is looked at: no deleter is picked for it.
+  if (C10_UNLIKELY(ptr == nullptr)) return c10::DataPtr(nullptr, where);
+  return c10::DataPtr(ptr, ptr, deleters[static_cast<size_t>(device)], where);
 }
 
 } // namespace cudapool_bridge
