@@ -16,8 +16,17 @@ import textwrap
 
 import pytest
 from cudapool import _C, _config, _testhooks
-from cudapool.sim import OutOfMemoryError, Pool
+from cudapool.sim import OutOfMemoryError
+from cudapool.sim import Pool as SimPool
 from scenario import ENTRY_POINTS, expect_ok, run_python
+
+
+def Pool(*args, **kwargs):
+    """A simulated pool under torch's built-in rules, which these tests check (sim.Pool's own
+    default is cudapool's policy)."""
+    kwargs.setdefault("policy", "builtin")
+    return SimPool(*args, **kwargs)
+
 
 MiB = 1 << 20
 SIZE_MAX = (1 << 64) - 1

@@ -13,7 +13,7 @@ import cudapool
 import pytest
 from cudapool import _C
 from cudapool.policies import config_for
-from cudapool.sim import Pool
+from cudapool.sim import OutOfMemoryError, Pool
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -176,13 +176,31 @@ def test_bad_input():
     with pytest.raises(ValueError, match="control characters"):
         cudapool.region("a\tb")
     with pool() as p:
-        with pytest.raises(TypeError, match="a region's tag is a str or None"):
+        with pytest.raises(TypeError, match="tags are a str, a list of str or None"):
             p.pause(5)
-        p.pause("never_used")  # nothing of it here: nothing to do
-        p.resume("never_used")
-    with Pool(64 * MiB) as plain:  # policy builtin: plain segments
+        with pytest.raises(TypeError, match="a tag is a str"):
+            p.pause(["kv_cache", 7])
+        with pytest.raises(ValueError, match="an empty list of tags"):
+            p.pause([])
+        with pytest.raises(TypeError, match="backup is True, False or None"):
+            p.pause("kv_cache", backup="yes")
+        cudapool.region("known_but_unused")
+        p.pause("known_but_unused")  # a region this pool never served: nothing to do
+        p.resume("known_but_unused")
+        for call in (p.pause, p.resume, p.wake_up):
+            with pytest.raises(ValueError, match="no region is named 'kv_cahce'") as err:
+                call(["kv_cache", "kv_cahce"])  # a typo pauses nothing, and says so
+            assert "'known_but_unused'" in str(err.value)
+        assert not any(r["paused"] for r in p.regions())
+    with Pool(64 * MiB, policy="builtin") as plain:  # plain segments
         with cudapool.region("kv"):
-            q = plain.alloc(MiB)  # served untagged
+            with pytest.warns(RuntimeWarning, match="no page-mapped memory"):
+                q = plain.alloc(MiB)  # served untagged, and it says so once
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                plain.free(plain.alloc(MiB))  # once only
         with pytest.raises(RuntimeError, match="no page-mapped memory"):
             plain.pause("kv")
         plain.free(q)
@@ -337,3 +355,180 @@ def test_pause_needs_the_allocator():
 
 def test_policy_string_is_the_default():
     assert config_for("cudapool") == "expandable_segments:True,page_stitching:True,release_before_grow:True"
+
+
+# -- regions as RL frameworks use them ------------------------------------------------------------
+
+
+def test_sim_pool_defaults_to_cudapools_policy_as_enable_does():
+    with Pool(64 * MiB) as p:
+        assert p.config() == _C.parse_config(config_for("cudapool")), p.config()
+        assert p.info()["page_mapped"] == 1
+        with cudapool.region("default_policy"):
+            q = p.alloc(MiB)
+        assert [r["tag"] for r in p.regions()] == ["default_policy"]  # tagged, not served untagged
+        p.pause("default_policy")
+        p.resume("default_policy")
+        p.free(q)
+    with Pool(64 * MiB, policy="expandable") as p:
+        assert "expandable_segments:True" in p.config() and "page_stitching:True" not in p.config()
+    with pytest.raises(ValueError, match="unknown policy 'fast'"):
+        Pool(64 * MiB, policy="fast")
+    with pytest.raises(TypeError, match="policy is the name of a policy"):
+        Pool(64 * MiB, policy=3)
+
+
+def test_pause_and_resume_take_lists_of_tags():
+    with pool() as p:
+        held = {}
+        for tag in ("list_a", "list_b", "list_c"):
+            with cudapool.region(tag):
+                held[tag] = p.alloc(4 * MiB)
+            write(held[tag], tag.encode() * 100)
+        p.pause(["list_a", "list_b"], backup=True)
+        state = {r["tag"]: r["paused"] for r in p.regions()}
+        assert state == {"list_a": True, "list_b": True, "list_c": False}, state
+        p.resume(("list_b",))
+        assert read(held["list_b"], 600) == b"list_b" * 100
+        p.resume(["list_a", "list_a"])  # a tag twice is resumed once
+        assert read(held["list_a"], 600) == b"list_a" * 100
+        assert not any(r["paused"] for r in p.regions())
+        for ptr in held.values():
+            p.free(ptr)
+
+
+def test_a_regions_backup_default():
+    with pool() as p:
+        with cudapool.region("weights_bk", backup=True):
+            w = p.alloc(8 * MiB)
+        with cudapool.region("scratch_bk"):
+            s = p.alloc(8 * MiB)
+        write(w, b"W" * 4096)
+        write(s, b"S" * 4096)
+        p.pause()  # every region, each with its own default
+        rows = {r["tag"]: r for r in p.regions()}
+        assert rows["weights_bk"]["backup_bytes"] >= 8 * MiB and rows["scratch_bk"]["backup_bytes"] == 0, rows
+        p.resume()
+        assert read(w, 4096) == b"W" * 4096  # backed up; scratch's bytes are undefined
+        p.pause("weights_bk", backup=False)  # an explicit backup= wins over the default
+        assert {r["tag"]: r for r in p.regions()}["weights_bk"]["backup_bytes"] == 0
+        p.resume("weights_bk")
+        with pytest.raises(TypeError, match="backup is True, False or None"):
+            cudapool.region("weights_bk", backup=1)
+        p.free(w)
+        p.free(s)
+
+
+def test_sleep_levels_and_wake_up_as_vllm():
+    with pool(256 * MiB) as p:
+        with cudapool.region("weights"):
+            w = p.alloc(32 * MiB)
+        with cudapool.region("kv_cache"):
+            kv = p.alloc(64 * MiB)
+        write(w, b"weights!" * 512)
+        p.sleep(level=1)  # weights backed up and released, KV cache released
+        rows = {r["tag"]: r for r in p.regions()}
+        assert rows["weights"]["paused"] and rows["kv_cache"]["paused"]
+        assert rows["weights"]["backup_bytes"] >= 32 * MiB and rows["kv_cache"]["backup_bytes"] == 0
+        assert rows["weights"]["reserved_bytes"] == 0 and rows["kv_cache"]["reserved_bytes"] == 0
+        p.wake_up(["weights"])  # vLLM: weights first, the KV cache once they are updated
+        assert read(w, 4096) == b"weights!" * 512
+        assert {r["tag"]: r["paused"] for r in p.regions()}["kv_cache"]
+        p.wake_up(["kv_cache"])
+        p.sleep(level=2)  # both released, nothing backed up
+        assert all(r["backup_bytes"] == 0 and r["paused"] for r in p.regions() if r["tag"] in ("weights", "kv_cache"))
+        p.wake_up()
+        assert not any(r["paused"] for r in p.regions())
+        with pytest.raises(ValueError, match="level is 1 or 2"):
+            p.sleep(level=3)
+        with pytest.raises(ValueError, match="neither 'w2' nor 'kv2' is a region"):
+            p.sleep(weights="w2", kv_cache="kv2")
+        p.free(w)
+        p.free(kv)
+
+
+def test_resume_gives_back_cached_memory_before_failing():
+    with pool(96 * MiB) as p:
+        with cudapool.region("ladder"):
+            keep = p.alloc(40 * MiB)
+        write(keep, b"L" * 4096)
+        p.pause("ladder", backup=True)
+        hog = p.alloc(80 * MiB)  # untagged memory takes the device
+        p.free(hog)
+        p.complete_all()
+        assert p.info()["reserved"] >= 80 * MiB  # cached, not given back yet
+        p.resume("ladder")  # gives the cached memory back, then resumes
+        assert read(keep, 4096) == b"L" * 4096
+        p.pause("ladder", backup=True)
+        hog = p.alloc(80 * MiB)  # in use this time: nothing to give back
+        with pytest.raises(OutOfMemoryError, match="stays paused"):
+            p.resume("ladder")
+        assert {r["tag"]: r["paused"] for r in p.regions()}["ladder"]
+        p.free(hog)
+        p.complete_all()
+        p.resume("ladder")
+        assert read(keep, 4096) == b"L" * 4096
+        p.free(keep)
+
+
+def test_device_pools_lists_sleep_and_wake_up_and_the_untagged_warning():
+    code = """
+import ctypes, warnings, cudapool
+from cudapool import _C
+MiB = 1 << 20
+_C.use_sim_devices(256 * MiB, count=1)
+from cudapool.policies import config_for
+_C.configure(config_for("cudapool"))  # as enable() would: the device pools page-mapped
+lib = ctypes.CDLL(_C.__file__)
+lib.cudapool_alloc_catching.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+def alloc(n):
+    out = ctypes.c_void_p(); buf = ctypes.create_string_buffer(512)
+    assert lib.cudapool_alloc_catching(n, 0, None, ctypes.byref(out), buf, 512) == 0, buf.value
+    return out.value
+with cudapool.region("weights"):
+    w = alloc(16 * MiB)
+with cudapool.region("kv_cache"):
+    kv = alloc(32 * MiB)
+ctypes.memmove(w, b"w" * 64, 64)
+cudapool.sleep(1)
+rows = {r["tag"]: r for r in cudapool.regions()}
+assert rows["weights"]["paused"] and rows["weights"]["backup_bytes"] >= 16 * MiB, rows
+assert rows["kv_cache"]["paused"] and rows["kv_cache"]["backup_bytes"] == 0, rows
+cudapool.wake_up(["weights", "kv_cache"])
+assert ctypes.string_at(w, 64) == b"w" * 64
+cudapool.pause(["kv_cache"])
+cudapool.resume(["kv_cache"])
+try:
+    cudapool.pause("kv_cahce")
+except ValueError as exc:
+    assert "no region is named 'kv_cahce'" in str(exc), exc
+else:
+    raise AssertionError("a typo was accepted")
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr
+    warn = """
+import warnings, cudapool
+from cudapool import _C
+_C.use_sim_devices(64 << 20, count=1)
+try:
+    import torch  # noqa: F401
+except ImportError:
+    print("OK"); raise SystemExit
+if not hasattr(torch._C, "_cuda_customAllocator"):
+    print("OK"); raise SystemExit
+cudapool.enable(policy="builtin")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with cudapool.region("untagged_here"):
+        pass
+    with cudapool.region("untagged_here"):
+        pass
+messages = [str(w.message) for w in caught if "no page-mapped memory" in str(w.message)]
+assert len(messages) == 1 and "policy" in messages[0], [str(w.message) for w in caught]
+print("OK")
+"""
+    out = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr

@@ -6,10 +6,19 @@ from collections import OrderedDict
 import cudapool
 import pytest
 from cudapool import _C
-from cudapool.sim import OutOfMemoryError, Pool
+from cudapool.sim import OutOfMemoryError
+from cudapool.sim import Pool as SimPool
 
 KiB = 1 << 10
 MiB = 1 << 20
+
+
+def Pool(*args, **kwargs):
+    """A simulated pool under torch's built-in rules, which these tests check (sim.Pool's own
+    default is cudapool's policy)."""
+    kwargs.setdefault("policy", "builtin")
+    return SimPool(*args, **kwargs)
+
 
 METRICS = ("current", "peak", "allocated", "freed")
 FAMILIES = (

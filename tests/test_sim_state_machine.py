@@ -7,10 +7,19 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 
-from cudapool.sim import OutOfMemoryError, Pool  # noqa: E402
+from cudapool.sim import OutOfMemoryError  # noqa: E402
+from cudapool.sim import Pool as SimPool  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+
+def Pool(*args, **kwargs):
+    """A simulated pool under torch's built-in rules, which these tests check (sim.Pool's own
+    default is cudapool's policy)."""
+    kwargs.setdefault("policy", "builtin")
+    return SimPool(*args, **kwargs)
+
 
 MiB = 1 << 20
 CAPACITY = 64 * MiB

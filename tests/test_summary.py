@@ -15,8 +15,16 @@ import pytest
 torch = pytest.importorskip("torch", reason="the comparison needs torch's own formatter")
 import torch.cuda.memory as tcm  # noqa: E402
 from cudapool import _C  # noqa: E402
-from cudapool.sim import Pool  # noqa: E402
+from cudapool.sim import Pool as SimPool  # noqa: E402
 from cudapool.summary import DEFAULT_TITLE, format_summary  # noqa: E402
+
+
+def Pool(*args, **kwargs):
+    """A simulated pool under torch's built-in rules, which these tests check (sim.Pool's own
+    default is cudapool's policy)."""
+    kwargs.setdefault("policy", "builtin")
+    return SimPool(*args, **kwargs)
+
 
 # torch's formatter, taken before anything could replace it (cudapool patches torch only in
 # the process that calls enable(), which this one never does).

@@ -1,6 +1,7 @@
 /* resume.c — paused regions mapped again (Note [Paused regions] in pause.c), and what each
  * region of a pool holds. Owns: the pieces a resume maps and the regions' figures. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -299,8 +300,8 @@ static int cp_resume_state_locked(cp_pool_t *pool, cp_stream_state_t *st) {
   return CP_OK;
 }
 
-int cp_pool_resume(cp_pool_t *pool, uint32_t tag) {
-  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_resume: NULL pool");
+/* One pass over the paused states of `tag`: each region all or nothing. */
+static int cp_pool_resume_pass(cp_pool_t *pool, uint32_t tag) {
   pthread_mutex_lock(&pool->lock);
   int rc = pool->capture.windows != 0 ? cp_pause_refuse_locked(pool, "resume") : CP_OK;
   cp_stream_state_t **sts = NULL;
@@ -314,6 +315,30 @@ int cp_pool_resume(cp_pool_t *pool, uint32_t tag) {
   CP_DEBUG_CHECK(pool, "cp_pool_resume");
   pthread_mutex_unlock(&pool->lock);
   return rc;
+}
+
+/* Note [Resume's ladder]
+ * A resume that finds no room fails only after the pool gave back what it caches: the free
+ * memory of the regions that are not paused and of untagged memory (cp_empty_cache, which
+ * waits for nothing but the frees whose streams are done, and does nothing during a capture),
+ * then the regions still paused are tried once more. This is what a user would otherwise do by
+ * hand (torch.cuda.empty_cache() before waking a model up). Regions resumed by the first pass
+ * stay resumed; the error of the second says how much was given back. */
+int cp_pool_resume(cp_pool_t *pool, uint32_t tag) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_resume: NULL pool");
+  int rc = cp_pool_resume_pass(pool, tag);
+  if (rc != CP_ERR_OOM) return rc;
+  char why[512];
+  snprintf(why, sizeof why, "%s", cp_last_error());
+  size_t allocated, before, after;
+  cp_pool_usage(pool, &allocated, &before);
+  if (cp_empty_cache(pool) != CP_OK) return cp_set_error(rc, "%s", why);
+  cp_pool_usage(pool, &allocated, &after);
+  if (after == before) return cp_set_error(rc, "%s (no cached memory to give back)", why);
+  rc = cp_pool_resume_pass(pool, tag);
+  if (rc != CP_ERR_OOM) return rc;
+  snprintf(why, sizeof why, "%s", cp_last_error());
+  return cp_set_error(rc, "%s (after giving back %zu bytes of cached memory)", why, before - after);
 }
 
 /* ------------------------------------------------------------------------------------------

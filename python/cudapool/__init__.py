@@ -15,6 +15,7 @@ import atexit
 from typing import Any, Dict, List, Optional
 
 from . import _C, _torch, ab, oom
+from . import regions as _regions
 from ._version import __version__
 from .regions import current_region, graph_region, region
 
@@ -47,6 +48,8 @@ __all__ = [
     "current_region",
     "pause",
     "resume",
+    "sleep",
+    "wake_up",
     "regions",
     "ab",
     "oom",
@@ -198,33 +201,59 @@ def _require_pools(what: str) -> None:
         raise RuntimeError(f"cudapool.{what}: cudapool is not this process's allocator: call cudapool.enable() first")
 
 
-def pause(tag: Optional[str] = None, backup: bool = False, device: Any = None) -> None:
-    """Give back the GPU memory of region ``tag`` (None: every region), live tensors included,
-    keeping their addresses: the tensors stay valid objects, but their memory is gone until
-    :func:`resume`. First it waits for the work queued on the streams the region's memory is
-    used on (those streams only, not the whole device); with ``backup=True`` it then copies
-    the live tensors' bytes to pinned host memory, which :func:`resume` copies back. Until
-    then, allocating in the region raises and touching its tensors is an illegal memory
-    access. CUDA graphs captured in the region (:func:`graph_region`) are paused whole: every
-    byte their replays use. On every device with a pool, or on ``device``. Raises during a CUDA
-    graph capture, and for a pool without page-mapped memory."""
+def pause(tag: _regions.Tags = None, backup: Optional[bool] = None, device: Any = None) -> None:
+    """Give back the GPU memory of region ``tag`` (a tag, a list of tags, or None: every
+    region), live tensors included, keeping their addresses: the tensors stay valid objects, but
+    their memory is gone until :func:`resume`. First it waits for the work queued on the streams
+    the region's memory is used on (those streams only, not the whole device); with
+    ``backup=True`` it then copies the live tensors' bytes to pinned host memory, which
+    :func:`resume` copies back (``backup=None``: each region's default, ``region(tag,
+    backup=...)``, else False). Until then, allocating in the region raises and touching its
+    tensors is an illegal memory access. CUDA graphs captured in the region
+    (:func:`graph_region`) are paused whole: every byte their replays use. On every device with
+    a pool, or on ``device``. A tag no region has is a ValueError (nothing is paused); raises
+    during a CUDA graph capture, and for a pool without page-mapped memory."""
     _require_pools("pause")
-    tag_id = _C.region_id(tag) if tag is not None else 0
+    calls = _regions.pause_calls(tag, backup)
     for index in _pools_of(device):
-        _C.device_pool(index).pause(tag, backup)
-        _C.graph_pause(index, tag_id, backup)  # CUDA graphs captured in the region
+        for name, copy in calls:
+            _C.device_pool(index).pause(name, copy)
+            _C.graph_pause(index, _C.region_id(name) if name is not None else 0, copy)  # its CUDA graphs
 
 
-def resume(tag: Optional[str] = None, device: Any = None) -> None:
-    """Map new GPU memory at every address of region ``tag`` (None: every paused region) and
-    copy back what :func:`pause` backed up: tensors made before the pause work again, with the
-    same ``data_ptr()``. All or nothing per region: when the device has no room for it now,
-    it raises ``cudapool.sim.OutOfMemoryError`` (a MemoryError) and the region stays paused."""
+def resume(tag: _regions.Tags = None, device: Any = None) -> None:
+    """Map new GPU memory at every address of region ``tag`` (a tag, a list of tags, or None:
+    every paused region) and copy back what :func:`pause` backed up: tensors made before the
+    pause work again, with the same ``data_ptr()``. All or nothing per region; a region that
+    finds no room first makes the pool give back the memory it caches (other regions' and
+    untagged free memory, as ``empty_cache()``), and only then, when the device still has no room
+    for it, it raises ``cudapool.sim.OutOfMemoryError`` (a MemoryError) and stays paused; the
+    other tags are resumed still. A tag no region has is a ValueError."""
     _require_pools("resume")
-    tag_id = _C.region_id(tag) if tag is not None else 0
+    names = _regions.tags_of(tag, "resume")
     for index in _pools_of(device):
-        _C.device_pool(index).resume(tag)
-        _C.graph_resume(index, tag_id)
+
+        def one(name: Optional[str], index: int = index) -> None:
+            _C.device_pool(index).resume(name)
+            _C.graph_resume(index, _C.region_id(name) if name is not None else 0)
+
+        _regions.resume_with(one, names if names is not None else [None])
+
+
+def sleep(level: int = 1, *, weights: str = "weights", kv_cache: str = "kv_cache", device: Any = None) -> None:
+    """vLLM's sleep levels over two regions (docs/regions.md has the calls side by side):
+    level 1 backs the weights up to host memory and releases them, and releases the KV cache
+    (its contents are lost); level 2 releases both (weights must be loaded again). A region not
+    used yet is left out. :func:`wake_up` maps them again."""
+    for name, copy in _regions.sleep_calls(level, weights, kv_cache):
+        pause(name, backup=copy, device=device)
+
+
+def wake_up(tags: _regions.Tags = None, device: Any = None) -> None:
+    """Map again the regions :func:`sleep` or :func:`pause` released (vLLM's ``wake_up(tags)``:
+    e.g. ``["weights"]`` first, ``["kv_cache"]`` once the weights are updated); None: every
+    paused region. The same as :func:`resume`."""
+    resume(tags, device=device)
 
 
 def regions(device: Any = None) -> List[Dict[str, Any]]:

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _C, _config
 from . import snapshots as _snapshot_mod
+from .regions import watch_paging
 from .summary import DEFAULT_TITLE, format_all_ranks, format_regions, format_summary
 
 # The hooks cudapool sets, when the installed torch offers them:
@@ -189,6 +190,7 @@ def enable(**config: Any) -> None:
             raise RuntimeError(_NOT_FIRST_MESSAGE)
         if _C.device_config() != effective:
             _C.configure(text)  # RuntimeError once a pool exists: nothing is swapped then
+        watch_paging(effective)  # a region under a policy without page-mapped memory warns
         bridge, why = _load_bridge()
         if bridge is not None:
             _install_bridge(bridge)

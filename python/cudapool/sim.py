@@ -12,9 +12,9 @@ finishes only when told to, and fault injection. Needs neither a GPU nor torch.
 from collections import OrderedDict
 from typing import Any, Optional
 
-from . import _C
+from . import _C, _config, policies
 from ._config import config_string
-from .regions import region
+from .regions import Tags, pause_calls, region, resume_with, sleep_calls, tags_of, warn_untagged
 from .summary import format_regions, format_summary
 
 __all__ = ["Pool", "OutOfMemoryError", "config_string"]
@@ -26,7 +26,10 @@ OutOfMemoryError = _C.OutOfMemoryError
 class Pool(_C.Pool):
     """A cudapool pool over a simulated device of ``capacity`` bytes.
 
-    Keyword options beyond ``auto_complete`` and ``touch_memory`` are configuration keys
+    ``policy``: the named policy the configuration starts from (``"cudapool"``, the default, as
+    :func:`cudapool.enable`; ``"builtin"``: torch's own rules; ``"expandable"``: torch's with
+    expandable segments; :mod:`cudapool.policies`). Keyword options beyond ``policy``,
+    ``auto_complete`` and ``touch_memory`` are configuration keys on top of it
     (``max_split_size_mb=64``, ``garbage_collection_threshold=0.8``, ...).
     ``auto_complete``: work completes as soon as it is queued (an always idle device).
     ``touch_memory=False``: addresses are not backed by host memory (for huge replays).
@@ -51,11 +54,32 @@ class Pool(_C.Pool):
 
     _config_text: str
 
-    def __new__(cls, capacity: int, *, auto_complete: bool = False, touch_memory: bool = True, **config: Any) -> "Pool":
-        text = config_string(config)
+    def __new__(
+        cls,
+        capacity: int,
+        *,
+        policy: str = policies.DEFAULT_POLICY,
+        auto_complete: bool = False,
+        touch_memory: bool = True,
+        **config: Any,
+    ) -> "Pool":
+        if not isinstance(policy, str):
+            raise TypeError(f"policy is the name of a policy ({', '.join(sorted(policies.POLICIES))}), not {policy!r}")
+        text = _config.check(_config.merge(None, {"policy": policy, **config}, use_policy=True))
         self = super().__new__(cls, capacity, text, auto_complete=bool(auto_complete), touch_memory=bool(touch_memory))
         self._config_text = text
+        if not self.info()["page_mapped"]:
+            # Until its first allocation in a region, which it serves untagged and says so once
+            # (then the C method again: a pool with page-mapped memory never pays for this).
+            self.__dict__["alloc"] = self._alloc_until_tagged
         return self
+
+    def _alloc_until_tagged(self, size: int, stream: int = 0) -> int:
+        tag = _C.region_of_thread()
+        if tag:
+            del self.__dict__["alloc"]
+            warn_untagged(str(_C.region_name(tag)), "this cudapool.sim.Pool")
+        return _C.Pool.alloc(self, size, stream)
 
     # -- introspection ------------------------------------------------------------------------
 
@@ -73,12 +97,31 @@ class Pool(_C.Pool):
     # -- regions ------------------------------------------------------------------------------
 
     @staticmethod
-    def region(tag: str) -> region:
+    def region(tag: str, backup: Optional[bool] = None) -> region:
         """``with pool.region(tag):`` — this thread's allocations inside go to region ``tag``
-        (the same as :class:`cudapool.region`: regions are the thread's, in every pool).
-        ``pause(tag=None, backup=False)``, ``resume(tag=None)`` and ``regions()`` are the
-        methods of :class:`cudapool._C.Pool`."""
-        return region(tag)
+        (the same as :class:`cudapool.region`: regions are the thread's, in every pool)."""
+        return region(tag, backup)
+
+    def pause(self, tag: Tags = None, backup: Optional[bool] = None) -> None:
+        """:func:`cudapool.pause` on this pool: a tag, a list of tags or None (every region);
+        ``backup=None`` takes each region's default. A tag no region has is a ValueError."""
+        for name, copy in pause_calls(tag, backup):
+            super().pause(name, copy)
+
+    def resume(self, tag: Tags = None) -> None:
+        """:func:`cudapool.resume` on this pool: the pool's cached memory is given back before
+        a region fails to find room (the region then stays paused: OutOfMemoryError)."""
+        names = tags_of(tag, "resume")
+        resume_with(super().resume, names if names is not None else [None])
+
+    def sleep(self, level: int = 1, *, weights: str = "weights", kv_cache: str = "kv_cache") -> None:
+        """:func:`cudapool.sleep` on this pool: vLLM's sleep levels."""
+        for name, copy in sleep_calls(level, weights, kv_cache):
+            super().pause(name, copy)
+
+    def wake_up(self, tags: Tags = None) -> None:
+        """:func:`cudapool.wake_up` on this pool."""
+        self.resume(tags)
 
     # -- lifetime -----------------------------------------------------------------------------
 

@@ -382,6 +382,37 @@ TEST(resume_without_memory_stays_paused) {
   fx_close(&fx);
 }
 
+/* Note [Resume's ladder]: memory another region or untagged allocations only cache is given
+ * back before a resume fails; memory in use is not. */
+TEST(resume_takes_cached_memory_back_first) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 96 * MiB, ST) == 0);
+  const uint32_t kv = region("kv_cache");
+  held_t h = fill_region(&fx, kv, 0);
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
+  char *hog = must_alloc(&fx, 80 * MiB, 0);
+  CHECK(cp_free(fx.pool, hog) == CP_OK);
+  cp_sim_complete_all(fx.sim); /* its stream is done with it: cached, free */
+  size_t allocated = 0, reserved = 0;
+  cp_pool_usage(fx.pool, &allocated, &reserved);
+  CHECK(reserved >= 80 * MiB); /* cached: no room for the region without giving it back */
+  CHECK(cp_pool_resume(fx.pool, kv) == CP_OK);
+  CHECK(!region_info(&fx, kv).paused);
+  check_region(&h);
+  /* In use, not cached: nothing to give back, the region stays paused and the error says so. */
+  CHECK(cp_pool_pause(fx.pool, kv, CP_PAUSE_BACKUP) == CP_OK);
+  hog = must_alloc(&fx, 80 * MiB, 0);
+  CHECK(cp_pool_resume(fx.pool, kv) == CP_ERR_OOM);
+  CHECK(contains(cp_last_error(), "it stays paused"));
+  CHECK(region_info(&fx, kv).paused);
+  CHECK(cp_free(fx.pool, hog) == CP_OK);
+  cp_sim_complete_all(fx.sim);
+  CHECK(cp_pool_resume(fx.pool, kv) == CP_OK);
+  check_region(&h);
+  free_region(&fx, &h);
+  fx_close(&fx);
+}
+
 TEST(destroy_while_paused) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -537,6 +568,7 @@ int main(void) {
   RUN(keep_free_pauses_every_mapped_byte);
   RUN(refusals);
   RUN(resume_without_memory_stays_paused);
+  RUN(resume_takes_cached_memory_back_first);
   RUN(destroy_while_paused);
   RUN(faults_of_each_call);
   RUN(threads);
