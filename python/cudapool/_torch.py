@@ -143,17 +143,16 @@ def allocator_path() -> Optional[str]:
 
 
 def hooks_set() -> Tuple[str, ...]:
-    """The optional allocator hooks cudapool set on torch's pluggable allocator: a subset of
-    ("init", "reset", "memory_fraction", "record_stream", "base_alloc"), depending on the torch
-    version."""
+    """The optional allocator hooks cudapool set on torch's pluggable allocator (a subset of
+    HOOK_NAMES, depending on the torch version); () through the bridge, which needs none."""
     return _state.hooks
 
 
 def oom_error_type() -> Optional[str]:
     """What an allocation that runs out of memory raises once cudapool is enabled:
-    "torch.OutOfMemoryError" (c10::OutOfMemoryError, thrown through cudapool._torch_oom) or
-    "RuntimeError" (that library was not built, or not for the running torch). None before
-    :func:`enable`."""
+    "torch.OutOfMemoryError" (c10::OutOfMemoryError, thrown by the bridge or through
+    cudapool._torch_oom) or "RuntimeError" (the pluggable path without that library). None
+    before :func:`enable`."""
     if not enabled():
         return None
     return "torch.OutOfMemoryError" if _state.oom_thrower else "RuntimeError"
