@@ -1,7 +1,7 @@
 /* resume.c — paused regions mapped again (Note [Paused regions] in pause.c), and what each
  * region of a pool holds. Owns: the pieces a resume maps and the regions' figures. */
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
