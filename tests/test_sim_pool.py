@@ -550,3 +550,13 @@ def test_lag_completes_old_work_on_its_own():
         pool.launch(q, stream=5)  # the second launch: the first has run
         pool.free(q)
         assert pool.alloc(4096) == p
+
+
+def test_a_dropped_pool_goes_at_once_under_every_policy():
+    import weakref
+
+    for policy in ("builtin", "expandable", "cudapool"):
+        pool = SimPool(16 * MiB, policy=policy)
+        ref = weakref.ref(pool)
+        del pool  # no reference cycle of its own: freed without the garbage collector
+        assert ref() is None, policy

@@ -9,6 +9,7 @@ finishes only when told to, and fault injection. Needs neither a GPU nor torch.
         print(pool.memory_stats()["allocated_bytes.all.peak"])
 """
 
+import weakref
 from collections import OrderedDict
 from typing import Any, Optional
 
@@ -70,16 +71,22 @@ class Pool(_C.Pool):
         self._config_text = text
         if not self.info()["page_mapped"]:
             # Until its first allocation in a region, which it serves untagged and says so once
-            # (then the C method again: a pool with page-mapped memory never pays for this).
-            self.__dict__["alloc"] = self._alloc_until_tagged
-        return self
+            # (then the C method again: a pool with page-mapped memory never pays for this). A
+            # weak reference: the pool must not keep itself alive.
+            me = weakref.ref(self)
 
-    def _alloc_until_tagged(self, size: int, stream: int = 0) -> int:
-        tag = _C.region_of_thread()
-        if tag:
-            del self.__dict__["alloc"]
-            warn_untagged(str(_C.region_name(tag)), "this cudapool.sim.Pool")
-        return _C.Pool.alloc(self, size, stream)
+            def alloc_until_tagged(size: int, stream: int = 0) -> int:
+                pool = me()
+                if pool is None:
+                    raise ValueError("the pool is gone")
+                tag = _C.region_of_thread()
+                if tag:
+                    pool.__dict__.pop("alloc", None)
+                    warn_untagged(str(_C.region_name(tag)), "this cudapool.sim.Pool")
+                return _C.Pool.alloc(pool, size, stream)
+
+            self.__dict__["alloc"] = alloc_until_tagged
+        return self
 
     # -- introspection ------------------------------------------------------------------------
 
