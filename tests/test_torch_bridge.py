@@ -372,6 +372,13 @@ def test_every_other_call_answers_or_names_itself():
         r = call("raw_alloc_with_stream", 0, 1 * MiB, 5)[0]
         call("raw_deleter", a=r)
         assert cudapool.memory_allocated(0) == 3 * MiB
+        r1 = call("raw_alloc_with_stream", 1, 1 * MiB, 0)[0]   # a plain address of device 1
+        assert cudapool.memory_allocated(1) == 1 * MiB
+        call("raw_deleter", a=r1)                               # found in device 1's pool
+        assert cudapool.memory_allocated(1) == 0
+        d1 = alloc(2 * MiB, device=1)                           # a DataPtr of device 1 ...
+        free(d1)                                                # ... freed there by its deleter
+        assert cudapool.memory_allocated(1) == 0
         # recordStream through torch's CUDAStream type
         buf = ctypes.create_string_buffer(1024)
         rc = br.cudapool_bridge_test_record_stream(p, 7, buf, len(buf))

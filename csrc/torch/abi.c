@@ -189,8 +189,9 @@ void cpd_free(void *ptr, int device) {
     cp_pool_t *pool = cpd_pool_if_created(device);
     if (pool != NULL && cp_free(pool, ptr) == CP_OK) return;
   }
-  if (device < 0) device = cpd_device_of(ptr);
-  cpd_release(ptr, NULL, device);
+  /* The device is a hint here: a pointer another device's pool holds is freed there. */
+  const int owner = cpd_device_of(ptr);
+  cpd_release(ptr, NULL, owner >= 0 ? owner : device < 0 ? 0 : device);
 }
 
 int cpd_device_of(const void *ptr) {
@@ -200,7 +201,7 @@ int cpd_device_of(const void *ptr) {
   }
   int device = -1;
   if (ptr != NULL && cpd_graph_pools_exist()) (void)cpd_graph_device_of(ptr, &device);
-  return device < 0 ? 0 : device;
+  return device;
 }
 
 void cudapool_record_stream(void *ptr, void *stream) {

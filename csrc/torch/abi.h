@@ -36,12 +36,12 @@ void *cudapool_alloc(size_t size, int device, void *stream);
 int cudapool_alloc_catching(size_t size, int device, void *stream, void **out_ptr, char *buf, size_t buf_size);
 int cpd_alloc(size_t size, int device, void *stream, void **out_ptr);
 void cudapool_free(void *ptr, size_t size, int device, void *stream);
-/* The free of torch's allocator interface (the bridge's deleters, raw_delete), which knows
- * the pointer only: cudapool_free with any size (the block knows its own), on `device`, or,
- * for a device < 0, on the device whose pool (shared or private) holds `ptr`. A pointer no
- * pool holds is left alone and counted, as cudapool_free does. */
+/* The free of torch's allocator interface (the bridge's deleter, raw_delete), which knows
+ * the pointer only: cudapool_free with any size (the block knows its own), on `device`; when
+ * that device's pool does not hold it (or the device is < 0), on the device whose pool (shared
+ * or private) does. A pointer no pool holds is left alone and counted, as cudapool_free does. */
 void cpd_free(void *ptr, int device);
-/* The device whose pool holds `ptr` as a live allocation (0 when none does). */
+/* The device whose pool holds `ptr` as a live allocation (-1 when none does). */
 int cpd_device_of(const void *ptr);
 void cudapool_record_stream(void *ptr, void *stream);
 void cudapool_empty_cache(void);

@@ -217,7 +217,9 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     const c10::DeviceIndex device = c10::cuda::current_device();
     return allocate_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete_any; }
+  // The deleter of the bridge's DataPtrs, as torch's own allocator answers (cudagraph trees and
+  // torch._C._has_Standard_Deleter compare a storage's deleter with it).
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_context; }
   void copy_data(void *dest, const void *src, std::size_t count) const final {
     C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
   }

@@ -6,12 +6,15 @@
 // Note [The bridge's data pointers]
 // torch's own allocator hands out a DataPtr whose context is the device address, and frees
 // through a lookup in a hash map under a mutex; torch's pluggable wrapper adds one more map and
-// one more mutex. Here the context is the address too, but the deleter is one of
-// CP_MAX_DEVICES functions, one per device: it knows the device's pool without any lookup, and
-// the pool's own pointer map (which the free reads anyway) knows the block and its size. So a
-// tensor's free is one call into the pool: no lock or table of the bridge's. While torch's
-// history records stacks (recordHistory with a context), the allocation and the free also tell
-// the bridge (cudapool_bridge_note_alloc / _free), behind one predictable branch.
+// one more mutex. Here the context is the address with the device in its low bits (every
+// address the pools hand out is a multiple of the granule, at least 256 bytes, and there are at
+// most CP_MAX_DEVICES = 64 devices), and the deleter, raw_deleter() as with torch's own, takes the
+// device back out: it knows the device's pool without any lookup, and the pool's own pointer
+// map (which the free reads anyway) knows the block and its size. So a tensor's free is one call
+// into the pool: no lock or table of the bridge's. A plain address given to the deleter (device
+// bits 0) is found in whichever pool holds it (cpd_free). While torch's history records stacks
+// (recordHistory with a context), the allocation and the free also tell the bridge
+// (cudapool_bridge::note_alloc / note_free), behind one predictable branch.
 #ifndef CP_BRIDGE_PATH_H
 #define CP_BRIDGE_PATH_H
 
@@ -19,10 +22,9 @@
 #include <c10/core/Device.h>
 #include <c10/macros/Macros.h>
 
-#include <array>
 #include <atomic>
 #include <cstddef>
-#include <utility>
+#include <cstdint>
 
 extern "C" {
 #include "core/cp.h"
@@ -40,20 +42,21 @@ void note_free(void *ptr) noexcept;
 // the benchmark, which never fails).
 [[noreturn]] void fail(int status, size_t size, int device);
 
-template <int D>
-void delete_on(void *ptr) noexcept {
+// The device bits of a context (Note [The bridge's data pointers]).
+constexpr uintptr_t kDeviceBits = 255;
+static_assert(CP_MAX_DEVICES <= kDeviceBits + 1, "a device ordinal fits in the low bits of an address");
+
+inline void *context_of(void *ptr, int device) {
+  return reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(ptr) | static_cast<uintptr_t>(device));
+}
+
+// The deleter of every DataPtr the bridge makes (its raw_deleter()).
+inline void delete_context(void *ctx) noexcept {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(ctx);
+  void *ptr = reinterpret_cast<void *>(bits & ~kDeviceBits);
   if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);
-  cpd_free(ptr, D);
+  cpd_free(ptr, static_cast<int>(bits & kDeviceBits));
 }
-
-template <int... D>
-constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> make_deleters(std::integer_sequence<int, D...>) {
-  return {{&delete_on<D>...}};
-}
-
-// deleters[d] frees a pointer of device d's pools.
-inline constexpr std::array<c10::DeleterFnPtr, CP_MAX_DEVICES> deleters =
-    make_deleters(std::make_integer_sequence<int, CP_MAX_DEVICES>{});
 
 // The allocation: `size` bytes on `device` for use on `stream` (the current ones, as torch's
 // own allocator takes them). Size 0 is a null DataPtr, as with torch's.
@@ -68,9 +71,8 @@ inline void *alloc_raw(size_t size, int device, void *stream) {
 inline c10::DataPtr allocate_on(size_t size, int device, void *stream) {
   void *ptr = alloc_raw(size, device, stream);
   const c10::Device where(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
-  // Size 0 succeeds before the device is looked at: no deleter is picked for it.
-  if (C10_UNLIKELY(ptr == nullptr)) return c10::DataPtr(nullptr, where);
-  return c10::DataPtr(ptr, ptr, deleters[static_cast<size_t>(device)], where);
+  if (C10_UNLIKELY(ptr == nullptr)) return c10::DataPtr(nullptr, where); // size 0
+  return c10::DataPtr(ptr, context_of(ptr, device), &delete_context, where);
 }
 
 } // namespace cudapool_bridge

@@ -63,7 +63,10 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_allocate(size_t 
   return guarded(buf, buf_size, [&] {
     c10::DataPtr dp = cudapool_bridge::allocate_on(size, device, stream);
     *out_ptr = dp.get();
-    TORCH_CHECK(dp.get_context() == dp.get(), "the DataPtr's context is not its address");
+    TORCH_CHECK(dp.get() == nullptr || dp.get_context() == cudapool_bridge::context_of(dp.get(), device),
+                "the DataPtr's context is not its address with its device");
+    TORCH_CHECK(dp.get() == nullptr || dp.get_deleter() == cc::get()->raw_deleter(),
+                "the DataPtr's deleter is not the allocator's raw_deleter()");
     TORCH_CHECK(dp.device() == c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)),
                 "the DataPtr names another device");
     if (dp.get() != nullptr) {

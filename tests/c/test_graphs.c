@@ -363,6 +363,13 @@ TEST(mem_pool_use_counts_and_frees_without_a_size) {
   CHECK(cpd_graph_incref(5, 0, 1) == CP_ERR_INVALID); /* no device 5 */
   cpd_free(q, 0);
   CHECK_EQ_U(shared_allocated(0), 0);
+  /* The device is a hint: a pointer of device 1 given with device 0 is freed on device 1. */
+  void *on1;
+  REQUIRE(cpd_alloc(MiB, 1, NULL, &on1) == CP_OK);
+  CHECK_EQ_U(cpd_device_of(on1), 1);
+  cpd_free(on1, 0);
+  CHECK_EQ_U(shared_allocated(1), 0);
+  CHECK(cpd_device_of(on1) == -1);
   /* A free without a size of a pointer no pool holds is left alone and counted. */
   unsigned long long frees_before, frees_after, rs;
   cpd_foreign_calls(&frees_before, &rs);
