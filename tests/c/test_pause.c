@@ -477,32 +477,40 @@ TEST(faults_of_each_call) {
 }
 
 /* Threads: each allocates and frees in a region of its own and pauses and resumes it, while
- * one more pauses and resumes every region at once; the pool stays whole. */
+ * one more pauses and resumes every region at once; the pool stays whole. A paused region's
+ * memory must not be touched (on a GPU that is an illegal memory access; here the page is
+ * gone), so the workers write and read their blocks under a read lock that the thread pausing
+ * every region holds, for writing, from its pause to its resume. */
 typedef struct worker_s {
   fixture_t *fx;
   uint32_t tag;
   int id;
   int failures;
+  pthread_rwlock_t *touch; /* held to touch memory (workers) or while all is paused (pauser) */
 } worker_t;
 
 static void *worker(void *arg) {
   worker_t *w = arg;
   for (int round = 0; round < 30; round++) {
     void *p[4] = {NULL, NULL, NULL, NULL};
+    pthread_rwlock_rdlock(w->touch);
     for (int i = 0; i < 4; i++) {
       const int rc = cp_alloc_in(w->fx->pool, (size_t)(i + 1) * 3 * MiB, (cp_stream_t)w->id, w->tag, &p[i]);
       if (rc != CP_OK && rc != CP_ERR_STATE) w->failures++; /* paused by the other thread: fine */
       if (rc == CP_OK) memset(p[i], w->id, 4096);
     }
+    pthread_rwlock_unlock(w->touch);
     int rc = cp_pool_pause(w->fx->pool, w->tag, round % 2 ? CP_PAUSE_BACKUP : 0);
     if (rc != CP_OK) w->failures++;
     rc = cp_pool_resume(w->fx->pool, w->tag);
     if (rc != CP_OK) w->failures++;
+    pthread_rwlock_rdlock(w->touch);
     for (int i = 0; i < 4; i++) {
       if (p[i] == NULL) continue;
       if (round % 2 == 1 && ((unsigned char *)p[i])[0] != (unsigned char)w->id) w->failures++;
       if (cp_free(w->fx->pool, p[i]) != CP_OK) w->failures++;
     }
+    pthread_rwlock_unlock(w->touch);
   }
   return NULL;
 }
@@ -510,8 +518,10 @@ static void *worker(void *arg) {
 static void *pauser(void *arg) {
   worker_t *w = arg;
   for (int round = 0; round < 30; round++) {
+    pthread_rwlock_wrlock(w->touch);
     if (cp_pool_pause(w->fx->pool, 0, CP_PAUSE_BACKUP) != CP_OK) w->failures++;
     if (cp_pool_resume(w->fx->pool, 0) != CP_OK) w->failures++;
+    pthread_rwlock_unlock(w->touch);
   }
   return NULL;
 }
@@ -521,15 +531,18 @@ TEST(threads) {
   REQUIRE(fx_open_sim(&fx, 1 * GiB, CP_SIM_AUTO_COMPLETE, ST) == 0);
   worker_t w[4];
   pthread_t t[4];
+  pthread_rwlock_t touch;
+  REQUIRE(pthread_rwlock_init(&touch, NULL) == 0);
   const char *names[3] = {"t_one", "t_two", "t_three"};
   for (int i = 0; i < 4; i++) {
-    w[i] = (worker_t){&fx, i < 3 ? region(names[i]) : 0, i + 1, 0};
+    w[i] = (worker_t){&fx, i < 3 ? region(names[i]) : 0, i + 1, 0, &touch};
     REQUIRE(pthread_create(&t[i], NULL, i < 3 ? worker : pauser, &w[i]) == 0);
   }
   for (int i = 0; i < 4; i++) {
     pthread_join(t[i], NULL);
     CHECK_EQ_U(w[i].failures, 0);
   }
+  pthread_rwlock_destroy(&touch);
   CHECK(empty_cache_idle(&fx) == CP_OK);
   no_host_memory_left(&fx);
   fx_close(&fx);
