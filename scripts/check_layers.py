@@ -79,10 +79,12 @@ CORE_RANKS: dict[str, int] = {
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life
     "pool": 10,
-    # 11-12: what reads or drives a pool: stats, seeding, pause (11) and resume (12), the replay
+    # 11-12: what reads or drives a pool: stats, seeding, pause and checkpoints (11), resume (12), the
+    # replay
     "stats": 11,
     "seed": 11,
     "pause": 11,
+    "checkpoint": 11,
     "replay": 12,
     "resume": 12,
 }

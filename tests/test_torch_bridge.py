@@ -345,6 +345,123 @@ def test_mem_pool_calls_route_into_a_private_pool():
     )
 
 
+GRAPH_TREES = """
+br.cudapool_bridge_test_storage.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]
+br.cudapool_bridge_test_storage_drop.argtypes = [ctypes.c_uint64]
+dev = torch.device("cuda", 0)
+
+def storage(size, stream=5):
+    # A CUDA storage as torch makes for a tensor: allocate() with the device and stream given.
+    impl = ctypes.c_uint64()
+    buf = ctypes.create_string_buffer(4096)
+    rc = br.cudapool_bridge_test_storage(size, 0, stream, ctypes.byref(impl), buf, len(buf))
+    assert rc == 0, buf.value
+    s = torch.UntypedStorage._new_with_weak_ptr(impl.value)
+    assert br.cudapool_bridge_test_storage_drop(impl.value) == 0
+    return s
+
+def live(pool, ptrs):
+    return torch._C._cuda_checkPoolLiveAllocations(0, pool, set(ptrs))
+
+def in_pool(pool):
+    torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+
+def out_of_pool(pool):
+    torch._C._cuda_endAllocateToPool(0, pool)
+    torch._C._cuda_releasePool(0, pool)
+
+def replay_output(ptr, size):
+    # cudagraph trees' outputs of a replay: storages over the graph's addresses, no deleter
+    return torch._C._construct_storage_from_data_pointer(ptr, dev, size)
+"""
+
+
+def test_cudagraph_trees_checkpoint_and_restore_through_torchs_bindings():
+    # The calls and their order are those of torch/_inductor/cudagraph_trees.py: record in the
+    # tree's pool, checkpoint after the graph, replay (outputs without deleters), restore the
+    # checkpoint with the live outputs given deleters, free outputs that died, check liveness.
+    ok(
+        GRAPH_TREES
+        + textwrap.dedent(
+            """
+        pool = torch.cuda.graph_pool_handle()
+        call("createOrIncrefPool", 0, *pool)                   # the recorded graph's use of it
+        in_pool(pool)                                           # _use_cuda_memory_pool_manager
+        tmp = storage(6 * MiB)
+        out1, out2 = storage(3 * MiB), storage(1000)
+        p1, p2 = out1.data_ptr(), out2.data_ptr()
+        del tmp                                                 # an intermediate of the graph
+        out_of_pool(pool)
+        assert cudapool.memory_allocated(0) == 0                # all of it in the private pool
+        state = torch._C._cuda_getCheckpointState(0, pool)
+        assert live(pool, [p1, p2]) and not live(pool, [p1]) and not live(pool, [p1, p2, 12345])
+        # the outputs die; a replay brings them back without the allocator knowing
+        del out1, out2
+        assert live(pool, [])
+        r1, r2 = replay_output(p1, 3 * MiB), replay_output(p2, 1000)
+        assert not torch._C._has_Standard_Deleter(r1._cdata)
+        # apply_checkpoint_execution_state_in_allocator before the next recording
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [r1._cdata, r2._cdata])
+        assert live(pool, [p1, p2])
+        assert torch._C._has_Standard_Deleter(r1._cdata) and torch._C._has_Standard_Deleter(r2._cdata)
+        in_pool(pool)                                           # the next recording goes around them
+        w = storage(2 * MiB)
+        assert not (p1 <= w.data_ptr() < p1 + 3 * MiB), (hex(w.data_ptr()), hex(p1))
+        out_of_pool(pool)
+        assert live(pool, [p1, p2, w.data_ptr()])
+        del w
+        # a new execution overwrites the outputs: their storages lose the deleter, the memory goes
+        for s in (r1, r2):
+            torch._C._free_And_Remove_DeleterFn(s._cdata)
+            assert not torch._C._has_Standard_Deleter(s._cdata)
+        assert live(pool, [])
+        del r1, r2                                              # deleteNothing: no second free
+        # replay again; out2 dies before the checkpoint is applied: re-created, then freed by torch
+        q1, q2 = replay_output(p1, 3 * MiB), replay_output(p2, 1000)
+        del q2
+        torch._C._cuda_setCheckpointPoolState(0, state, [], [q1._cdata])
+        assert live(pool, [p1, p2])
+        torch._C._cuda_cudaCachingAllocator_raw_delete(p2)      # ptrs_to_deallocate
+        assert live(pool, [p1])
+        # a storage allocated after the checkpoint and still alive is a stale one: torch swaps
+        # its deleter when it is passed, and cudapool frees its block
+        in_pool(pool)
+        y = storage(1 * MiB)
+        out_of_pool(pool)
+        yp = y.data_ptr()
+        torch._C._cuda_setCheckpointPoolState(0, state, [y._cdata], [])
+        assert live(pool, [p1, p2]) and not torch._C._has_Standard_Deleter(y._cdata)
+        del y
+        torch._C._cuda_cudaCachingAllocator_raw_delete(p2)
+        del q1                                                  # its deleter frees p1
+        assert live(pool, [])
+        g = cudapool.graph_pools()
+        assert len(g) == 1 and g[0]["allocated"] == 0, g
+        snap = torch.cuda.memory._snapshot()
+        segs = [sg for sg in snap["segments"] if tuple(sg["segment_pool_id"]) == tuple(pool)]
+        assert segs and all(b["state"] == "inactive" for sg in segs for b in sg["blocks"]), segs
+        # a state of another device, or of no pool, is refused with the call's name
+        try:
+            torch._C._cuda_setCheckpointPoolState(1, state, [], [])
+            raise AssertionError("not refused")
+        except RuntimeError as exc:
+            assert "setCheckpointPoolState" in str(exc) and "device 0" in str(exc), exc
+        try:
+            torch._C._cuda_getCheckpointState(0, (0, 999999))
+            raise AssertionError("not refused")
+        except RuntimeError as exc:
+            assert "getCheckpointState" in str(exc) and "no private pool" in str(exc), exc
+        call("releasePool", 0, *pool)                           # the graph goes
+        assert cudapool.graph_pools() == []
+        del state
+        assert _C.device_pool(0).check() == 0
+        print("OK")
+        """
+        )
+    )
+
+
 def test_every_other_call_answers_or_names_itself():
     ok(
         """
@@ -387,8 +504,8 @@ def test_every_other_call_answers_or_names_itself():
         call("emptyCache")
         assert call("isHistoryEnabled")[0] == 0
         for name in ("checkPoolLiveAllocations", "getCheckpointState"):
-            m = refused(name)
-            assert name in m and "cudagraph_trees" in m, m
+            m = refused(name, 0, 0, 4242)                         # no such private pool
+            assert name in m and "no private pool" in m, m
         for name in ("shareIpcHandle", "getIpcDevPtr"):
             m = refused(name)
             assert name in m and "processes" in m, m

@@ -59,7 +59,7 @@ int cp_reclaim_completed_locked(cp_pool_t *pool) {
 }
 
 /* Wait (without the lock) for every pending free, then return those blocks to the index. */
-static int cp_synchronize_pending_locked(cp_pool_t *pool) {
+int cp_synchronize_pending_locked(cp_pool_t *pool) {
   cp_done_list_t done = {NULL, NULL};
   bool waited = false;
   int rc = cp_streams_synchronize_locked(&pool->streams, &pool->lock, &done, &waited);
@@ -70,7 +70,7 @@ static int cp_synchronize_pending_locked(cp_pool_t *pool) {
 
 /* Free the LIVE block `b`: with uses on other streams, record an event on each and leave it
  * PENDING; else give it back at once. On failure the block stays allocated. */
-static int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
+int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
   if (b->use_count > 0) {
     int rc = cp_streams_defer_free_locked(&pool->streams, b);
     if (rc != CP_OK) {
@@ -96,7 +96,7 @@ static int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who)
 /* Free the blocks whose free waited for the end of a capture (Note [Capture in the pool]),
  * when no capture is under way. A free that fails (an event record refused) stays listed and
  * is tried again later. */
-static void cp_capture_flush_locked(cp_pool_t *pool) {
+void cp_capture_flush_locked(cp_pool_t *pool) {
   cp_capture_t *c = &pool->capture;
   if (c->windows != 0) return;
   size_t kept = 0;

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -71,14 +72,19 @@ cp_pool_t *pool_or_throw(int device, const char *call) {
   return pool;
 }
 
-const char *const kGraphTreesRefusal =
-    "torch.compile(mode='reduce-overhead') records CUDA graphs as cudagraph trees, which checkpoint and check "
-    "the allocator's private pools; cudapool does not offer that yet. Use plain CUDA graphs instead: set "
-    "torch._inductor.config.triton.cudagraph_trees = False before compiling, or compile with "
-    "mode='max-autotune-no-cudagraphs'.";
-
 const char *const kIpcRefusal =
     "sharing CUDA tensors between processes (torch.multiprocessing, reduce_tensor) is not supported by cudapool yet";
+
+// torch's AllocatorState for cudapool: a checkpoint of the private pool (device, id).
+struct Checkpoint final : cc::AllocatorState {
+  Checkpoint(int d, c10::MempoolId_t i, cp_checkpoint_t *c) : device(d), id(i), ck(c) {}
+  ~Checkpoint() override { cp_checkpoint_destroy(ck); }
+  Checkpoint(const Checkpoint &) = delete;
+  Checkpoint &operator=(const Checkpoint &) = delete;
+  int device;
+  c10::MempoolId_t id;
+  cp_checkpoint_t *ck;
+};
 
 void raw_delete_any(void *ptr) {
   if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);
@@ -378,19 +384,53 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     (void)device, (void)mempool_id;
     refuse("setNoSplit", "MemPools whose blocks are never split are not supported by cudapool");
   }
+  // Cudagraph trees (Note [Checkpoints] in core/checkpoint.c): the state is cudapool's checkpoint of
+  // the private pool; a restore hands back DataPtrs that free through raw_deleter(), as torch's
+  // own do, so that torch can move them into the storages that are live again.
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                 const std::unordered_set<void *> &expected_live_allocations) override {
-    (void)device, (void)mempool_id, (void)expected_live_allocations;
-    refuse("checkPoolLiveAllocations", kGraphTreesRefusal);
+    void **ptrs = nullptr;
+    size_t n = 0;
+    if (cpd_graph_live_blocks(device, mempool_id.first, mempool_id.second, &ptrs, &n) != CP_OK)
+      fail_call("checkPoolLiveAllocations");
+    bool same = n == expected_live_allocations.size();
+    for (size_t i = 0; i < n && same; i++) same = expected_live_allocations.count(ptrs[i]) != 0;
+    std::free(ptrs);
+    return same;
   }
   std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
-    (void)device, (void)id;
-    refuse("getCheckpointState", kGraphTreesRefusal);
+    cp_checkpoint_t *ck = nullptr;
+    if (cpd_graph_checkpoint(device, id.first, id.second, &ck) != CP_OK) fail_call("getCheckpointState");
+    return std::make_shared<Checkpoint>(device, id, ck);
   }
   cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                              std::shared_ptr<cc::AllocatorState> pps) override {
-    (void)device, (void)pps;
-    refuse("setCheckpointPoolState", kGraphTreesRefusal);
+    auto *ck = dynamic_cast<Checkpoint *>(pps.get());
+    if (ck == nullptr) refuse("setCheckpointPoolState", "the state was not made by cudapool's getCheckpointState");
+    if (ck->device != device) {
+      refuse("setCheckpointPoolState",
+             "the state is of device " + std::to_string(ck->device) + ", not of device " + std::to_string(device));
+    }
+    cp_restore_t r;
+    const int rc = cpd_graph_restore(device, ck->id.first, ck->id.second, ck->ck, &r);
+    cc::CheckpointDelta delta;
+    if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) {
+      for (size_t i = 0; i < r.freed_count; i++) note_free(r.freed[i]);
+    }
+    if (rc != CP_OK) {
+      const std::string why = cp_last_error();
+      cp_restore_release(&r);
+      refuse("setCheckpointPoolState", why);
+    }
+    delta.ptrs_freed.assign(r.freed, r.freed + r.freed_count);
+    delta.dataptrs_allocd.reserve(r.made_live_count);
+    const c10::Device where(c10::DeviceType::CUDA, device);
+    for (size_t i = 0; i < r.made_live_count; i++) {
+      void *p = r.made_live[i];
+      delta.dataptrs_allocd.emplace_back(p, context_of(p, device), &delete_context, where);
+    }
+    cp_restore_release(&r);
+    return delta;
   }
   cc::ShareableHandle shareIpcHandle(void *ptr) override {
     (void)ptr;

@@ -6,6 +6,7 @@
 // lazy initialisation on torch's current allocator, which is the bridge once it is installed.
 // Every hook returns 0, or 1 with the error's message in buf (2 for c10::OutOfMemoryError).
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -28,8 +29,9 @@ namespace cc = c10::cuda::CUDACachingAllocator;
 namespace {
 
 std::mutex mu;
-std::map<void *, c10::DataPtr> held; // DataPtrs the tests allocated, by address
-std::vector<int> tracker_actions;    // actions the test's trace tracker saw
+std::map<void *, c10::DataPtr> held;                                         // DataPtrs the tests allocated, by address
+std::map<c10::StorageImpl *, c10::intrusive_ptr<c10::StorageImpl>> storages; // until Python holds them
+std::vector<int> tracker_actions;                                            // actions the test's trace tracker saw
 std::vector<std::pair<size_t, size_t>> tracker_ranges;
 std::vector<std::array<uint64_t, 4>> oom_seen; // what the test's out-of-memory observer was told
 
@@ -87,6 +89,35 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_free(void *ptr) 
     held.erase(it);
   }
   return 0; // dp goes out of scope here: the deleter runs
+}
+
+// A torch storage over allocate() with the device and stream given, as torch makes for a CUDA
+// tensor: its StorageImpl's address in *out_impl, for torch.UntypedStorage._new_with_weak_ptr;
+// this library holds it until cudapool_bridge_test_storage_drop, then the storage's owners do.
+__attribute__((visibility("default"))) int cudapool_bridge_test_storage(size_t size, int device, void *stream,
+                                                                        uint64_t *out_impl, char *buf,
+                                                                        size_t buf_size) {
+  *out_impl = 0;
+  return guarded(buf, buf_size, [&] {
+    auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), size,
+                                                      cudapool_bridge::allocate_on(size, device, stream),
+                                                      /*allocator=*/nullptr, /*resizable=*/false);
+    *out_impl = reinterpret_cast<uint64_t>(impl.get());
+    std::lock_guard<std::mutex> g(mu);
+    storages.emplace(impl.get(), std::move(impl));
+  });
+}
+
+__attribute__((visibility("default"))) int cudapool_bridge_test_storage_drop(uint64_t impl) {
+  c10::intrusive_ptr<c10::StorageImpl> dropped;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = storages.find(reinterpret_cast<c10::StorageImpl *>(impl));
+    if (it == storages.end()) return 1;
+    dropped = std::move(it->second);
+    storages.erase(it);
+  }
+  return 0;
 }
 
 // recordStream with a held DataPtr (the bridge's recordStream reads the pointer and the stream).

@@ -16,7 +16,7 @@ typedef struct cpd_gpool_s {
   cp_pool_t *pool;
   unsigned uses; /* begins not released yet */
   uint32_t tag;  /* Note [Graph regions] */
-  unsigned held; /* cpd_graph_pause / resume at work on it without the lock */
+  unsigned held; /* cpd_graph_pause / resume / restore at work on it without the lock */
   struct cpd_gpool_s *next;
 } cpd_gpool_t;
 
@@ -293,6 +293,61 @@ int cpd_graph_alloc(size_t size, int device, void *stream, void **out_ptr, int *
     }
   }
   cpd_graph_unlock();
+  return rc;
+}
+
+/* Take hold of the pool of (device, id) (CP_ERR_INVALID when there is none), so that it stays
+ * while used without the graph lock; cpd_gpool_put lets it go. */
+static int cpd_gpool_get(int device, unsigned long long id0, unsigned long long id1, const char *who,
+                         cpd_gpool_t **out_gp) {
+  int rc = cpd_check_device(device, who);
+  if (rc != CP_OK) return rc;
+  cpd_graph_lock_take();
+  cpd_gpool_t *gp = cpd_gpool_find_locked(device, id0, id1);
+  if (gp == NULL) {
+    rc =
+        cp_set_error(CP_ERR_INVALID, "cudapool: %s: device %d has no private pool (%llu, %llu)", who, device, id0, id1);
+  } else {
+    gp->held++;
+  }
+  cpd_graph_unlock();
+  *out_gp = gp;
+  return rc;
+}
+
+static void cpd_gpool_put(cpd_gpool_t *gp) {
+  cpd_graph_lock_take();
+  gp->held--;
+  (void)cpd_gpool_maybe_destroy_locked(gp);
+  cpd_graph_unlock();
+}
+
+int cpd_graph_checkpoint(int device, unsigned long long id0, unsigned long long id1, cp_checkpoint_t **out_ck) {
+  cpd_gpool_t *gp = NULL;
+  int rc = cpd_gpool_get(device, id0, id1, "getCheckpointState", &gp);
+  if (rc != CP_OK) return rc;
+  rc = cp_pool_checkpoint(gp->pool, out_ck);
+  cpd_gpool_put(gp);
+  return rc;
+}
+
+int cpd_graph_restore(int device, unsigned long long id0, unsigned long long id1, const cp_checkpoint_t *ck,
+                      cp_restore_t *out) {
+  cpd_gpool_t *gp = NULL;
+  int rc = cpd_gpool_get(device, id0, id1, "setCheckpointPoolState", &gp);
+  if (rc != CP_OK) return rc;
+  rc = cp_pool_restore(gp->pool, ck, out);
+  cpd_gpool_put(gp);
+  return rc;
+}
+
+int cpd_graph_live_blocks(int device, unsigned long long id0, unsigned long long id1, void ***out_ptrs,
+                          size_t *out_count) {
+  cpd_gpool_t *gp = NULL;
+  int rc = cpd_gpool_get(device, id0, id1, "checkPoolLiveAllocations", &gp);
+  if (rc != CP_OK) return rc;
+  rc = cp_pool_live_blocks(gp->pool, out_ptrs, out_count);
+  cpd_gpool_put(gp);
   return rc;
 }
 

@@ -99,6 +99,15 @@ size_t cpd_graph_pools(cpd_graph_info_t *out, size_t max);
 /* The private pool of (device, id), NULL when none (for tests; valid until it is destroyed). */
 cp_pool_t *cpd_graph_pool(int device, unsigned long long id0, unsigned long long id1);
 
+/* Checkpoints of a private pool (Note [Checkpoints] in core/checkpoint.c), for CUDA graph trees:
+ * CP_ERR_INVALID when (device, id) has no pool. Each runs on the pool without the graph lock
+ * (a restore may wait for frees), the pool held meanwhile. */
+int cpd_graph_checkpoint(int device, unsigned long long id0, unsigned long long id1, cp_checkpoint_t **out_ck);
+int cpd_graph_restore(int device, unsigned long long id0, unsigned long long id1, const cp_checkpoint_t *ck,
+                      cp_restore_t *out);
+int cpd_graph_live_blocks(int device, unsigned long long id0, unsigned long long id1, void ***out_ptrs,
+                          size_t *out_count);
+
 /* Note [Graph regions]
  * A graph captured while its thread is in a region (cudapool.region / graph_region) gets a
  * private pool of that region: page-mapped (expandable segments, no stitching: nothing it

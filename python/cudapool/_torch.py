@@ -62,14 +62,17 @@ _CUDAGRAPH_TREE_FUNCTIONS = (
     "_cuda_checkPoolLiveAllocations",
 )
 
-#: What torch.compile(mode="reduce-overhead") raises under cudapool, and what to do instead.
+#: What torch.compile(mode="reduce-overhead") raises on the pluggable path (the bridge answers
+#: cudagraph trees' calls), and what to do instead.
 REDUCE_OVERHEAD_MESSAGE = (
     "cudapool: torch.compile(mode='reduce-overhead') records CUDA graphs as cudagraph trees, which "
     "checkpoint and check the allocator's private pools (getCheckpointState, setCheckpointPoolState, "
-    "checkPoolLiveAllocations); torch's pluggable allocator, which cudapool plugs into, does not forward "
-    "those calls. Use plain CUDA graphs instead, which cudapool supports: set "
-    "torch._inductor.config.triton.cudagraph_trees = False before compiling (reduce-overhead then "
-    "captures each graph with torch.cuda.graph), or compile with mode='max-autotune-no-cudagraphs'."
+    "checkPoolLiveAllocations); cudapool's torch bridge answers them, but this process runs on torch's "
+    "pluggable allocator (CUDAPOOL_BRIDGE=0, or a bridge not built for this torch: python -m cudapool info "
+    "says which), which does not forward those calls. Reinstall cudapool against this torch to get the "
+    "bridge, or use plain CUDA graphs: set torch._inductor.config.triton.cudagraph_trees = False before "
+    "compiling (reduce-overhead then captures each graph with torch.cuda.graph), or compile with "
+    "mode='max-autotune-no-cudagraphs'."
 )
 
 # Keys some torch versions' memory_stats() have that the pool does not track: always this

@@ -3,6 +3,7 @@
  * MemPool ids behind the device table (routing, isolation, release). Runs under ASan+UBSan
  * with the invariant check after every pool operation. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/sim.h"
@@ -297,6 +298,95 @@ TEST(graph_region_pause_gives_back_every_byte_a_replay_uses) {
   REQUIRE(cpd_configure(&cfg) == CP_OK);
 }
 
+/* What cudagraph trees do with their pool, on the device table: record (capture window),
+ * checkpoint, replay (kernels still queued), restore while they are, record again around the
+ * restored outputs. Under the default policy (the shared pool stitches; graph pools never do)
+ * and in a region (the graph pool is page-mapped). */
+static void graph_tree_round(const char *conf, const char *region_name) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  REQUIRE(cp_config_parse(&cfg, conf) == CP_OK);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+  REQUIRE(cpd_use_sim(256 * MiB, 1, 0) == CP_OK);
+  uint32_t tag = 0, outer = 0;
+  if (region_name != NULL) {
+    REQUIRE(cp_region_id(region_name, &tag) == CP_OK);
+    outer = cp_region_enter(tag);
+  }
+  REQUIRE(cpd_graph_begin(0, 31, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *tmp = NULL, *o1 = NULL, *o2 = NULL;
+  REQUIRE(cpd_alloc(8 * MiB, 0, (void *)5, &tmp) == CP_OK);
+  cp_sim_t *sim = cpd_sim(0); /* made with the device's pool */
+  REQUIRE(sim != NULL);
+  REQUIRE(cpd_alloc(4 * MiB, 0, (void *)5, &o1) == CP_OK);
+  REQUIRE(cpd_alloc(512 * 1024, 0, (void *)5, &o2) == CP_OK);
+  cudapool_free(tmp, 8 * MiB, 0, (void *)5);
+  CHECK(cpd_graph_end(0, 31, 0) == CP_OK);
+  cp_checkpoint_t *ck = NULL;
+  REQUIRE(cpd_graph_checkpoint(0, 31, 0, &ck) == CP_OK);
+  CHECK_EQ_U(cp_checkpoint_live_count(ck), 2);
+  void **live = NULL;
+  size_t n = 0;
+  CHECK(cpd_graph_live_blocks(0, 31, 0, &live, &n) == CP_OK);
+  CHECK(n == 2 && ((live[0] == o1 && live[1] == o2) || (live[0] == o2 && live[1] == o1)));
+  free(live);
+  /* The outputs die, a replay is queued over all three addresses and has not run. */
+  cudapool_free(o1, 4 * MiB, 0, (void *)5);
+  cudapool_free(o2, 512 * 1024, 0, (void *)5);
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)tmp, 8 * MiB) == CP_OK);
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)o1, 4 * MiB) == CP_OK);
+  CHECK(cp_sim_launch(sim, 5, (uintptr_t)o2, 512 * 1024) == CP_OK);
+  /* A warm-up in the pool allocates after the checkpoint. */
+  REQUIRE(cpd_graph_begin(0, 31, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *w = NULL;
+  REQUIRE(cpd_alloc(2 * MiB, 0, (void *)5, &w) == CP_OK);
+  CHECK(cpd_graph_end(0, 31, 0) == CP_OK);
+  cp_restore_t r;
+  const size_t reserved = cp_sim_reserved_bytes(sim);
+  CHECK(cpd_graph_restore(0, 31, 0, ck, &r) == CP_OK);
+  CHECK_EQ_U(r.freed_count, 1);
+  CHECK(r.freed_count == 1 && r.freed[0] == w);
+  CHECK_EQ_U(r.made_live_count, 2);
+  CHECK_EQ_U(cp_sim_reserved_bytes(sim), reserved); /* nothing given back, nothing reserved */
+  CHECK_EQ_U(cp_sim_queued_launches(sim), 3);       /* the replay still queued ... */
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);         /* ... and untouched */
+  cp_restore_release(&r);
+  /* Recording again goes around the restored outputs. */
+  REQUIRE(cpd_graph_begin(0, 31, 0, on_stream, stream_ctx(5), free_filter) == CP_OK);
+  void *x = NULL;
+  REQUIRE(cpd_alloc(4 * MiB, 0, (void *)5, &x) == CP_OK);
+  CHECK((char *)x + 4 * MiB <= (char *)o1 || (char *)x >= (char *)o1 + 4 * MiB);
+  CHECK(cp_sim_check_handoff(sim, 5, (uintptr_t)x, 4 * MiB) == 0);
+  CHECK(cpd_graph_end(0, 31, 0) == CP_OK);
+  cudapool_free(x, 4 * MiB, 0, (void *)5);
+  cp_sim_complete_all(sim);
+  CHECK_EQ_U(cp_sim_device_faults(sim), 0);
+  CHECK_EQ_U(cp_sim_capture_violations(sim), 0);
+  /* Unknown pools are refused by name. */
+  cp_checkpoint_t *none = NULL;
+  CHECK(cpd_graph_checkpoint(0, 99, 0, &none) == CP_ERR_INVALID);
+  CHECK(strstr(cp_last_error(), "no private pool") != NULL);
+  CHECK(cpd_graph_restore(0, 99, 0, ck, &r) == CP_ERR_INVALID);
+  cp_restore_release(&r);
+  CHECK(cpd_graph_live_blocks(-1, 31, 0, &live, &n) == CP_ERR_INVALID);
+  cp_checkpoint_destroy(ck);
+  cudapool_free(o1, 4 * MiB, 0, (void *)5);
+  cudapool_free(o2, 512 * 1024, 0, (void *)5);
+  for (int i = 0; i < 3; i++) CHECK(cpd_graph_release(0, 31, 0) == CP_OK);
+  cpd_graph_info_t info[2];
+  CHECK_EQ_U(cpd_graph_pools(info, 2), 0);
+  if (region_name != NULL) cp_region_enter(outer);
+  cpd_shutdown();
+  cp_config_default(&cfg);
+  REQUIRE(cpd_configure(&cfg) == CP_OK);
+}
+
+TEST(graph_trees_restore_with_a_replay_queued) {
+  graph_tree_round("expandable_segments:True,page_stitching:True", NULL);
+}
+
+TEST(graph_trees_restore_in_a_region) { graph_tree_round("expandable_segments:True,page_stitching:True", "tree"); }
+
 TEST(bad_calls_are_refused_and_shutdown_frees_everything) {
   REQUIRE(cpd_use_sim(64 * MiB, 1, 0) == CP_OK);
   filters_freed = 0;
@@ -438,6 +528,8 @@ int main(void) {
   RUN(graph_pools_route_isolate_and_go_when_released);
   RUN(graph_pools_keep_plain_segments_under_page_stitching);
   RUN(graph_region_pause_gives_back_every_byte_a_replay_uses);
+  RUN(graph_trees_restore_with_a_replay_queued);
+  RUN(graph_trees_restore_in_a_region);
   RUN(bad_calls_are_refused_and_shutdown_frees_everything);
   RUN(mem_pool_use_counts_and_frees_without_a_size);
   RUN(segment_observer_sees_every_segment);
