@@ -198,8 +198,10 @@ def test_snapshot_through_torch_in_torchs_format_and_memory_viz():
         assert blocks[b]["size"] == 12 * MiB
         mapped = sum(s["total_size"] for s in segs)
         assert mapped == flat(torch._C._cuda_memoryStats(0))["reserved_bytes.all.current"], mapped
-        torch.cuda.memory._dump_snapshot("snap.pickle")
-        with open("snap.pickle", "rb") as f:
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        with open(path, "rb") as f:
             assert pickle.load(f)["segments"]
         from torch.cuda import _memory_viz
         html = _memory_viz.segment_plot(snap)
