@@ -54,6 +54,7 @@ C_LAYERS: dict[str, set[str]] = {
 CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
+    "cp_share": 0,
     "sizes": 1,
     "region": 1,
     "config": 2,
@@ -79,12 +80,13 @@ CORE_RANKS: dict[str, int] = {
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life
     "pool": 10,
-    # 11-12: what reads or drives a pool: stats, seeding, pause and checkpoints (11), resume (12), the
+    # 11-12: what reads or drives a pool: stats, seeding, pause, checkpoints and sharing (11), resume (12), the
     # replay
     "stats": 11,
     "seed": 11,
     "pause": 11,
     "checkpoint": 11,
+    "share": 11,
     "replay": 12,
     "resume": 12,
 }

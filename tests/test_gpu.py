@@ -954,6 +954,93 @@ def test_reduce_overhead_with_cudagraph_trees_matches_eager_and_the_builtin_memo
     assert ours["reserved"] <= builtin["reserved"], (ours, builtin)
 
 
+# -- CUDA IPC: tensors shared between processes (Note [Handles for torch] in csrc/torch/ipc.c) ---
+
+IPC_CHILD = """
+import torch
+import cudapool
+
+
+def child(policy, q_in, q_out):
+    # The receiver: cudapool enabled (policy None: torch's own allocator, which opens torch's
+    # format of plain segments), the parent's tensor opened through its getIpcDevPtr.
+    if policy is not None:
+        cudapool.enable(policy=policy)
+    got = q_in.get()
+    t = got if isinstance(got, torch.Tensor) else got[0](*got[1])  # a tensor, or reduce_tensor's pair
+    q_out.put(float(t.double().sum().item()))
+    t.mul_(2)  # written back into the parent's memory
+    torch.cuda.synchronize()
+    del t, got
+    q_out.put("done")
+"""
+
+IPC_SHARE = """
+import sys, tempfile
+import cudapool
+import torch.multiprocessing as mp
+from torch.multiprocessing.reductions import reduce_tensor
+from cudapool import _torch
+policy, child_policy, how = sys.argv[1], sys.argv[2], sys.argv[3]
+child_policy = None if child_policy == "torch" else child_policy
+folder = tempfile.mkdtemp()
+with open(os.path.join(folder, "ipc_child.py"), "w") as f:
+    f.write(IPC_CHILD_SOURCE)
+sys.path.insert(0, folder)
+os.environ["PYTHONPATH"] = folder + os.pathsep + os.environ.get("PYTHONPATH", "")
+import ipc_child
+cudapool.enable(policy=policy)
+ctx = mp.get_context("spawn")
+q_in, q_out = ctx.Queue(), ctx.Queue()
+proc = ctx.Process(target=ipc_child.child, args=(child_policy, q_in, q_out))
+proc.start()
+n = 3 << 20
+if how == "region":
+    with cudapool.region("weights"):
+        x = torch.arange(n, device="cuda", dtype=torch.float32)
+    cudapool.pause("weights", backup=True)
+    cudapool.resume("weights")
+else:
+    x = torch.arange(n, device="cuda", dtype=torch.float32)
+expect = float(x.double().sum().item())
+q_in.put(reduce_tensor(x) if how == "region" else x)
+got = q_out.get(timeout=180)
+assert q_out.get(timeout=180) == "done"
+proc.join(60)
+assert proc.exitcode == 0, proc.exitcode
+torch.cuda.synchronize()
+assert got == expect, (got, expect)
+assert torch.equal(x, torch.arange(n, device="cuda", dtype=torch.float32) * 2)
+refused = None
+if how == "region":
+    try:
+        cudapool.pause("weights")
+    except Exception as exc:  # shared: refused until the tensor is freed
+        refused = str(exc)
+    assert refused and "shared with another process" in refused, refused
+    del x
+    cudapool.pause("weights")
+    cudapool.resume("weights")
+result(path=_torch.allocator_path(), refused=refused)
+"""
+
+
+@pytest.mark.parametrize(
+    "policy,child_policy,how",
+    [
+        ("builtin", "builtin", "tensor"),
+        ("builtin", "torch", "tensor"),  # torch's own receiver opens the plain segment
+        ("expandable", "expandable", "tensor"),
+        ("cudapool", "cudapool", "tensor"),
+        ("cudapool", "cudapool", "region"),
+    ],
+)
+def test_tensors_shared_between_processes(child_env, policy, child_policy, how):
+    body = "IPC_CHILD_SOURCE = " + repr(IPC_CHILD) + "\n" + IPC_SHARE
+    r = run_scenario(child_env, body, cudapool_on=False, args=(policy, child_policy, how), timeout=300)
+    assert r["path"] == "bridge", r
+
+
 # -- regions: pause and resume (docs/regions.md) ------------------------------------------------
 
 RL_LOOP = """

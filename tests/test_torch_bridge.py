@@ -508,9 +508,12 @@ def test_every_other_call_answers_or_names_itself():
         for name in ("checkPoolLiveAllocations", "getCheckpointState"):
             m = refused(name, 0, 0, 4242)                         # no such private pool
             assert name in m and "no private pool" in m, m
-        for name in ("shareIpcHandle", "getIpcDevPtr"):
-            m = refused(name)
-            assert name in m and "processes" in m, m
+        m = refused("shareIpcHandle")                          # NULL: no allocation
+        assert "shareIpcHandle" in m and "not a live allocation" in m, m
+        m = refused("shareIpcHandle", 0, p)                   # a simulated device has no IPC
+        assert "shareIpcHandle" in m and "cannot share memory with another process" in m, m
+        m = refused("getIpcDevPtr")                           # not a handle cudapool opens
+        assert "getIpcDevPtr" in m and "type 'a'" in m, m
         m = refused("enable", 0, 0)
         assert "enable(False)" in m, m
         call("enable", 0, 1)

@@ -678,6 +678,7 @@ int cp_cuda_backend(int device, cp_backend_t *out) {
   CUresult r = CUDA_SUCCESS;
   if (cp_cuda_vmm_probe(device, d->dev, why, sizeof why, &r) == 1) cp_cuda_vmm_table(out);
   cp_cuda_copy_table(out);
+  cp_cuda_ipc_table(out);
   return CP_OK;
 }
 

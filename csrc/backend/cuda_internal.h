@@ -44,10 +44,13 @@ typedef int CUdevice_attribute;
 enum {
   CU_MEM_ALLOCATION_TYPE_PINNED = 1,
   CU_MEM_HANDLE_TYPE_NONE = 0,
+  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+  CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
   CU_MEM_LOCATION_TYPE_DEVICE = 1,
   CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
   CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
   CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
   CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 };
 
@@ -68,6 +71,11 @@ typedef struct CUmemAllocationProp_st {
     unsigned char reserved[4];
   } allocFlags;
 } CUmemAllocationProp;
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+  char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
 
 typedef struct CUmemAccessDesc_st {
   CUmemLocation location;
@@ -148,15 +156,23 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "POSIX: a function addr
 /* Optional too, each on its own (Note [Capture and contexts] in cuda.c, Note [Peers] in
  * cuda_vmm.c, cuda_copy.c): a driver without one leaves its entry NULL and the backend does
  * without. */
-#define CUDA_OPTIONAL_FUNCTIONS(X)                                                    \
-  X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status))             \
-  X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))                   \
-  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))              \
-  X(cuDeviceCanAccessPeer, CUresult, (int *out_can, CUdevice dev, CUdevice peer_dev)) \
-  X(cuMemAllocHost, CUresult, (void **out_ptr, size_t size_bytes))                    \
-  X(cuMemFreeHost, CUresult, (void *ptr))                                             \
-  X(cuMemcpyDtoH, CUresult, (void *dst, CUdeviceptr src, size_t size_bytes))          \
-  X(cuMemcpyHtoD, CUresult, (CUdeviceptr dst, const void *src, size_t size_bytes))
+#define CUDA_OPTIONAL_FUNCTIONS(X)                                                                                \
+  X(cuStreamIsCapturing, CUresult, (CUstream cu_stream, int *out_status))                                         \
+  X(cuThreadExchangeStreamCaptureMode, CUresult, (int *inout_mode))                                               \
+  X(cuStreamGetCtx, CUresult, (CUstream cu_stream, CUcontext * out_ctx))                                          \
+  X(cuDeviceCanAccessPeer, CUresult, (int *out_can, CUdevice dev, CUdevice peer_dev))                             \
+  X(cuMemAllocHost, CUresult, (void **out_ptr, size_t size_bytes))                                                \
+  X(cuMemFreeHost, CUresult, (void *ptr))                                                                         \
+  X(cuMemcpyDtoH, CUresult, (void *dst, CUdeviceptr src, size_t size_bytes))                                      \
+  X(cuMemcpyHtoD, CUresult, (CUdeviceptr dst, const void *src, size_t size_bytes))                                \
+  X(cuIpcGetMemHandle, CUresult, (CUipcMemHandle * out_handle, CUdeviceptr ptr))                                  \
+  X(cuIpcOpenMemHandle, CUresult, (CUdeviceptr * out_ptr, CUipcMemHandle handle, unsigned int ipc_flags))         \
+  X(cuIpcCloseMemHandle, CUresult, (CUdeviceptr ptr))                                                             \
+  X(cuMemRetainAllocationHandle, CUresult, (CUmemGenericAllocationHandle * out_handle, void *addr))               \
+  X(cuMemExportToShareableHandle, CUresult,                                                                       \
+    (void *out_shareable, CUmemGenericAllocationHandle handle, int handle_type, unsigned long long export_flags)) \
+  X(cuMemImportFromShareableHandle, CUresult,                                                                     \
+    (CUmemGenericAllocationHandle * out_handle, void *os_handle, int handle_type))
 
 enum {
   CU_STREAM_CAPTURE_STATUS_NONE = 0,
@@ -222,6 +238,7 @@ typedef struct cuda_device_s {
    * takes gpuDirectRDMACapable in cuMemCreate, and the other devices that can reach its memory
    * (cuDeviceCanAccessPeer), which every cuMemSetAccess grants access too (Note [Peers]). */
   int rdma;
+  int posix_fd; /* pages are created exportable as POSIX file descriptors (Note [Sharing pages]) */
   int peer_count;
   CUdevice peers[CP_MAX_DEVICES];
 } cuda_device_t;
@@ -267,6 +284,10 @@ void cp_cuda_vmm_table(cp_backend_t *out);
 /* Find the slot's rdma flag and peers (`count` devices visible; the driver is loaded). Called
  * under cuda_devices_lock before the slot goes live; a failed query means "no": never an error. */
 void cp_cuda_vmm_probe_device(cuda_device_t *d, int count);
+
+/* Fill the IPC entries of Note [Sharing between processes] (base/backend.h) when the driver
+ * has them (cuda_ipc.c); the page entries are cp_cuda_vmm_table's. */
+void cp_cuda_ipc_table(cp_backend_t *out);
 
 /* Fill the entries of Note [Copies for a backup] (base/backend.h) when the driver has all four
  * functions (cuda_copy.c). */

@@ -72,7 +72,7 @@ static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
   CUmemAllocationProp prop;
   memset(&prop, 0, sizeof prop); /* win32HandleMetaData NULL, allocFlags zero */
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.requestedHandleTypes = d->posix_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d->dev;
   prop.allocFlags.gpuDirectRDMACapable = d->rdma ? 1 : 0;
@@ -86,14 +86,27 @@ static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
  * and to each other device that can reach it: cuDeviceCanAccessPeer(&can, peer, device) == 1,
  * asked once per device when its slot goes live. Without cuDeviceCanAccessPeer, or when a
  * query fails, there are no peers. */
+/* Note [Sharing pages]
+ * A page can be exported to another process only when it was created with the POSIX file
+ * descriptor handle type requested, which is asked at cuMemCreate and cannot be added later; so
+ * every page is created exportable on a device that reports
+ * CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED and whose driver has the
+ * export and import calls (as torch's expandable segments do when they may be shared). */
 void cp_cuda_vmm_probe_device(cuda_device_t *d, int count) {
   d->rdma = 0;
+  d->posix_fd = 0;
   d->peer_count = 0;
   int value = 0;
   if (cp_cuda_vmm_missing[0] == '\0' &&
       cp_cuda_fn.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, d->dev) ==
           CUDA_SUCCESS)
     d->rdma = value != 0;
+  value = 0;
+  if (cp_cuda_vmm_missing[0] == '\0' && cp_cuda_fn.cuMemRetainAllocationHandle != NULL &&
+      cp_cuda_fn.cuMemExportToShareableHandle != NULL && cp_cuda_fn.cuMemImportFromShareableHandle != NULL &&
+      cp_cuda_fn.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                      d->dev) == CUDA_SUCCESS)
+    d->posix_fd = value != 0;
   if (cp_cuda_fn.cuDeviceCanAccessPeer == NULL) return;
   for (int i = 0; i < count && i < CP_MAX_DEVICES; i++) {
     CUdevice peer = 0;
@@ -378,6 +391,54 @@ int cp_cuda_vmm_support(int device, int *out_supported, char *why, size_t why_si
   return CP_OK;
 }
 
+/* The allocation mapped at `addr` as a POSIX file descriptor (Note [Sharing pages]). */
+static int cuda_page_export(void *ctx, uintptr_t addr, int *out_fd) {
+  cuda_device_t *d = ctx;
+  if (out_fd == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda page_export: out_fd is NULL");
+  cuda_scope_t scope;
+  int rc = cp_cuda_enter(d, "cuMemExportToShareableHandle", &scope);
+  if (rc != CP_OK) return rc;
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = cp_cuda_fn.cuMemRetainAllocationHandle(&handle, (void *)addr);
+  if (r != CUDA_SUCCESS) {
+    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemRetainAllocationHandle(0x%" PRIxPTR ") on device %d", addr, d->ordinal);
+  } else {
+    int fd = -1;
+    r = cp_cuda_fn.cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS)
+      rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemExportToShareableHandle(POSIX file descriptor) on device %d",
+                        d->ordinal);
+    else
+      *out_fd = fd;
+    (void)cp_cuda_fn.cuMemRelease(handle); /* the retained reference; the mapping keeps the memory */
+  }
+  return cp_cuda_leave(d, "cuMemExportToShareableHandle", &scope, rc);
+}
+
+static int cuda_page_import(void *ctx, int fd, cp_page_t *out_page) {
+  cuda_device_t *d = ctx;
+  if (out_page == NULL || fd < 0) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda page_import(fd %d)", fd);
+  cuda_scope_t scope;
+  int rc = cp_cuda_enter(d, "cuMemImportFromShareableHandle", &scope);
+  if (rc != CP_OK) return rc;
+  CUmemGenericAllocationHandle handle = 0;
+  int mode;
+  const int relaxed = cp_cuda_relax(&mode);
+  const CUresult r = cp_cuda_fn.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
+                                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  cp_cuda_unrelax(relaxed, &mode);
+  if (r != CUDA_SUCCESS)
+    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+                      "cuMemImportFromShareableHandle(fd %d) on device %d", fd, d->ordinal);
+  const int acquired = rc == CP_OK;
+  rc = cp_cuda_leave(d, "cuMemImportFromShareableHandle", &scope, rc);
+  if (rc == CP_OK && vmm_page_keep(d, handle) != CP_OK)
+    rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda page_import: no host memory to keep the page's handle");
+  if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemRelease(handle);
+  if (rc == CP_OK) *out_page = (cp_page_t)handle;
+  return rc;
+}
+
 void cp_cuda_vmm_table(cp_backend_t *out) {
   out->vmm_granularity = cuda_vmm_granularity;
   out->va_reserve = cuda_va_reserve;
@@ -387,4 +448,9 @@ void cp_cuda_vmm_table(cp_backend_t *out) {
   out->page_map = cuda_page_map;
   out->page_unmap = cuda_page_unmap;
   out->page_set_access = cuda_page_set_access;
+  const cuda_device_t *d = out->ctx;
+  if (d->posix_fd) {
+    out->page_export = cuda_page_export;
+    out->page_import = cuda_page_import;
+  }
 }

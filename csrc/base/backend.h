@@ -114,6 +114,26 @@ typedef struct cp_backend_s {
   int (*host_free)(void *ctx, void *ptr);
   int (*copy_to_host)(void *ctx, void *dst, uintptr_t src, size_t size);
   int (*copy_to_device)(void *ctx, uintptr_t dst, const void *src, size_t size);
+  /* Note [Sharing between processes]
+   * Memory another process maps too (CUDA IPC). A plain segment is shared whole through the
+   * driver's IPC handle: ipc_export gives the CP_IPC_HANDLE_BYTES bytes of the handle of the
+   * segment reserve() returned at `addr` (cuIpcGetMemHandle); another process maps it at an
+   * address of its own with ipc_open (cuIpcOpenMemHandle) and unmaps it with ipc_close. Page-
+   * mapped memory is shared a physical allocation at a time: page_export gives a POSIX file
+   * descriptor (the caller's to close) for the allocation mapped at `addr`, the start of one
+   * mapping (cuMemRetainAllocationHandle, cuMemExportToShareableHandle); page_import makes a
+   * handle of this process from one (cuMemImportFromShareableHandle; the caller keeps the
+   * descriptor), which is mapped, given access and released as page_create's are. Memory lives
+   * while any process maps it or holds a handle. The IPC entries are NULL, or all set; the page
+   * entries are set only on a device whose pages are created exportable
+   * (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED). All without the pool lock. */
+  int (*ipc_export)(void *ctx, uintptr_t addr, void *out_handle);
+  int (*ipc_open)(void *ctx, const void *handle, uintptr_t *out_addr);
+  int (*ipc_close)(void *ctx, uintptr_t addr);
+  int (*page_export)(void *ctx, uintptr_t addr, int *out_fd);
+  int (*page_import)(void *ctx, int fd, cp_page_t *out_page);
 } cp_backend_t;
+
+#define CP_IPC_HANDLE_BYTES 64 /* a CUDA IPC memory handle (cudaIpcMemHandle_t) */
 
 #endif /* CP_BACKEND_H */

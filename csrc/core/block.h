@@ -81,6 +81,7 @@ static inline void cp_block_end_use_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_stats_dec(&pool->stats, CP_STAT_REQUESTED_BYTES, kind, b->requested);
   b->requested = 0;
   b->use_count = 0;
+  b->shared = 0;
 }
 
 /* Cut `b` at `offset` bytes: b keeps the lower part, the returned node (a spare the caller

@@ -487,6 +487,21 @@ static int cp_pause_unmap_locked(cp_pool_t *pool, cp_stream_state_t *const *sts,
   return rc;
 }
 
+/* A live block of the states' segments that another process maps (Note [Sharing a block] in
+ * share.c), or NULL: pausing would unmap memory that process still holds, and free nothing. */
+static const cp_block_t *cp_pause_shared_locked(const cp_pool_t *pool, cp_stream_state_t *const *sts, size_t n) {
+  for (size_t pass = 0; pass < 2; pass++) {
+    for (const cp_segment_t *seg = pass == 0 ? pool->segments : pool->stitched; seg != NULL; seg = seg->next) {
+      bool ours = false;
+      for (size_t i = 0; i < n && !ours; i++) ours = seg->stream == sts[i];
+      for (const cp_block_t *b = ours ? seg->head : NULL; b != NULL; b = b->next) {
+        if (b->state == CP_BLOCK_LIVE && b->shared) return b;
+      }
+    }
+  }
+  return NULL;
+}
+
 int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags) {
   if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_pause: NULL pool");
   if (flags & ~(unsigned)(CP_PAUSE_BACKUP | CP_PAUSE_KEEP_FREE))
@@ -501,6 +516,16 @@ int cp_pool_pause(cp_pool_t *pool, uint32_t tag, unsigned flags) {
   cp_stream_state_t **sts = NULL;
   size_t n = 0;
   if (rc == CP_OK) rc = cp_pause_take_states_locked(pool, tag, false, &sts, &n);
+  const cp_block_t *shared = rc == CP_OK && n != 0 ? cp_pause_shared_locked(pool, sts, n) : NULL;
+  if (shared != NULL) {
+    const char *name = cp_region_name(tag);
+    rc = cp_set_error(CP_ERR_STATE,
+                      "pause: region \"%s\" holds memory shared with another process (%p, %zu bytes, through "
+                      "CUDA IPC): pausing would unmap it here while that process still maps it, and free nothing; "
+                      "pause once the tensor is freed (after every receiver let it go)",
+                      name != NULL ? name : "?", (void *)shared->addr, shared->requested);
+    cp_pause_put_states_locked(sts, n);
+  }
   if (rc != CP_OK || n == 0) {
     pthread_mutex_unlock(&pool->lock);
     return rc;

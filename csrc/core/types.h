@@ -67,6 +67,7 @@ struct cp_block_s {
   cp_block_t *right;       /*   spare-list link when the node is unused */
   uint32_t priority;       /* treap heap key, derived from the address */
   uint8_t state;           /* cp_block_state_t */
+  uint8_t shared;          /* LIVE: shared with another process (share.c); cleared when its use ends */
   uint32_t pending_events; /* PENDING: events still to complete */
   uint32_t use_count;      /* streams other than the allocation stream (record_stream) */
   uint32_t use_cap;

@@ -130,6 +130,7 @@ static void sti_configure(int count, size_t capacity) {
     d->granularity = 2 * MiB;
     d->vmm = 1;
     d->rdma = 1;
+    d->posix_fd = 1;
     for (int j = 0; j < STI_MAX_DEVICES; j++) sti.peer[i][j] = i != j;
   }
 }
@@ -280,6 +281,12 @@ static const sti_proc_t sti_procs[] = {
     STI_PROC("cuMemFreeHost", 2000, cuMemFreeHost),
     STI_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     STI_PROC("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    STI_PROC("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    STI_PROC("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    STI_PROC("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    STI_PROC("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+    STI_PROC("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    STI_PROC("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
 };
 #undef STI_PROC
 
@@ -380,6 +387,7 @@ CUresult cuDeviceGetAttribute(int *out, int attrib, CUdevice dev) {
       case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *out = 9; break;
       case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *out = 0; break;
       case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *out = d->vmm; break;
+      case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *out = d->vmm && d->posix_fd; break;
       case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: *out = d->vmm && d->rdma; break;
       default: r = CUDA_ERROR_INVALID_VALUE; /* an attribute this stand-in does not know */
     }
@@ -502,6 +510,7 @@ STI_EXPORT int cpstandin_set_device_attr(int device, int attr, long long value) 
       case CPSTANDIN_ATTR_CAPACITY: d->capacity = (size_t)value; break;
       case CPSTANDIN_ATTR_VMM: d->vmm = value != 0; break;
       case CPSTANDIN_ATTR_RDMA: d->rdma = value != 0; break;
+      case CPSTANDIN_ATTR_POSIX_FD: d->posix_fd = value != 0; break;
       case CPSTANDIN_ATTR_GRANULARITY:
         if (value < 4096 || (value & (value - 1)) != 0)
           r = CUDA_ERROR_INVALID_VALUE;

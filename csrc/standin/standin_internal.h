@@ -57,6 +57,7 @@ enum {
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
   CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
   CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 };
 
@@ -80,6 +81,11 @@ enum {
 };
 
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 0x1 };
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+  char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 };
 enum { CU_MEM_HANDLE_TYPE_NONE = 0x0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1 };
 enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1 };
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
@@ -162,6 +168,13 @@ STI_EXPORT CUresult cuMemAllocHost_v2(void **out, size_t size);
 STI_EXPORT CUresult cuMemFreeHost(void *ptr);
 STI_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size);
 STI_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t size);
+STI_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr ptr);
+STI_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned int flags);
+STI_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr ptr);
+STI_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr);
+STI_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle, int type,
+                                                 unsigned long long flags);
+STI_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle, int type);
 
 /* ------------------------------------------------------------------------------------------
  * Entry points: X(base name, flags). The base name is what cuGetProcAddress is asked for and
@@ -215,7 +228,13 @@ enum {
   X(cuMemAllocHost, STI_F_UNSAFE)                      \
   X(cuMemFreeHost, STI_F_UNSAFE)                       \
   X(cuMemcpyDtoH, 0)                                   \
-  X(cuMemcpyHtoD, 0)
+  X(cuMemcpyHtoD, 0)                                   \
+  X(cuIpcGetMemHandle, 0)                              \
+  X(cuIpcOpenMemHandle, STI_F_UNSAFE)                  \
+  X(cuIpcCloseMemHandle, STI_F_UNSAFE)                 \
+  X(cuMemRetainAllocationHandle, 0)                    \
+  X(cuMemExportToShareableHandle, 0)                   \
+  X(cuMemImportFromShareableHandle, STI_F_UNSAFE)
 
 typedef enum sti_fn_e {
 #define STI_X(name, flags) STI_FN_##name,
@@ -244,16 +263,26 @@ typedef struct sti_device_s {
   size_t capacity, used;
   size_t granularity;
   int vmm, rdma;
+  int posix_fd;                /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
   unsigned retains;            /* of the primary context; active while > 0 */
   uint32_t legacy, per_thread; /* stream ids of the active context's default streams */
 } sti_device_t;
 
-typedef struct sti_alloc_s { /* cuMemAlloc */
+/* Note [Memory shared between processes]
+ * Bytes behind device memory are anonymous host memory until the memory is exported (cuIpcGetMemHandle
+ * of a cuMemAlloc allocation, cuMemExportToShareableHandle of a handle): then they move, at the same
+ * host address, into a memfd (`fd` holds its descriptor + 1; 0: none), which another process maps
+ * too: it takes the descriptor with pidfd_getfd (an IPC handle carries the exporter's pid and the
+ * descriptor's number) or is handed it (a POSIX file descriptor export). Both processes then see
+ * the same bytes, and the memory lives while any of them maps it. */
+typedef struct sti_alloc_s { /* cuMemAlloc, or memory of another process (cuIpcOpenMemHandle) */
   CUdeviceptr addr;
   size_t size;
   int device;
   int live;
   unsigned char *backing;
+  int fd;     /* the memfd + 1 once shared, else 0 */
+  int opened; /* opened by cuIpcOpenMemHandle: closed with cuIpcCloseMemHandle, never charged */
 } sti_alloc_t;
 
 typedef struct sti_reservation_s {
@@ -270,6 +299,9 @@ typedef struct sti_handle_s { /* cuMemCreate */
   unsigned maps;
   int holds; /* memory still on the device */
   unsigned char *backing;
+  int exportable;   /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or imported */
+  int fd;           /* the memfd + 1 once exported or imported, else 0 */
+  unsigned retains; /* cuMemRetainAllocationHandle references not released yet */
 } sti_handle_t;
 
 typedef struct sti_mapping_s {

@@ -1,10 +1,15 @@
 /* standin_mem.c — the stand-in's device memory: cuMemAlloc/cuMemFree, the virtual memory calls
  * (address ranges, physical handles, mappings, access), what a launch may touch, and the bytes behind. */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
+#define _GNU_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, memfd_create */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "standin/standin_internal.h"
 
@@ -19,8 +24,10 @@ static unsigned char *sti_backing_new(size_t size) {
   return p == MAP_FAILED ? NULL : p;
 }
 
-static void sti_backing_free(unsigned char *p, size_t size) {
+/* `fd`: the memfd + 1 behind shared bytes (Note [Memory shared between processes]), or 0. */
+static void sti_backing_free(unsigned char *p, size_t size, int fd) {
   if (p != NULL) munmap(p, size);
+  if (fd > 0) close(fd - 1);
 }
 
 /* A fresh device address range: never handed out before (so a stale address is never valid
@@ -84,8 +91,9 @@ static sti_handle_t *sti_handle_of(CUmemGenericAllocationHandle h) {
 static void sti_handle_settle(sti_handle_t *h) {
   if (!h->holds || !h->released || h->maps != 0) return;
   sti.devices[h->device].used -= h->size;
-  sti_backing_free(h->backing, h->size);
+  sti_backing_free(h->backing, h->size, h->fd);
   h->backing = NULL;
+  h->fd = 0;
   h->holds = 0;
 }
 
@@ -139,18 +147,19 @@ void sti_mem_drop_context(int device) {
   for (size_t i = 0; i < sti.allocs_count; i++) {
     sti_alloc_t *a = &sti.allocs[i];
     if (!a->live || a->device != device) continue;
-    sti.devices[device].used -= a->size;
-    sti_backing_free(a->backing, a->size);
+    if (!a->opened) sti.devices[device].used -= a->size;
+    sti_backing_free(a->backing, a->size, a->fd);
     a->backing = NULL;
+    a->fd = 0;
     a->live = 0;
   }
 }
 
 void sti_mem_clear(void) {
   for (size_t i = 0; i < sti.allocs_count; i++)
-    if (sti.allocs[i].live) sti_backing_free(sti.allocs[i].backing, sti.allocs[i].size);
+    if (sti.allocs[i].live) sti_backing_free(sti.allocs[i].backing, sti.allocs[i].size, sti.allocs[i].fd);
   for (size_t i = 0; i < sti.handles_count; i++)
-    if (sti.handles[i].holds) sti_backing_free(sti.handles[i].backing, sti.handles[i].size);
+    if (sti.handles[i].holds) sti_backing_free(sti.handles[i].backing, sti.handles[i].size, sti.handles[i].fd);
   free(sti.allocs);
   free(sti.reservations);
   free(sti.handles);
@@ -183,7 +192,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t size) {
       sti.devices[device].used -= size;
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-      sti.allocs[sti.allocs_count++] = (sti_alloc_t){addr, size, device, 1, backing};
+      sti.allocs[sti.allocs_count++] = (sti_alloc_t){addr, size, device, 1, backing, 0, 0};
       *out = addr;
     }
   }
@@ -200,13 +209,14 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
   sti_alloc_t *a = NULL;
   if (r == CUDA_SUCCESS) {
     a = sti_alloc_at(ptr, 1);
-    if (a == NULL || a->addr != ptr) r = CUDA_ERROR_INVALID_VALUE;
+    if (a == NULL || a->addr != ptr || a->opened) r = CUDA_ERROR_INVALID_VALUE;
   }
   if (r == CUDA_SUCCESS) {
     sti_drain_device(a->device);
     sti.devices[a->device].used -= a->size;
-    sti_backing_free(a->backing, a->size);
+    sti_backing_free(a->backing, a->size, a->fd);
     a->backing = NULL;
+    a->fd = 0;
     a->live = 0;
   }
   return sti_leave(&c, r);
@@ -320,7 +330,16 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmem
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
       sti.handles[sti.handles_count++] =
-          (sti_handle_t){size, prop->location.id, prop->allocFlags.gpuDirectRDMACapable != 0, 0, 0, 1, backing};
+          (sti_handle_t){size,
+                         prop->location.id,
+                         prop->allocFlags.gpuDirectRDMACapable != 0,
+                         0,
+                         0,
+                         1,
+                         backing,
+                         prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                         0,
+                         0};
       *out = STI_TAG_HANDLE + sti.handles_count;
     }
   }
@@ -334,12 +353,14 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   sti_call_t c;
   CUresult r = sti_enter(&c, STI_FN_cuMemRelease);
   sti_handle_t *h = r == CUDA_SUCCESS ? sti_handle_of(handle) : NULL;
-  if (r == CUDA_SUCCESS && (h == NULL || h->released)) {
+  if (r == CUDA_SUCCESS && (h == NULL || (h->released && h->retains == 0))) {
     sti_fault(CPSTANDIN_FAULT_MISUSE, "misuse: cuMemRelease(0x%llx) of a handle that is %s", handle,
               h == NULL ? "not valid" : "released already");
     r = CUDA_ERROR_INVALID_VALUE;
   }
-  if (r == CUDA_SUCCESS) {
+  if (r == CUDA_SUCCESS && h->retains > 0) {
+    h->retains--; /* a reference of cuMemRetainAllocationHandle */
+  } else if (r == CUDA_SUCCESS) {
     h->released = 1;
     sti_handle_settle(h);
   }
@@ -476,4 +497,191 @@ STI_EXPORT int cpstandin_peek(unsigned long long ptr, unsigned char *out) {
   if (b != NULL && out != NULL) *out = *b;
   pthread_mutex_unlock(&sti.lock);
   return b != NULL && out != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Memory shared between processes (Note [Memory shared between processes])
+ * ---------------------------------------------------------------------------------------- */
+
+#define STI_IPC_MAGIC 0x31636970534f5043ull /* "CPOSpic1" */
+
+/* The handle's bytes: what another process needs to take the memfd. */
+typedef struct sti_ipc_wire_s {
+  uint64_t magic;
+  int32_t pid;
+  int32_t fd;
+  uint64_t size;
+} sti_ipc_wire_t;
+_Static_assert(sizeof(sti_ipc_wire_t) <= CU_IPC_HANDLE_SIZE, "the wire form fits a CUipcMemHandle");
+
+/* Move `size` bytes at `backing` into a memfd at the same host address; *fd = its descriptor + 1.
+ * Only the pages written so far are copied (the rest reads as zero either way). 0, or -1. */
+static int sti_share_backing(unsigned char *backing, size_t size, int *fd) {
+  if (*fd > 0) return 0;
+  const int m = memfd_create("cudapool-standin", MFD_CLOEXEC);
+  if (m < 0) return -1;
+  if (ftruncate(m, (off_t)size) != 0) {
+    close(m);
+    return -1;
+  }
+  static const unsigned char zero[STI_HOST_PAGE];
+  for (size_t off = 0; off < size; off += STI_HOST_PAGE) {
+    const size_t n = size - off < STI_HOST_PAGE ? size - off : STI_HOST_PAGE;
+    if (memcmp(backing + off, zero, n) != 0 && pwrite(m, backing + off, n, (off_t)off) != (ssize_t)n) {
+      close(m);
+      return -1;
+    }
+  }
+  if (mmap(backing, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m, 0) == MAP_FAILED) {
+    close(m);
+    return -1;
+  }
+  *fd = m + 1;
+  return 0;
+}
+
+/* Descriptor `fd` of process `pid` (pidfd_getfd), or -1. */
+static int sti_take_fd(int pid, int fd) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (pidfd < 0) return -1;
+  const int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+  close(pidfd);
+  return got;
+#else
+  (void)pid, (void)fd;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+/* The reference: `ptr` is the base of a cuMemAlloc allocation of this process. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr ptr) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuIpcGetMemHandle);
+  sti_alloc_t *a = r == CUDA_SUCCESS ? sti_alloc_at(ptr, 1) : NULL;
+  if (r == CUDA_SUCCESS && (out == NULL || a == NULL || a->addr != ptr || a->opened)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && sti_share_backing(a->backing, a->size, &a->fd) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    memset(out, 0, sizeof *out);
+    const sti_ipc_wire_t w = {STI_IPC_MAGIC, (int32_t)getpid(), a->fd - 1, a->size};
+    memcpy(out->reserved, &w, sizeof w);
+  }
+  return sti_leave(&c, r);
+}
+
+/* The reference: memory of another process, mapped in the current context at a fresh address;
+ * a handle of this process itself is refused (CUDA_ERROR_INVALID_CONTEXT). */
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned int flags) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuIpcOpenMemHandle);
+  sti_ipc_wire_t w;
+  memcpy(&w, handle.reserved, sizeof w);
+  int device = 0;
+  if (r == CUDA_SUCCESS && (out == NULL || (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0 ||
+                            w.magic != STI_IPC_MAGIC || w.size == 0))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && w.pid == (int32_t)getpid()) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) r = sti_current_device(&device);
+  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.allocs, &sti.allocs_cap, sti.allocs_count, sizeof *sti.allocs) != 0)
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = -1;
+  if (r == CUDA_SUCCESS && (fd = sti_take_fd(w.pid, w.fd)) < 0) r = CUDA_ERROR_INVALID_HANDLE;
+  unsigned char *backing = NULL;
+  if (r == CUDA_SUCCESS) {
+    void *p = mmap(NULL, w.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+      backing = p;
+  }
+  const CUdeviceptr addr = r == CUDA_SUCCESS ? sti_va_take(w.size, STI_ALLOC_ALIGN) : 0;
+  if (r == CUDA_SUCCESS && addr == 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    sti.allocs[sti.allocs_count++] = (sti_alloc_t){addr, w.size, device, 1, backing, fd + 1, 1};
+    *out = addr;
+  } else {
+    if (backing != NULL) munmap(backing, w.size);
+    if (fd >= 0) close(fd);
+  }
+  return sti_leave(&c, r);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuIpcCloseMemHandle);
+  sti_alloc_t *a = r == CUDA_SUCCESS ? sti_alloc_at(ptr, 1) : NULL;
+  if (r == CUDA_SUCCESS && (a == NULL || a->addr != ptr || !a->opened)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    sti_drain_device(a->device);
+    sti_backing_free(a->backing, a->size, a->fd);
+    a->backing = NULL;
+    a->fd = 0;
+    a->live = 0;
+  }
+  return sti_leave(&c, r);
+}
+
+/* The reference: the handle of the memory mapped at `addr`, one more reference to release. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuMemRetainAllocationHandle);
+  const sti_mapping_t *m = r == CUDA_SUCCESS ? sti_mapping_at((CUdeviceptr)(uintptr_t)addr) : NULL;
+  if (r == CUDA_SUCCESS && (out == NULL || m == NULL)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    sti.handles[m->handle - 1].retains++;
+    *out = STI_TAG_HANDLE + m->handle;
+  }
+  return sti_leave(&c, r);
+}
+
+/* The reference: a POSIX file descriptor (the caller's to close) for memory created with that
+ * handle type requested. */
+CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle, int type,
+                                      unsigned long long flags) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuMemExportToShareableHandle);
+  sti_handle_t *h = r == CUDA_SUCCESS ? sti_handle_of(handle) : NULL;
+  if (r == CUDA_SUCCESS && (out == NULL || h == NULL || !h->holds || flags != 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !h->exportable))
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && sti_share_backing(h->backing, h->size, &h->fd) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = -1;
+  if (r == CUDA_SUCCESS && (fd = fcntl(h->fd - 1, F_DUPFD_CLOEXEC, 0)) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) *(int *)out = fd;
+  return sti_leave(&c, r);
+}
+
+/* The reference: a new handle to the memory behind a POSIX file descriptor (passed by value in
+ * the pointer); the caller keeps its descriptor. The memory is on the current context's device
+ * for this process. */
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle, int type) {
+  sti_call_t c;
+  CUresult r = sti_enter(&c, STI_FN_cuMemImportFromShareableHandle);
+  const int given = (int)(intptr_t)os_handle;
+  int device = 0;
+  struct stat st;
+  if (r == CUDA_SUCCESS && (out == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && (fstat(given, &st) != 0 || st.st_size <= 0)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) r = sti_current_device(&device);
+  const size_t size = r == CUDA_SUCCESS ? (size_t)st.st_size : 0;
+  if (r == CUDA_SUCCESS && size % sti.devices[device].granularity != 0) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.handles, &sti.handles_cap, sti.handles_count, sizeof *sti.handles))
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS && sti.handles_count + 1 >= STI_TAG_SPAN) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS && sti_charge(device, size) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    const int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
+    void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) {
+      if (fd >= 0) close(fd);
+      sti.devices[device].used -= size;
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      sti.handles[sti.handles_count++] = (sti_handle_t){size, device, 0, 0, 0, 1, p, 1, fd + 1, 0};
+      *out = STI_TAG_HANDLE + sti.handles_count;
+    }
+  }
+  return sti_leave(&c, r);
 }

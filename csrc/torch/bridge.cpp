@@ -46,6 +46,7 @@
 
 extern "C" {
 #include "torch/devices.h"
+#include "torch/ipc.h"
 }
 #include "torch/graphs.h"
 
@@ -72,8 +73,8 @@ cp_pool_t *pool_or_throw(int device, const char *call) {
   return pool;
 }
 
-const char *const kIpcRefusal =
-    "sharing CUDA tensors between processes (torch.multiprocessing, reduce_tensor) is not supported by cudapool yet";
+// The first byte of torch's IPC handles: 2 up to torch 2.12, 3 from 2.13 (Note [Handles for torch]).
+constexpr int kIpcVersion = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13) ? 3 : 2;
 
 // torch's AllocatorState for cudapool: a checkpoint of the private pool (device, id).
 struct Checkpoint final : cc::AllocatorState {
@@ -432,13 +433,35 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     cp_restore_release(&r);
     return delta;
   }
+  // CUDA IPC (Note [Handles for torch] in torch/ipc.c): torch's own format for plain segments,
+  // cudapool's for page-mapped memory; each handle is opened once per process, as torch does
+  // (the driver refuses a second cuIpcOpenMemHandle of one handle).
   cc::ShareableHandle shareIpcHandle(void *ptr) override {
-    (void)ptr;
-    refuse("shareIpcHandle", kIpcRefusal);
+    std::string buf(CPD_IPC_HANDLE_MAX, '\0');
+    size_t len = 0, offset = 0;
+    if (cpd_ipc_share(ptr, kIpcVersion, buf.data(), buf.size(), &len, &offset) != CP_OK) fail_call("shareIpcHandle");
+    buf.resize(len);
+    return cc::ShareableHandle{static_cast<ptrdiff_t>(offset), std::move(buf)};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    (void)handle;
-    refuse("getIpcDevPtr", kIpcRefusal);
+    std::lock_guard<std::mutex> g(ipc_mu);
+    auto it = ipc_opened.find(handle);
+    if (it != ipc_opened.end()) {
+      if (auto open = it->second.lock()) return open;
+      ipc_opened.erase(it);
+    }
+    // The device torch's receiver made current (its guard of the sender's device); a handle of a
+    // type cudapool does not open is refused before the CUDA runtime is asked.
+    const bool known = handle.size() >= 2 && (handle[1] == 'c' || handle[1] == 'p');
+    const int device = known ? static_cast<int>(c10::cuda::current_device()) : 0;
+    void *base = nullptr, *token = nullptr;
+    if (cpd_ipc_open(handle.data(), handle.size(), device, &base, &token) != CP_OK) fail_call("getIpcDevPtr");
+    std::shared_ptr<void> open(base, [token](void *) {
+      if (cpd_ipc_close(token) != CP_OK)
+        std::fprintf(stderr, "cudapool: closing a shared tensor: %s\n", cp_last_error());
+    });
+    ipc_opened[handle] = open;
+    return open;
   }
 
   bool isHistoryEnabled() override { return cpd_history_entries() > 0; }
@@ -525,6 +548,8 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
   static constexpr size_t kDefaultEntries = 100000;
   static constexpr size_t kMaxEntries = 10000000;
   std::atomic<bool> initialized_{false};
+  std::mutex ipc_mu;
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_opened; // handles opened here
 
   // The history of device d as torch's trace entries, oldest first (Note [History contexts]).
   static void add_trace(std::vector<cda::TraceEntry> &trace, int d, const History &h) {

@@ -12,6 +12,7 @@
 #include "backend/sim.h"
 #include "base/fork.h"
 #include "torch/graphs.h"
+#include "torch/ipc.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
@@ -284,6 +285,7 @@ size_t cpd_event_log(void) {
 }
 
 void cpd_shutdown(void) {
+  cpd_ipc_sweep(1); /* descriptors kept for receivers of shared blocks */
   cpd_table_lock();
   cpd_graphs_shutdown(); /* private pools first: they use the devices' backends */
   for (int d = 0; d < CP_MAX_DEVICES; d++) {

@@ -1,0 +1,359 @@
+/* ipc.c — sharing cudapool's memory with other processes: the handles torch's shareIpcHandle
+ * returns and getIpcDevPtr opens (Note [Handles for torch]). Owns: the handle formats, the file
+ * descriptors kept for receivers, and the mappings of other processes' memory. */
+#define _GNU_SOURCE /* syscall numbers of pidfd_open and pidfd_getfd */
+#include "torch/ipc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "torch/devices.h"
+#include "torch/graphs.h"
+
+/* Note [Handles for torch]
+ * torch sends a CUDA tensor to another process as the bytes of its allocator's shareIpcHandle
+ * and an offset; the receiver's allocator opens them with getIpcDevPtr. Two formats:
+ *  - a plain segment: torch's own, so that a receiver on torch's allocator opens it too: a
+ *    version byte (torch's: 2 up to torch 2.12, 3 from 2.13, same payload), 'c', and the 64
+ *    bytes of the driver's IPC handle of the segment (cuIpcGetMemHandle); the offset is the
+ *    block's in the segment;
+ *  - page-mapped memory (the default policy, expandable segments, stitched blocks, regions):
+ *    cudapool's, which only a receiver with cudapool enabled opens: the version byte, 'p', then
+ *    a header (magic, format, the sender's pid, the number of handles, their span) and, per
+ *    physical handle over the block in address order, the number of a POSIX file descriptor of
+ *    the sender's and the handle's size (Note [Sharing a block] in core/share.c). The receiver
+ *    takes the descriptors from the sender with pidfd_getfd (Linux 5.6; the same permission as
+ *    ptrace), imports each (cuMemImportFromShareableHandle), maps them side by side at a fresh
+ *    address range and grants its device access; the offset is the block's from the first.
+ * The sender keeps the descriptors open while the block is shared (closed once it is freed:
+ * torch frees a sent tensor only after every receiver let it go), and the receiver's mappings
+ * keep the memory alive whatever the sender's pool does later. */
+
+#define CPD_IPC_MAGIC  0x6c6f6f7061647563ull /* "cudapool" */
+#define CPD_IPC_FORMAT 1u
+
+typedef struct cpd_ipc_header_s {
+  uint64_t magic;
+  uint32_t format;
+  int32_t pid;
+  uint32_t count;
+  uint32_t pad;
+  uint64_t span;
+} cpd_ipc_header_t;
+
+typedef struct cpd_ipc_entry_s {
+  int32_t fd;
+  uint32_t pad;
+  uint64_t size;
+} cpd_ipc_entry_t;
+
+/* Descriptors kept for one shared block. */
+typedef struct cpd_kept_s {
+  void *ptr;
+  int *fds;
+  size_t count;
+  struct cpd_kept_s *next;
+} cpd_kept_t;
+
+typedef struct cpd_opened_s {
+  int device;
+  int paged;
+  uintptr_t addr;
+  size_t size;
+} cpd_opened_t;
+
+static pthread_mutex_t cpd_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static cpd_kept_t *cpd_kept;
+
+static void cpd_kept_free(cpd_kept_t *k) {
+  for (size_t i = 0; i < k->count; i++) close(k->fds[i]);
+  free(k->fds);
+  free(k);
+}
+
+static int cpd_ipc_shared_private(void *arg, int device, unsigned long long id0, unsigned long long id1,
+                                  cp_pool_t *pool) {
+  (void)device, (void)id0, (void)id1;
+  void **ptr = arg;
+  if (*ptr != NULL && cp_pool_is_shared(pool, *ptr)) *ptr = NULL; /* found */
+  return CP_OK;
+}
+
+/* Whether `ptr` is still a shared block of some pool (a pool that went is not looked at). */
+static int cpd_ipc_still_shared(void *ptr) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    if (cp_pool_is_shared(cpd_pool_if_created(d), ptr)) return 1;
+  }
+  void *look = ptr;
+  if (cpd_graph_pools_exist()) (void)cpd_graph_visit(cpd_ipc_shared_private, &look);
+  return look == NULL;
+}
+
+void cpd_ipc_sweep(int all) {
+  pthread_mutex_lock(&cpd_ipc_lock);
+  for (cpd_kept_t **link = &cpd_kept; *link != NULL;) {
+    cpd_kept_t *k = *link;
+    if (all || !cpd_ipc_still_shared(k->ptr)) {
+      *link = k->next;
+      cpd_kept_free(k);
+    } else {
+      link = &k->next;
+    }
+  }
+  pthread_mutex_unlock(&cpd_ipc_lock);
+}
+
+typedef struct cpd_find_s {
+  void *ptr;
+  cp_pool_t *pool;
+  int device;
+} cpd_find_t;
+
+static int cpd_ipc_find_private(void *arg, int device, unsigned long long id0, unsigned long long id1,
+                                cp_pool_t *pool) {
+  (void)id0, (void)id1;
+  cpd_find_t *f = arg;
+  if (f->pool == NULL && cp_pool_lookup(pool, f->ptr, NULL)) {
+    f->pool = pool;
+    f->device = device;
+  }
+  return CP_OK;
+}
+
+/* The pool holding live `ptr`, or NULL. A private pool found stays while its block is live. */
+static cp_pool_t *cpd_ipc_pool_of(void *ptr, int *out_device) {
+  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) {
+      *out_device = d;
+      return pool;
+    }
+  }
+  cpd_find_t f = {ptr, NULL, -1};
+  if (cpd_graph_pools_exist()) (void)cpd_graph_visit(cpd_ipc_find_private, &f);
+  *out_device = f.device;
+  return f.pool;
+}
+
+static int cpd_ipc_put(char *buf, size_t cap, size_t *len, const void *bytes, size_t n) {
+  if (n > cap - *len) return cp_set_error(CP_ERR_INVALID, "cudapool: share: the handle exceeds %zu bytes", cap);
+  memcpy(buf + *len, bytes, n);
+  *len += n;
+  return CP_OK;
+}
+
+static int cpd_ipc_share_paged(const cp_backend_t *be, int device, const cp_share_t *sh, cpd_kept_t *kept, char *buf,
+                               size_t cap, size_t *len) {
+  if (be->page_export == NULL) {
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: share: page-mapped memory of device %d cannot be shared with another process: "
+                        "the device does not export its memory as POSIX file descriptors "
+                        "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED); allocate tensors to share "
+                        "under policy='builtin' (plain segments) instead",
+                        device);
+  }
+  kept->fds = calloc(sh->span_count, sizeof *kept->fds);
+  if (kept->fds == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: share: no host memory");
+  const cpd_ipc_header_t h = {CPD_IPC_MAGIC, CPD_IPC_FORMAT, (int32_t)getpid(), (uint32_t)sh->span_count, 0, sh->size};
+  int rc = cpd_ipc_put(buf, cap, len, &h, sizeof h);
+  for (size_t i = 0; i < sh->span_count && rc == CP_OK; i++) {
+    int fd = -1;
+    rc = be->page_export(be->ctx, sh->spans[i].addr, &fd);
+    if (rc != CP_OK) break;
+    kept->fds[kept->count++] = fd;
+    const cpd_ipc_entry_t e = {fd, 0, sh->spans[i].size};
+    rc = cpd_ipc_put(buf, cap, len, &e, sizeof e);
+  }
+  return rc;
+}
+
+int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len, size_t *out_offset) {
+  if (buf == NULL || out_len == NULL || out_offset == NULL || cap < 2)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: share: NULL argument");
+  cpd_ipc_sweep(0);
+  int device = -1;
+  cp_pool_t *pool = ptr != NULL ? cpd_ipc_pool_of(ptr, &device) : NULL;
+  if (pool == NULL)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: share: %p is not a live allocation of cudapool", ptr);
+  cp_backend_t be;
+  cp_pool_backend(pool, &be);
+  cp_share_t sh;
+  int rc = cp_pool_share(pool, ptr, &sh);
+  if (rc != CP_OK) return rc;
+  size_t len = 0;
+  buf[len++] = (char)version;
+  cpd_kept_t *kept = calloc(1, sizeof *kept);
+  if (kept == NULL) rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: share: no host memory");
+  if (rc == CP_OK && !sh.paged) {
+    buf[len++] = 'c';
+    if (be.ipc_export == NULL) {
+      rc = cp_set_error(CP_ERR_INVALID,
+                        "cudapool: share: the %s device cannot share memory with another process (no IPC handles)",
+                        be.name);
+    } else if (cap - len < CP_IPC_HANDLE_BYTES) {
+      rc = cp_set_error(CP_ERR_INVALID, "cudapool: share: no room for the handle");
+    } else {
+      rc = be.ipc_export(be.ctx, sh.base, buf + len);
+      len += CP_IPC_HANDLE_BYTES;
+    }
+  } else if (rc == CP_OK) {
+    buf[len++] = 'p';
+    rc = cpd_ipc_share_paged(&be, device, &sh, kept, buf, cap, &len);
+  }
+  if (rc == CP_OK) {
+    *out_len = len;
+    *out_offset = sh.offset;
+    kept->ptr = ptr;
+    pthread_mutex_lock(&cpd_ipc_lock);
+    kept->next = cpd_kept;
+    cpd_kept = kept;
+    pthread_mutex_unlock(&cpd_ipc_lock);
+  } else if (kept != NULL) {
+    cpd_kept_free(kept);
+  }
+  cp_share_release(&sh);
+  return rc;
+}
+
+/* Descriptor `fd` of process `pid` (pidfd_getfd), or -1 with the last error set. */
+static int cpd_ipc_take_fd(int pid, int fd) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  int got = -1;
+  if (pidfd >= 0) {
+    got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    const int e = errno;
+    close(pidfd);
+    errno = e;
+  }
+  if (got < 0) {
+    cp_set_error(CP_ERR_BACKEND,
+                 "cudapool: open a shared tensor: taking descriptor %d of process %d failed (%s: %s): the sender must "
+                 "still hold the tensor, and this process needs the permission ptrace needs over it (the same "
+                 "user; a container's seccomp profile may forbid pidfd_getfd)",
+                 fd, pid, pidfd < 0 ? "pidfd_open" : "pidfd_getfd", strerror(errno));
+  }
+  return got;
+#else
+  (void)pid, (void)fd;
+  cp_set_error(CP_ERR_BACKEND, "cudapool: open a shared tensor: this system has no pidfd_getfd");
+  return -1;
+#endif
+}
+
+/* Map the handles of a 'p' handle side by side at a fresh address range. */
+static int cpd_ipc_open_paged(const cp_backend_t *be, const char *p, size_t len, cpd_opened_t *o) {
+  cpd_ipc_header_t h;
+  if (len < sizeof h) return cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: a truncated handle");
+  memcpy(&h, p, sizeof h);
+  if (h.magic != CPD_IPC_MAGIC || h.format != CPD_IPC_FORMAT || h.count == 0 ||
+      len != sizeof h + (size_t)h.count * sizeof(cpd_ipc_entry_t))
+    return cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: not a handle of this cudapool's format");
+  if (be->page_import == NULL || be->va_reserve == NULL)
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: open a shared tensor of page-mapped memory: device %d cannot import memory from "
+                        "POSIX file descriptors",
+                        be->device);
+  uintptr_t va = 0;
+  int rc = be->va_reserve(be->ctx, (size_t)h.span, &va);
+  size_t mapped = 0;
+  for (uint32_t i = 0; i < h.count && rc == CP_OK; i++) {
+    cpd_ipc_entry_t e;
+    memcpy(&e, p + sizeof h + i * sizeof e, sizeof e);
+    if (e.size == 0 || e.size > h.span - mapped) {
+      rc = cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: the handle's sizes do not add up");
+      break;
+    }
+    const int fd = cpd_ipc_take_fd(h.pid, e.fd);
+    if (fd < 0) {
+      rc = CP_ERR_BACKEND;
+      break;
+    }
+    cp_page_t page = 0;
+    rc = be->page_import(be->ctx, fd, &page);
+    close(fd);
+    if (rc != CP_OK) break;
+    rc = be->page_map(be->ctx, va + mapped, (size_t)e.size, page);
+    const int rel = be->page_release(be->ctx, page); /* the mapping keeps the memory */
+    if (rc == CP_OK) mapped += (size_t)e.size;
+    if (rc == CP_OK) rc = rel;
+  }
+  if (rc == CP_OK && mapped != h.span)
+    rc = cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: the handle's sizes do not add up");
+  if (rc == CP_OK) rc = be->page_set_access(be->ctx, va, mapped);
+  if (rc != CP_OK) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", cp_last_error());
+    if (mapped != 0) (void)be->page_unmap(be->ctx, va, mapped);
+    if (va != 0) (void)be->va_free(be->ctx, va, (size_t)h.span);
+    return cp_set_error(rc, "%s", why);
+  }
+  o->paged = 1;
+  o->addr = va;
+  o->size = (size_t)h.span;
+  return CP_OK;
+}
+
+int cpd_ipc_open(const char *handle, size_t len, int device, void **out_ptr, void **out_token) {
+  if (handle == NULL || out_ptr == NULL || out_token == NULL || len < 2)
+    return cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: an empty handle");
+  if (handle[1] != 'c' && handle[1] != 'p') {
+    return cp_set_error(CP_ERR_INVALID,
+                        "cudapool: open a shared tensor: a handle of type '%c', which cudapool does not know (torch's "
+                        "expandable segments: 'e'; open it with torch's own allocator)",
+                        handle[1]);
+  }
+  cp_pool_t *pool = NULL;
+  int rc = cpd_pool(device, &pool);
+  if (rc != CP_OK) return rc;
+  cp_backend_t be;
+  cp_pool_backend(pool, &be);
+  cpd_opened_t *o = calloc(1, sizeof *o);
+  if (o == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: open a shared tensor: no host memory");
+  o->device = device;
+  const char type = handle[1];
+  if (type == 'c') {
+    if (len != 2 + CP_IPC_HANDLE_BYTES) {
+      rc = cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: a handle of %zu bytes, not %d", len,
+                        2 + CP_IPC_HANDLE_BYTES);
+    } else if (be.ipc_open == NULL) {
+      rc = cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: the %s device has no IPC handles", be.name);
+    } else {
+      rc = be.ipc_open(be.ctx, handle + 2, &o->addr);
+    }
+  } else {
+    rc = cpd_ipc_open_paged(&be, handle + 2, len - 2, o);
+  }
+  if (rc != CP_OK) {
+    free(o);
+    return rc;
+  }
+  *out_ptr = (void *)o->addr;
+  *out_token = o;
+  return CP_OK;
+}
+
+int cpd_ipc_close(void *token) {
+  cpd_opened_t *o = token;
+  if (o == NULL) return CP_OK;
+  cp_pool_t *pool = cpd_pool_if_created(o->device);
+  int rc = CP_OK;
+  if (pool != NULL) {
+    cp_backend_t be;
+    cp_pool_backend(pool, &be);
+    if (o->paged) {
+      rc = be.page_unmap(be.ctx, o->addr, o->size);
+      const int rc2 = be.va_free(be.ctx, o->addr, o->size);
+      if (rc == CP_OK) rc = rc2;
+    } else {
+      rc = be.ipc_close(be.ctx, o->addr);
+    }
+  }
+  free(o);
+  return rc;
+}
