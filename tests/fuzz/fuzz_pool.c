@@ -1,7 +1,8 @@
 /* fuzz_pool.c — libFuzzer harness: input bytes become a sequence of pool operations on a
  * simulated device (allocations of every size class and absurd sizes, frees, bad frees,
  * stream switches, record_stream, event completions, empty_cache, cap and fraction changes,
- * injected device failures, allocations in regions, a region paused and resumed), each followed by the pool's own invariant check and a shadow
+ * injected device failures, allocations in regions, a region paused and resumed, checkpoints
+ * and their restore), each followed by the pool's own invariant check and a shadow
  * model that knows what the caller holds. Every allocation and record_stream queues work that
  * uses the block on its stream, which completes only with the stream (Note [Simulated
  * asynchrony] in backend/sim.h); the device faults are checked after every operation.
@@ -23,6 +24,9 @@
  *   - cp_pool_lookup knows every live allocation and its size, and nothing else;
  *   - a free, sized free or record_stream of a pointer that is not live, and a sized free
  *     with the wrong size, fail with CP_ERR_INVALID and change nothing;
+ *   - a checkpoint changes nothing and holds what the caller holds; its restore frees every
+ *     live block and makes the checkpoint's live again at their addresses, handed over only
+ *     once other streams' work on them is done; a refused restore changes nothing;
  *   - a region paused (with a backup) and resumed keeps every live block at its address with
  *     its bytes; while paused, the pool is whole, what it gave back is out of reserved and of
  *     the device, and nothing faulted (the pause waited for the work queued on it).
@@ -383,6 +387,8 @@ typedef struct model_s {
   size_t chunk[2];  /* page-mapped: the chunk of the small [0] and large [1] pool */
   piece_t *pieces;  /* scratch of check_all: the physical pieces of every live block */
   size_t pieces_cap;
+  cp_checkpoint_t *ck;    /* the last checkpoint taken (do_checkpoint), NULL: none */
+  slot_t ck_slot[NSLOTS]; /* the slots when it was taken */
 } model_t;
 
 static uint8_t pattern_byte(uint32_t seed, size_t off) {
@@ -1074,8 +1080,94 @@ static void do_fault(ctx_t *x, reader_t *r) {
   cp_sim_fail_nth(x->dev->sim, kind, 1 + n % 4, status);
 }
 
+/* A checkpoint (Note [Checkpoints] in core/checkpoint.c): it changes nothing, and holds what
+ * the caller holds; pools that stitch are refused. */
+static void do_checkpoint(ctx_t *x) {
+  model_t *m = x->m;
+  cp_checkpoint_destroy(m->ck);
+  m->ck = NULL;
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  const int rc = cp_pool_checkpoint(x->pool, &m->ck);
+  expect_failure_explained(rc);
+  if (m->cfg.page_stitching) {
+    FZ_ASSERT(rc == CP_ERR_INVALID && m->ck == NULL, "checkpoint of a stitching pool: %s", cp_status_name(rc));
+    return;
+  }
+  FZ_ASSERT(rc == CP_OK, "checkpoint failed: %s", cp_status_name(rc));
+  expect_unchanged(x->pool, &before, "a checkpoint");
+  memcpy(m->ck_slot, m->slot, sizeof m->slot);
+  size_t live = 0;
+  for (int i = 0; i < NSLOTS; i++) live += m->slot[i].ptr != NULL;
+  FZ_ASSERT(cp_checkpoint_live_count(m->ck) == live, "checkpoint of %zu live blocks holds %zu", live,
+            cp_checkpoint_live_count(m->ck));
+}
+
+/* Restore the last checkpoint: every live block is freed, the checkpoint's are live again at
+ * their addresses, with their sizes (check_all then sees the accounting and the overlaps). A
+ * refusal changes nothing; an injected failure half-way says what was done. */
+static void do_restore(ctx_t *x) {
+  model_t *m = x->m;
+  if (m->ck == NULL) return;
+  for (int i = 0; i < NSLOTS; i++)
+    if (m->slot[i].ptr != NULL) verify_slot(&m->slot[i], i);
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  const uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  cp_restore_t r;
+  const int rc = cp_pool_restore(x->pool, m->ck, &r);
+  const int fired = cp_sim_faults_injected(x->dev->sim) != faults;
+  expect_failure_explained(rc);
+  FZ_ASSERT(rc == CP_OK || rc == CP_ERR_STATE || fired, "restore failed with %s, no failure injected",
+            cp_status_name(rc));
+  if (rc == CP_ERR_STATE) {
+    FZ_ASSERT(r.freed_count == 0 && r.made_live_count == 0, "a refused restore freed %zu blocks", r.freed_count);
+    expect_unchanged(x->pool, &before, "a refused restore");
+  }
+  for (size_t k = 0; k < r.freed_count; k++) {
+    int found = 0;
+    for (int i = 0; i < NSLOTS && !found; i++) {
+      if ((void *)m->slot[i].ptr != r.freed[k]) continue;
+      remember_stale(m, (uintptr_t)m->slot[i].ptr);
+      memset(&m->slot[i], 0, sizeof m->slot[i]);
+      found = 1;
+    }
+    FZ_ASSERT(found, "restore freed %p, which the caller does not hold", r.freed[k]);
+  }
+  if (rc == CP_OK) {
+    for (int i = 0; i < NSLOTS; i++) FZ_ASSERT(m->slot[i].ptr == NULL, "restore left slot %d live", i);
+  } else if (r.freed_count != 0) {
+    dev_complete_all(x->dev); /* frees it left pending: nothing of theirs is in use any more */
+  }
+  for (size_t k = 0; k < r.made_live_count; k++) {
+    int found = 0;
+    for (int i = 0; i < NSLOTS && !found; i++) {
+      slot_t *c = &m->ck_slot[i];
+      if (c->ptr == NULL || (void *)c->ptr != r.made_live[k]) continue;
+      FZ_ASSERT(m->slot[i].ptr == NULL && r.made_live_sizes[k] == c->requested, "restore made %p live twice",
+                r.made_live[k]);
+      m->slot[i] = *c;
+      m->slot[i].recorded = 0;
+      m->slot[i].seed = m->next_seed++;
+      if (m->paged)
+        FZ_ASSERT(
+            cp_sim_vmm_resolve(x->dev->sim, (uintptr_t)c->ptr, &m->slot[i].page, &m->slot[i].page_off, NULL) == CP_OK,
+            "restored %p is not mapped", (void *)c->ptr);
+      fill_slot(&m->slot[i]);
+      FZ_ASSERT(cp_sim_check_handoff(x->dev->sim, c->stream, (uintptr_t)c->ptr, c->requested) == 0,
+                "restored %p on stream %u: another stream's queued work touches it", (void *)c->ptr, c->stream);
+      found = 1;
+    }
+    FZ_ASSERT(found, "restore made %p live, which the checkpoint did not hold", r.made_live[k]);
+  }
+  if (rc == CP_OK)
+    FZ_ASSERT(r.made_live_count == cp_checkpoint_live_count(m->ck), "restore made %zu of %zu blocks live",
+              r.made_live_count, cp_checkpoint_live_count(m->ck));
+  cp_restore_release(&r);
+}
+
 static void do_misc(ctx_t *x, reader_t *r) {
-  switch (rd_u8(r) % 8) {
+  switch (rd_u8(r) % 10) {
     case 0: dev_complete_all(x->dev); break;
     case 1: do_empty_cache(x); break;
     case 2: cp_pool_reset_peak_stats(x->pool); break;
@@ -1103,6 +1195,8 @@ static void do_misc(ctx_t *x, reader_t *r) {
                 "cp_pool_config does not give back what was set");
       break;
     }
+    case 7: do_checkpoint(x); break;
+    case 8: do_restore(x); break;
     default: { /* disarm every injected failure */
       for (int k = 0; k < CP_SIM_CALL_COUNT; k++) cp_sim_fail_nth(x->dev->sim, (cp_sim_call_t)k, 0, CP_OK);
       break;
@@ -1380,6 +1474,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t g = 0; g < m->nguards; g++) free(m->guard[g].pieces);
   free(dev.events);
   free(m->pieces);
+  cp_checkpoint_destroy(m->ck);
   free(m);
   return 0;
 }
