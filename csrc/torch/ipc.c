@@ -6,10 +6,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "torch/devices.h"
@@ -32,7 +36,17 @@
  *    address range and grants its device access; the offset is the block's from the first.
  * The sender keeps the descriptors open while the block is shared (closed once it is freed:
  * torch frees a sent tensor only after every receiver let it go), and the receiver's mappings
- * keep the memory alive whatever the sender's pool does later. */
+ * keep the memory alive whatever the sender's pool does later.
+ *
+ * Note [Descriptors over a socket]
+ * pidfd_getfd needs the permission ptrace needs over the sender, which a child does not have
+ * over its parent under Yama's ptrace_scope 1 (the default of several distributions), and
+ * which seccomp profiles of containers may deny. So the sender also answers on an abstract Unix
+ * socket named after its pid ("cudapool-ipc-<pid>", started with its first page-mapped share,
+ * one thread): a peer of the same user (SO_PEERCRED) asks for one descriptor number and gets
+ * the descriptor (SCM_RIGHTS), only if it is one the sender keeps for a shared block. The
+ * receiver tries pidfd_getfd first, then the socket; CUDAPOOL_IPC_FD=pidfd or =socket forces
+ * one of them. */
 
 #define CPD_IPC_MAGIC  0x6c6f6f7061647563ull /* "cudapool" */
 #define CPD_IPC_FORMAT 1u
@@ -69,6 +83,8 @@ typedef struct cpd_opened_s {
 
 static pthread_mutex_t cpd_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
 static cpd_kept_t *cpd_kept;
+
+static void cpd_ipc_server_start(void);
 
 static void cpd_kept_free(cpd_kept_t *k) {
   for (size_t i = 0; i < k->count; i++) close(k->fds[i]);
@@ -204,6 +220,7 @@ int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len
   } else if (rc == CP_OK) {
     buf[len++] = 'p';
     rc = cpd_ipc_share_paged(&be, device, &sh, kept, buf, cap, &len);
+    if (rc == CP_OK) cpd_ipc_server_start(); /* Note [Descriptors over a socket] */
   }
   if (rc == CP_OK) {
     *out_len = len;
@@ -220,30 +237,168 @@ int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len
   return rc;
 }
 
-/* Descriptor `fd` of process `pid` (pidfd_getfd), or -1 with the last error set. */
-static int cpd_ipc_take_fd(int pid, int fd) {
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-  const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+/* The abstract socket of process `pid` (Note [Descriptors over a socket]). */
+static socklen_t cpd_ipc_socket_name(int pid, struct sockaddr_un *a) {
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  const int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "cudapool-ipc-%d", pid);
+  return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static int cpd_ipc_is_kept(int fd) {
+  int kept = 0;
+  pthread_mutex_lock(&cpd_ipc_lock);
+  for (const cpd_kept_t *k = cpd_kept; k != NULL && !kept; k = k->next) {
+    for (size_t i = 0; i < k->count && !kept; i++) kept = k->fds[i] == fd;
+  }
+  pthread_mutex_unlock(&cpd_ipc_lock);
+  return kept;
+}
+
+/* One request: a descriptor number; the answer one byte (1: here it is), with the descriptor. */
+static void cpd_ipc_answer(int c) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  int32_t want = -1;
+  if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) return;
+  if (recv(c, &want, sizeof want, MSG_WAITALL) != (ssize_t)sizeof want) return;
+  const int ok = want >= 0 && cpd_ipc_is_kept(want);
+  char byte = (char)ok;
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct msghdr msg = {0};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (ok) {
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    const int fd = want;
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  }
+  (void)sendmsg(c, &msg, MSG_NOSIGNAL);
+}
+
+static void *cpd_ipc_serve(void *arg) {
+  const int lfd = (int)(intptr_t)arg;
+  for (;;) {
+    const int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      break;
+    }
+    cpd_ipc_answer(c);
+    close(c);
+  }
+  close(lfd);
+  return NULL;
+}
+
+static pthread_mutex_t cpd_ipc_server_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int
+    cpd_ipc_server_pid; /* the process whose socket is served; 0: none (a forked child sees its parent's) */
+
+/* Serve this process's socket from now on (best effort: a receiver may still use pidfd_getfd). */
+static void cpd_ipc_server_start(void) {
+  const int pid = (int)getpid();
+  if (atomic_load_explicit(&cpd_ipc_server_pid, memory_order_acquire) == pid) return;
+  pthread_mutex_lock(&cpd_ipc_server_lock);
+  if (atomic_load_explicit(&cpd_ipc_server_pid, memory_order_relaxed) != pid) {
+    struct sockaddr_un a;
+    const socklen_t alen = cpd_ipc_socket_name(pid, &a);
+    const int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    pthread_t t;
+    pthread_attr_t attr;
+    int started = 0;
+    if (lfd >= 0 && bind(lfd, (const struct sockaddr *)&a, alen) == 0 && listen(lfd, 16) == 0 &&
+        pthread_attr_init(&attr) == 0) {
+      (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      started = pthread_create(&t, &attr, cpd_ipc_serve, (void *)(intptr_t)lfd) == 0;
+      (void)pthread_attr_destroy(&attr);
+    }
+    if (started) {
+      atomic_store_explicit(&cpd_ipc_server_pid, pid, memory_order_release);
+    } else if (lfd >= 0) {
+      close(lfd);
+    }
+  }
+  pthread_mutex_unlock(&cpd_ipc_server_lock);
+}
+
+/* Descriptor `fd` of process `pid` through its socket, or -1 (errno set). */
+static int cpd_ipc_ask_socket(int pid, int fd) {
+  struct sockaddr_un a;
+  const socklen_t alen = cpd_ipc_socket_name(pid, &a);
+  const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c < 0) return -1;
   int got = -1;
-  if (pidfd >= 0) {
-    got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-    const int e = errno;
-    close(pidfd);
-    errno = e;
+  const int32_t want = fd;
+  if (connect(c, (const struct sockaddr *)&a, alen) == 0 && send(c, &want, sizeof want, MSG_NOSIGNAL) == sizeof want) {
+    char byte = 0;
+    struct iovec iov = {&byte, 1};
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    if (recvmsg(c, &msg, MSG_CMSG_CLOEXEC) == 1 && byte == 1) {
+      const struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+      if (cm != NULL && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+        memcpy(&got, CMSG_DATA(cm), sizeof got);
+    } else {
+      errno = EACCES; /* the sender keeps no such descriptor (the tensor was freed), or refused */
+    }
+  }
+  const int e = errno;
+  close(c);
+  errno = e;
+  return got;
+}
+
+/* Descriptor `fd` of process `pid` (pidfd_getfd, else its socket), or -1 with the last error set. */
+static int cpd_ipc_take_fd(int pid, int fd) {
+  const char *how = getenv("CUDAPOOL_IPC_FD");
+  const int pidfd_ok = how == NULL || strcmp(how, "socket") != 0;
+  const int socket_ok = how == NULL || strcmp(how, "pidfd") != 0;
+  int got = -1;
+  char tried[256] = "";
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  if (pidfd_ok) {
+    const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd >= 0) got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    snprintf(tried, sizeof tried, "%s: %s", pidfd < 0 ? "pidfd_open" : "pidfd_getfd", strerror(errno));
+    if (pidfd >= 0) close(pidfd);
+  }
+#else
+  (void)pidfd_ok;
+  snprintf(tried, sizeof tried, "pidfd_getfd: not on this system");
+#endif
+  if (got < 0 && socket_ok) {
+    got = cpd_ipc_ask_socket(pid, fd);
+    if (got < 0) {
+      const size_t n = strlen(tried);
+      snprintf(tried + n, sizeof tried - n, "%ssocket of process %d: %s", n ? "; " : "", pid, strerror(errno));
+    }
   }
   if (got < 0) {
     cp_set_error(CP_ERR_BACKEND,
-                 "cudapool: open a shared tensor: taking descriptor %d of process %d failed (%s: %s): the sender must "
-                 "still hold the tensor, and this process needs the permission ptrace needs over it (the same "
-                 "user; a container's seccomp profile may forbid pidfd_getfd)",
-                 fd, pid, pidfd < 0 ? "pidfd_open" : "pidfd_getfd", strerror(errno));
+                 "cudapool: open a shared tensor: taking descriptor %d of process %d failed (%s): the sender must "
+                 "still hold the tensor, and this process must run as the same user (pidfd_getfd also needs the "
+                 "permission ptrace needs; a container's seccomp profile may forbid it)",
+                 fd, pid, tried);
   }
   return got;
-#else
-  (void)pid, (void)fd;
-  cp_set_error(CP_ERR_BACKEND, "cudapool: open a shared tensor: this system has no pidfd_getfd");
-  return -1;
-#endif
 }
 
 /* Map the handles of a 'p' handle side by side at a fresh address range. */

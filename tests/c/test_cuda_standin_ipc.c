@@ -3,7 +3,8 @@
  * in standin/standin_internal.h): a block of a plain segment (the driver's IPC handle), of
  * page-mapped segments and a stitched block (POSIX file descriptors taken with pidfd_getfd)
  * is written in this process, read and written back by a child process that opens the handle
- * (the handles of Note [Handles for torch] in torch/ipc.c), and the sender freeing its block
+ * (the handles of Note [Handles for torch] in torch/ipc.c; descriptors taken with pidfd_getfd or
+ * over the sender's socket), and the sender freeing its block
  * and giving the memory back while the child still maps it leaves the child's bytes intact. A
  * pause of a region holding a shared block is refused; a device that cannot export pages says
  * so. */
@@ -210,6 +211,27 @@ TEST(page_mapped_memory_through_posix_file_descriptors) {
   teardown();
 }
 
+/* The receiver takes the descriptors over the sender's socket (Note [Descriptors over a socket]
+ * in torch/ipc.c), as where pidfd_getfd is not permitted; a descriptor the sender does not keep
+ * for a shared block is not handed out. */
+TEST(descriptors_over_the_senders_socket) {
+  setup("expandable_segments:True");
+  setenv("CUDAPOOL_IPC_FD", "socket", 1);
+  CHECK(share_round_trip(25 * MiB, 0) == 'p');
+  void *p = NULL;
+  REQUIRE(cpd_alloc(4 * MiB, 0, NULL, &p) == CP_OK);
+  CHECK(write_pattern((uintptr_t)p, 4 * MiB, 5) == CP_OK);
+  static char handle[CPD_IPC_HANDLE_MAX];
+  size_t len = 0, offset = 0;
+  REQUIRE(cpd_ipc_share(p, 3, handle, sizeof handle, &len, &offset) == CP_OK);
+  const int32_t not_kept = 0; /* the first handle's descriptor, made stdin's */
+  memcpy(handle + 2 + 32, &not_kept, sizeof not_kept);
+  CHECK_EQ_U(run_child(handle, len, offset, 4 * MiB, 5, NULL), 1); /* the open fails */
+  unsetenv("CUDAPOOL_IPC_FD");
+  cudapool_free(p, 4 * MiB, 0, NULL);
+  teardown();
+}
+
 TEST(a_stitched_block_through_all_its_handles) {
   setup("expandable_segments:True,page_stitching:True");
   void *a = NULL, *b = NULL, *c = NULL;
@@ -312,6 +334,7 @@ int main(int argc, char **argv) {
   }
   RUN(a_plain_segment_through_the_drivers_ipc_handle);
   RUN(page_mapped_memory_through_posix_file_descriptors);
+  RUN(descriptors_over_the_senders_socket);
   RUN(a_stitched_block_through_all_its_handles);
   RUN(the_sender_frees_while_the_receiver_maps);
   RUN(a_region_holding_a_shared_block_is_not_paused);
