@@ -29,6 +29,8 @@ enum {
   CUDA_SUCCESS = 0,
   CUDA_ERROR_OUT_OF_MEMORY = 2,
   CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_NOT_PERMITTED = 800,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906 /* cuStreamIsCapturing on the legacy stream during a capture */
 };
 
@@ -238,7 +240,7 @@ typedef struct cuda_device_s {
    * takes gpuDirectRDMACapable in cuMemCreate, and the other devices that can reach its memory
    * (cuDeviceCanAccessPeer), which every cuMemSetAccess grants access too (Note [Peers]). */
   int rdma;
-  int posix_fd; /* pages are created exportable as POSIX file descriptors (Note [Sharing pages]) */
+  atomic_int posix_fd; /* pages are created exportable as POSIX file descriptors (Note [Sharing pages]) */
   int peer_count;
   CUdevice peers[CP_MAX_DEVICES];
 } cuda_device_t;

@@ -68,11 +68,13 @@ static int vmm_page_forget(cp_page_t handle) {
   return live;
 }
 
-static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
+static CUmemAllocationProp vmm_prop(cuda_device_t *d) {
   CUmemAllocationProp prop;
   memset(&prop, 0, sizeof prop); /* win32HandleMetaData NULL, allocFlags zero */
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = d->posix_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  prop.requestedHandleTypes = atomic_load_explicit(&d->posix_fd, memory_order_relaxed)
+                                  ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                  : CU_MEM_HANDLE_TYPE_NONE;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d->dev;
   prop.allocFlags.gpuDirectRDMACapable = d->rdma ? 1 : 0;
@@ -91,10 +93,13 @@ static CUmemAllocationProp vmm_prop(const cuda_device_t *d) {
  * descriptor handle type requested, which is asked at cuMemCreate and cannot be added later; so
  * every page is created exportable on a device that reports
  * CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED and whose driver has the
- * export and import calls (as torch's expandable segments do when they may be shared). */
+ * export and import calls (as torch's expandable segments do when they may be shared). Where
+ * the driver still refuses such a page (CUDA_ERROR_NOT_PERMITTED or _NOT_SUPPORTED: some
+ * containers and virtualised GPUs), the page is created without it, and so is every later one
+ * of the device: its memory then cannot be shared, and saying so is page_export's. */
 void cp_cuda_vmm_probe_device(cuda_device_t *d, int count) {
   d->rdma = 0;
-  d->posix_fd = 0;
+  atomic_store_explicit(&d->posix_fd, 0, memory_order_relaxed);
   d->peer_count = 0;
   int value = 0;
   if (cp_cuda_vmm_missing[0] == '\0' &&
@@ -106,7 +111,7 @@ void cp_cuda_vmm_probe_device(cuda_device_t *d, int count) {
       cp_cuda_fn.cuMemExportToShareableHandle != NULL && cp_cuda_fn.cuMemImportFromShareableHandle != NULL &&
       cp_cuda_fn.cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                       d->dev) == CUDA_SUCCESS)
-    d->posix_fd = value != 0;
+    atomic_store_explicit(&d->posix_fd, value != 0, memory_order_relaxed);
   if (cp_cuda_fn.cuDeviceCanAccessPeer == NULL) return;
   for (int i = 0; i < count && i < CP_MAX_DEVICES; i++) {
     CUdevice peer = 0;
@@ -189,11 +194,17 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
   cuda_scope_t scope;
   int rc = cp_cuda_enter(d, "cuMemCreate", &scope);
   if (rc != CP_OK) return rc;
-  const CUmemAllocationProp prop = vmm_prop(d);
+  CUmemAllocationProp prop = vmm_prop(d);
   CUmemGenericAllocationHandle handle = 0;
   int mode;
   const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
+  CUresult r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
+  if ((r == CUDA_ERROR_NOT_PERMITTED || r == CUDA_ERROR_NOT_SUPPORTED) &&
+      prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) { /* Note [Sharing pages] */
+    atomic_store_explicit(&d->posix_fd, 0, memory_order_relaxed);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
+  }
   cp_cuda_unrelax(relaxed, &mode);
   if (r != CUDA_SUCCESS)
     rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
@@ -448,8 +459,8 @@ void cp_cuda_vmm_table(cp_backend_t *out) {
   out->page_map = cuda_page_map;
   out->page_unmap = cuda_page_unmap;
   out->page_set_access = cuda_page_set_access;
-  const cuda_device_t *d = out->ctx;
-  if (d->posix_fd) {
+  cuda_device_t *d = out->ctx;
+  if (atomic_load_explicit(&d->posix_fd, memory_order_relaxed)) {
     out->page_export = cuda_page_export;
     out->page_import = cuda_page_import;
   }

@@ -318,6 +318,22 @@ TEST(bad_handles_and_devices_that_cannot_export_say_so) {
   teardown();
 }
 
+/* A driver that refuses exportable pages (CUDA_ERROR_NOT_PERMITTED, as in some containers):
+ * the page is created without the handle type and the allocation succeeds; sharing it then
+ * fails with the driver's reason. */
+TEST(a_driver_that_refuses_exportable_pages_still_allocates) {
+  setup("expandable_segments:True");
+  CHECK(sa.fail_nth("cuMemCreate", 1, 800) == 0); /* CUDA_ERROR_NOT_PERMITTED, once */
+  void *p = NULL;
+  REQUIRE(cpd_alloc(4 * MiB, 0, NULL, &p) == CP_OK);
+  static char handle[CPD_IPC_HANDLE_MAX];
+  size_t len = 0, offset = 0;
+  CHECK(cpd_ipc_share(p, 3, handle, sizeof handle, &len, &offset) != CP_OK);
+  CHECK(strstr(cp_last_error(), "cuMemExportToShareableHandle") != NULL);
+  cudapool_free(p, 4 * MiB, 0, NULL);
+  teardown();
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "child") == 0) return child_main(argc, argv);
   self_path = "/proc/self/exe";
@@ -339,5 +355,6 @@ int main(int argc, char **argv) {
   RUN(the_sender_frees_while_the_receiver_maps);
   RUN(a_region_holding_a_shared_block_is_not_paused);
   RUN(bad_handles_and_devices_that_cannot_export_say_so);
+  RUN(a_driver_that_refuses_exportable_pages_still_allocates);
   return check_summary("test_cuda_standin_ipc");
 }
