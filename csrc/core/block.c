@@ -142,6 +142,7 @@ static void cp_segment_stats_locked(cp_pool_t *pool, const cp_segment_t *seg, in
 }
 
 void cp_segment_link_locked(cp_pool_t *pool, cp_segment_t *seg) {
+  if (seg->serial == 0) seg->serial = ++pool->segment_serials; /* kept when linked again */
   seg->prev = NULL;
   seg->next = pool->segments;
   if (pool->segments != NULL) pool->segments->prev = seg;

@@ -31,6 +31,7 @@
 typedef struct cp_ck_segment_s {
   uintptr_t addr;
   size_t size;
+  uint64_t serial; /* the same segment, not another reserved at its address since */
 } cp_ck_segment_t;
 
 typedef struct cp_ck_block_s {
@@ -121,7 +122,7 @@ int cp_pool_checkpoint(cp_pool_t *pool, cp_checkpoint_t **out_ck) {
   } else {
     size_t s = 0, k = 0;
     for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next, s++) {
-      ck->segments[s] = (cp_ck_segment_t){seg->addr, seg->size};
+      ck->segments[s] = (cp_ck_segment_t){seg->addr, seg->size, seg->serial};
       for (const cp_block_t *b = seg->head; b != NULL; b = b->next) {
         if (cp_ck_in_use_locked(pool, b)) ck->live[k++] = (cp_ck_block_t){b->addr, b->size, b->requested, 0};
       }
@@ -166,10 +167,11 @@ void cp_restore_release(cp_restore_t *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* The pool's segment at `addr` of `size` bytes, or NULL. */
-static cp_segment_t *cp_ck_segment_locked(cp_pool_t *pool, uintptr_t addr, size_t size) {
+/* The pool's segment the checkpoint recorded as `cs`, or NULL when it was given back (another
+ * one may have been reserved at its address since: it holds other memory). */
+static cp_segment_t *cp_ck_segment_locked(cp_pool_t *pool, const cp_ck_segment_t *cs) {
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
-    if (seg->addr == addr && seg->size == size) return seg;
+    if (seg->addr == cs->addr && seg->size == cs->size && seg->serial == cs->serial) return seg;
   }
   return NULL;
 }
@@ -233,7 +235,7 @@ static int cp_ck_validate_locked(cp_pool_t *pool, const cp_checkpoint_t *ck, cp_
   for (size_t i = 0; i < ck->live_count; i++) {
     const cp_ck_block_t *lb = &ck->live[i];
     const cp_ck_segment_t *cs = &ck->segments[lb->segment];
-    cp_segment_t *seg = cp_ck_segment_locked(pool, cs->addr, cs->size);
+    cp_segment_t *seg = cp_ck_segment_locked(pool, cs);
     if (seg == NULL) {
       return cp_set_error(CP_ERR_STATE,
                           "cudapool: restore: the checkpoint's segment at %p (%zu bytes), which holds its block at %p, "
@@ -322,7 +324,7 @@ int cp_pool_restore(cp_pool_t *pool, const cp_checkpoint_t *ck, cp_restore_t *ou
   for (size_t i = 0; i < ck->live_count && rc == CP_OK; i++) {
     const cp_ck_block_t *lb = &ck->live[i];
     const cp_ck_segment_t *cs = &ck->segments[lb->segment];
-    rc = cp_ck_carve_locked(pool, cp_ck_segment_locked(pool, cs->addr, cs->size), lb);
+    rc = cp_ck_carve_locked(pool, cp_ck_segment_locked(pool, cs), lb);
     if (rc == CP_OK) {
       out->made_live[out->made_live_count] = (void *)lb->addr;
       out->made_live_sizes[out->made_live_count] = lb->requested;

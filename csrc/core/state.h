@@ -98,6 +98,7 @@ struct cp_pool_s {
 
   cp_segment_t *segments; /* every segment held, most recent first */
   size_t segment_count;
+  uint64_t segment_serials;         /* segments numbered so far (cp_segment_t.serial) */
   cp_segment_t *free_segments_head; /* wholly free segments, in the order they became so */
   cp_segment_t *free_segments_tail;
   size_t free_segment_count;

@@ -88,6 +88,7 @@ struct cp_segment_s {
   cp_segment_t *free_prev; /* the pool's list of wholly free segments, while this one is */
   cp_segment_t *free_next;
   bool in_free_list;
+  uint64_t serial;  /* the pool's number for it, given when first linked (never reused) */
   bool drop_failed; /* scratch of cp_expand_drop_unmapped_locked */
   /* paged with page_stitching: the page mapped at each granule of the range (0: none), for
    * the first `page_slots` granules; the pool keeps these handles until it unmaps them. */
