@@ -107,27 +107,26 @@ int cp_pool_checkpoint(cp_pool_t *pool, cp_checkpoint_t **out_ck) {
   cp_checkpoint_t *ck = calloc(1, sizeof *ck);
   if (ck == NULL) return cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a checkpoint");
   pthread_mutex_lock(&pool->lock);
-  int rc = CP_OK;
   ck->pool = pool;
-  ck->segment_count = pool->segment_count;
+  cp_block_t **in_use = NULL;
   size_t live = 0;
-  for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
-    for (const cp_block_t *b = seg->head; b != NULL; b = b->next) live += cp_ck_in_use_locked(pool, b);
-  }
-  ck->live_count = live;
-  if (ck->segment_count != 0) ck->segments = malloc(ck->segment_count * sizeof *ck->segments);
-  if (live != 0) ck->live = malloc(live * sizeof *ck->live);
-  if ((ck->segment_count != 0 && ck->segments == NULL) || (live != 0 && ck->live == NULL)) {
+  int rc = cp_ck_in_use_blocks_locked(pool, &in_use, &live);
+  if (rc == CP_OK && pool->segment_count != 0) ck->segments = malloc(pool->segment_count * sizeof *ck->segments);
+  if (rc == CP_OK && live != 0) ck->live = malloc(live * sizeof *ck->live);
+  if (rc == CP_OK && ((pool->segment_count != 0 && ck->segments == NULL) || (live != 0 && ck->live == NULL))) {
     rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: no host memory for a checkpoint of %zu blocks", live);
-  } else {
-    size_t s = 0, k = 0;
-    for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next, s++) {
-      ck->segments[s] = (cp_ck_segment_t){seg->addr, seg->size, seg->serial};
-      for (const cp_block_t *b = seg->head; b != NULL; b = b->next) {
-        if (cp_ck_in_use_locked(pool, b)) ck->live[k++] = (cp_ck_block_t){b->addr, b->size, b->requested, 0};
-      }
-    }
   }
+  if (rc == CP_OK) {
+    for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+      ck->segments[ck->segment_count++] = (cp_ck_segment_t){seg->addr, seg->size, seg->serial};
+    }
+    for (size_t i = 0; i < live; i++) {
+      const cp_block_t *b = in_use[i];
+      ck->live[i] = (cp_ck_block_t){b->addr, b->size, b->requested, 0};
+    }
+    ck->live_count = live;
+  }
+  free(in_use);
   pthread_mutex_unlock(&pool->lock);
   if (rc != CP_OK) {
     cp_checkpoint_destroy(ck);
@@ -316,11 +315,12 @@ int cp_pool_restore(cp_pool_t *pool, const cp_checkpoint_t *ck, cp_restore_t *ou
     if (out->freed_count > 1) qsort(out->freed, out->freed_count, sizeof *out->freed, cp_ck_cmp_ptr);
   }
   free(in_use);
-  /* 2. Wait for frees that wait for other streams: their memory may be re-created. */
-  if (rc == CP_OK && pool->streams.pending_entries != 0) rc = cp_synchronize_pending_locked(pool);
-  /* 3. The checkpoint's live blocks, where they were (their segments are still held: the
-   *    lock was dropped only while waiting, and checked again here). */
-  if (rc == CP_OK) rc = cp_ck_validate_locked(pool, ck, NULL, 0);
+  /* 2. Wait for frees that wait for other streams: their memory may be re-created. The lock
+   *    is dropped meanwhile, so what was validated is validated again after. */
+  const bool waited = rc == CP_OK && pool->streams.pending_entries != 0;
+  if (waited) rc = cp_synchronize_pending_locked(pool);
+  if (waited && rc == CP_OK) rc = cp_ck_validate_locked(pool, ck, NULL, 0);
+  /* 3. The checkpoint's live blocks, where they were. */
   for (size_t i = 0; i < ck->live_count && rc == CP_OK; i++) {
     const cp_ck_block_t *lb = &ck->live[i];
     const cp_ck_segment_t *cs = &ck->segments[lb->segment];

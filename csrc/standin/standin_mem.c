@@ -310,6 +310,20 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return sti_leave(&c, r);
 }
 
+/* Room for one more handle of `size` bytes on `device`, its memory charged (cuMemCreate,
+ * cuMemImportFromShareableHandle); sti_handle_push then adds it and gives its number. */
+static CUresult sti_handle_room(int device, size_t size) {
+  if (sti_grow((void **)&sti.handles, &sti.handles_cap, sti.handles_count, sizeof *sti.handles) != 0 ||
+      sti.handles_count + 1 >= STI_TAG_SPAN || sti_charge(device, size) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  return CUDA_SUCCESS;
+}
+
+static CUmemGenericAllocationHandle sti_handle_push(sti_handle_t h) {
+  sti.handles[sti.handles_count++] = h;
+  return STI_TAG_HANDLE + sti.handles_count;
+}
+
 /* The reference: size a multiple of the minimum granularity, flags 0. */
 CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags) {
@@ -319,28 +333,20 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmem
   if (r == CUDA_SUCCESS) r = sti_check_prop(prop);
   if (r == CUDA_SUCCESS && (size == 0 || size % sti.devices[prop->location.id].granularity != 0))
     r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.handles, &sti.handles_cap, sti.handles_count, sizeof *sti.handles))
-    r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS && sti.handles_count + 1 >= STI_TAG_SPAN) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS && sti_charge(prop->location.id, size) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) r = sti_handle_room(prop->location.id, size);
   if (r == CUDA_SUCCESS) {
     unsigned char *backing = sti_backing_new(size);
     if (backing == NULL) {
       sti.devices[prop->location.id].used -= size;
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-      sti.handles[sti.handles_count++] =
-          (sti_handle_t){size,
-                         prop->location.id,
-                         prop->allocFlags.gpuDirectRDMACapable != 0,
-                         0,
-                         0,
-                         1,
-                         backing,
-                         prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                         0,
-                         0};
-      *out = STI_TAG_HANDLE + sti.handles_count;
+      *out = sti_handle_push(
+          (sti_handle_t){.size = size,
+                         .device = prop->location.id,
+                         .rdma = prop->allocFlags.gpuDirectRDMACapable != 0,
+                         .holds = 1,
+                         .backing = backing,
+                         .exportable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR});
     }
   }
   return sti_leave(&c, r);
@@ -667,10 +673,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void 
   if (r == CUDA_SUCCESS) r = sti_current_device(&device);
   const size_t size = r == CUDA_SUCCESS ? (size_t)st.st_size : 0;
   if (r == CUDA_SUCCESS && size % sti.devices[device].granularity != 0) r = CUDA_ERROR_INVALID_HANDLE;
-  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.handles, &sti.handles_cap, sti.handles_count, sizeof *sti.handles))
-    r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS && sti.handles_count + 1 >= STI_TAG_SPAN) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS && sti_charge(device, size) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) r = sti_handle_room(device, size);
   if (r == CUDA_SUCCESS) {
     const int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
     void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
@@ -679,8 +682,8 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void 
       sti.devices[device].used -= size;
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-      sti.handles[sti.handles_count++] = (sti_handle_t){size, device, 0, 0, 0, 1, p, 1, fd + 1, 0};
-      *out = STI_TAG_HANDLE + sti.handles_count;
+      *out = sti_handle_push(
+          (sti_handle_t){.size = size, .device = device, .holds = 1, .backing = p, .exportable = 1, .fd = fd + 1});
     }
   }
   return sti_leave(&c, r);

@@ -397,6 +397,31 @@ int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled) {
   return rc;
 }
 
+int cpd_graph_share(void *ptr, cp_share_t *out, int *out_device, cp_backend_t *out_backend, int *out_handled) {
+  *out_handled = 0;
+  int rc = CP_OK;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if (cp_pool_lookup(gp->pool, ptr, NULL)) {
+      *out_handled = 1;
+      *out_device = gp->device;
+      cp_pool_backend(gp->pool, out_backend);
+      rc = cp_pool_share(gp->pool, ptr, out);
+      break;
+    }
+  }
+  cpd_graph_unlock();
+  return rc;
+}
+
+int cpd_graph_is_shared(const void *ptr) {
+  int shared = 0;
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && !shared; gp = gp->next) shared = cp_pool_is_shared(gp->pool, ptr);
+  cpd_graph_unlock();
+  return shared;
+}
+
 int cpd_graph_base_of(const void *ptr, void **out_base, size_t *out_size) {
   int kind = CP_PTR_FOREIGN;
   cpd_graph_lock_take();

@@ -75,6 +75,10 @@ int cpd_graph_pools_exist(void);
  * size must be the block's. */
 int cpd_graph_free(void *ptr, const size_t *size, int device, int *out_handled);
 int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled);
+/* cp_pool_share on the private pool holding `ptr` (*out_handled = 1, with its device and
+ * backend); cpd_graph_is_shared: whether `ptr` is a shared block of one. */
+int cpd_graph_share(void *ptr, cp_share_t *out, int *out_device, cp_backend_t *out_backend, int *out_handled);
+int cpd_graph_is_shared(const void *ptr);
 /* The device of the private pool holding `ptr` as a live allocation: 1 and *out_device, or 0. */
 int cpd_graph_device_of(const void *ptr, int *out_device);
 /* CP_PTR_* over every private pool (the first that is not CP_PTR_FOREIGN). */

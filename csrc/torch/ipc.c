@@ -92,22 +92,12 @@ static void cpd_kept_free(cpd_kept_t *k) {
   free(k);
 }
 
-static int cpd_ipc_shared_private(void *arg, int device, unsigned long long id0, unsigned long long id1,
-                                  cp_pool_t *pool) {
-  (void)device, (void)id0, (void)id1;
-  void **ptr = arg;
-  if (*ptr != NULL && cp_pool_is_shared(pool, *ptr)) *ptr = NULL; /* found */
-  return CP_OK;
-}
-
 /* Whether `ptr` is still a shared block of some pool (a pool that went is not looked at). */
 static int cpd_ipc_still_shared(void *ptr) {
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
     if (cp_pool_is_shared(cpd_pool_if_created(d), ptr)) return 1;
   }
-  void *look = ptr;
-  if (cpd_graph_pools_exist()) (void)cpd_graph_visit(cpd_ipc_shared_private, &look);
-  return look == NULL;
+  return cpd_graph_pools_exist() && cpd_graph_is_shared(ptr);
 }
 
 void cpd_ipc_sweep(int all) {
@@ -124,36 +114,23 @@ void cpd_ipc_sweep(int all) {
   pthread_mutex_unlock(&cpd_ipc_lock);
 }
 
-typedef struct cpd_find_s {
-  void *ptr;
-  cp_pool_t *pool;
-  int device;
-} cpd_find_t;
-
-static int cpd_ipc_find_private(void *arg, int device, unsigned long long id0, unsigned long long id1,
-                                cp_pool_t *pool) {
-  (void)id0, (void)id1;
-  cpd_find_t *f = arg;
-  if (f->pool == NULL && cp_pool_lookup(pool, f->ptr, NULL)) {
-    f->pool = pool;
-    f->device = device;
-  }
-  return CP_OK;
-}
-
-/* The pool holding live `ptr`, or NULL. A private pool found stays while its block is live. */
-static cp_pool_t *cpd_ipc_pool_of(void *ptr, int *out_device) {
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
+/* cp_pool_share on the pool holding live `ptr` (any device's, private pools included), with
+ * that pool's device and backend. */
+static int cpd_ipc_share_block(void *ptr, cp_share_t *sh, int *out_device, cp_backend_t *out_be) {
+  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = cpd_pool_if_created(d);
     if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) {
       *out_device = d;
-      return pool;
+      cp_pool_backend(pool, out_be);
+      return cp_pool_share(pool, ptr, sh);
     }
   }
-  cpd_find_t f = {ptr, NULL, -1};
-  if (cpd_graph_pools_exist()) (void)cpd_graph_visit(cpd_ipc_find_private, &f);
-  *out_device = f.device;
-  return f.pool;
+  int handled = 0;
+  if (ptr != NULL && cpd_graph_pools_exist()) {
+    const int rc = cpd_graph_share(ptr, sh, out_device, out_be, &handled);
+    if (handled) return rc;
+  }
+  return cp_set_error(CP_ERR_INVALID, "cudapool: share: %p is not a live allocation of cudapool", ptr);
 }
 
 static int cpd_ipc_put(char *buf, size_t cap, size_t *len, const void *bytes, size_t n) {
@@ -193,13 +170,9 @@ int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len
     return cp_set_error(CP_ERR_INVALID, "cudapool: share: NULL argument");
   cpd_ipc_sweep(0);
   int device = -1;
-  cp_pool_t *pool = ptr != NULL ? cpd_ipc_pool_of(ptr, &device) : NULL;
-  if (pool == NULL)
-    return cp_set_error(CP_ERR_INVALID, "cudapool: share: %p is not a live allocation of cudapool", ptr);
   cp_backend_t be;
-  cp_pool_backend(pool, &be);
   cp_share_t sh;
-  int rc = cp_pool_share(pool, ptr, &sh);
+  int rc = cpd_ipc_share_block(ptr, &sh, &device, &be);
   if (rc != CP_OK) return rc;
   size_t len = 0;
   buf[len++] = (char)version;
