@@ -445,6 +445,7 @@ void cp_config_default(cp_config_t *cfg) {
   cfg->garbage_collection_threshold = 0.0;
   cfg->memory_cap = 0;
   cfg->memory_fraction = 0.0;
+  cfg->stitch_partial = 1;
 }
 
 int cp_config_from_env(cp_config_t *cfg) {
@@ -635,6 +636,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     /* 0 means off/unset for the fractions and is not a valid value: omit them then. */
     if (k == KEY_EXPANDABLE_SEGMENTS && !cfg->expandable_segments) continue; /* written when True only */
     if (k == KEY_PAGE_STITCHING && !cfg->page_stitching) continue;
+    if (k == KEY_STITCH_PARTIAL_HANDLES && cfg->stitch_partial) continue; /* written when False only */
     if ((kind == KIND_FRACTION_OPEN || kind == KIND_FRACTION) && *KEY_FIELD_C(cfg, k, double) == 0.0) continue;
     out_printf(&o, "%s%s:", sep, keys[k].name);
     sep = ",";

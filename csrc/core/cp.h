@@ -41,6 +41,7 @@ typedef struct cp_config_s {
   /* Page-mapped segments (Note [Expandable segments], core/expand.c). */
   int expandable_segments; /* 1: one growable segment per (stream, kind), where the device can */
   int page_stitching;      /* 1: page-mapped segments that stitch free pages (core/stitch.c) */
+  int stitch_partial;      /* 1 (default): stitched ranges may open and close in handles in part use */
 } cp_config_t;
 
 /* The configuration keys, one row each, in the order cp_config_format writes them:
@@ -56,7 +57,8 @@ typedef struct cp_config_s {
  *   FRACTION_OPEN     a number in (0, 1); 0 means off and is not written;
  *   FRACTION          a number in (0, 1]; 0 means unset and is not written;
  *   BOOL              True/False (also true/false, 1/0); expandable_segments and page_stitching
- *                     are written only when True, so that default configurations read as they always have. */
+ *                     are written only when True, stitch_partial_handles only when False, so that
+ *                     default configurations read as they always have. */
 #define CP_CONFIG_KEYS(X)                                                                                              \
   X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")    \
   X(SMALL_SIZE_MB, "small_size_mb", MIB_GRANULAR, small_size, "1", "largest request served from the small pool")       \
@@ -85,7 +87,10 @@ typedef struct cp_config_s {
   X(PAGE_STITCHING, "page_stitching", BOOL, page_stitching, "False",                                                   \
     "True: page-mapped segments (as `expandable_segments`) mapped as growth needs it, one per stream for every size; " \
     "a request no free block fits is served from the free "                                                            \
-    "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")
+    "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")   \
+  X(STITCH_PARTIAL_HANDLES, "stitch_partial_handles", BOOL, stitch_partial, "True",                                    \
+    "with `page_stitching`: True, a stitched range may begin in the free end of a handle partly in use and end in "    \
+    "the free start of another; False: wholly free handles only")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
 typedef struct cp_config_key_s {

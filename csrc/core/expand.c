@@ -79,7 +79,8 @@ size_t cp_expand_chunk(const cp_pool_t *pool, int kind) {
  * whatever its size (device_costs.py), so 2 MiB handles cost ten times the calls of 20 MiB
  * ones; and a handle is mapped and unmapped whole (the driver maps a handle from offset 0,
  * and cuMemUnmap takes whole mappings), so a stitched range and a release move whole handles
- * only. The bound keeps both at the grain of expandable segments: no more handles per byte
+ * only (a handle partly in use can still open or close a stitched range: Note [Handles in
+ * part use], stitch.c). The bound keeps both at the grain of expandable segments: no more handles per byte
  * than it creates, and memory given back in pieces no coarser than its chunks. Handles of
  * one growth are the pieces the program asked for, which it tends to free together.
  * seg->pages holds the handle at every granule it covers; a handle's edges are where the

@@ -7,49 +7,7 @@
 #include "core/expand.h"
 #include "core/stitch.h"
 
-/* Note [Stitched ranges]
- * With page_stitching (on top of expandable_segments; expand.c), the pool keeps the handle of
- * every mapping, one per growth (seg->pages; Note [Handles follow growth]), so a handle can
- * be mapped at a second address while it stays mapped in its segment. Scattered free memory
- * is then as good as contiguous memory for a large request:
- *  - One range per stream serves requests of every size: they all count in the large pool
- *    (its stats rows), and the small pool stays empty. Separate pools keep small blocks from
- *    breaking up the memory large requests need; stitching makes that unnecessary, as a large
- *    request can take free pages from anywhere, and one range lets memory freed by one size
- *    serve the other (two pools each peak on their own).
- *  - Ladder: best fit in the stream's index; else a kept stitched range (below); else a new
- *    stitched range from the free whole pages of the stream's segments (the largest free
- *    stretches first: best fit takes them last, so such a range is the likeliest to find its
- *    pages free again when it is next wanted), when they hold enough, or when mapping the missing pages and stitching costs fewer new pages than
- *    growing one segment would; else growth as in expand.c. A request of one page or less
- *    never stitches: a free page would have fitted it.
- *  - A stitched range is an address range of the whole handles that hold the pages the
- *    request needs (the last one may map a little more), with one block at its start (never
- *    split), of exactly those pages. While that block is in use (LIVE, or PENDING on other streams), the
- *    pages' bytes in their own segments are LENT blocks: out of every index, so nothing else
- *    can be placed on them. When it is freed, the LENT blocks become FREE again (and merge)
- *    and the range is kept, mapped, with its FREE block in no index.
- *  - A kept range serves a later request of the same stream that needs no more pages than it
- *    has, when the pages behind its first bytes (as many as the request needs) are wholly
- *    free in their segments at that moment: its block is then that prefix, and only those
- *    pages are lent; the pages of the rest stay free in their segments, mapped behind unused
- *    addresses. The smallest such range wins, and the oldest among equals. Reuse makes no device call,
- *    and the order of preference is what lets a training loop settle: a step that starts
- *    from the state the previous one started from makes the same choices again, because a
- *    range stitched during that step is younger than every range it could have used (it was
- *    stitched because none of those was free). Up to CP_STITCH_TRIES candidates are looked
- *    at per request.
- *  - Streams: a range is stitched only from pages of its own stream's segments, and its
- *    block serves only that stream, so a page is reused only after the work that used it
- *    (ordered on that stream, or waited for through its PENDING events) is done.
- *  - Memory: a stitched range maps pages that are already counted; reserved bytes do not
- *    change, and address space (stitched_space) grows by the range.
- *  - Bounds: at most CP_STITCH_KEEP ranges are kept; past that, the least recently used idle
- *    one is retired: it never serves again, and is unmapped and its address range given back
- *    (its pages stay in their segments) once the work queued on its stream has finished
- *    (Note [Stream-ordered release], drain.c). empty_cache and the OOM ladder's retry retire
- *    every idle range with the free pages of its stream; the ranges go first, then the pages
- *    (a page is freed only when unmapped everywhere). No range is trimmed during a capture. */
+/* Note [Stitched ranges] and Note [Handles in part use] are in stitch.h. */
 
 #define CP_STITCH_TRIES 16
 
@@ -67,23 +25,33 @@ static cp_block_t *cp_stitch_block_at(const cp_segment_t *seg, uintptr_t addr, c
   return b;
 }
 
-/* Whole handles of FREE blocks of (st, large) segments, one stretch per block (a page whose
- * handle the pool does not hold ends it), largest stretches first, until `want` pages (the
- * last stretch taken up to the end of a handle, so the pages found may pass `want`): the
- * runs chosen, in address order, in *out_runs (allocated, *out_n of them) and the blocks that
- * hold them in *out_blocks (allocated). Returns the pages found; 0, with nothing allocated,
- * when there is no free page or no host memory. Block pointers hold until the lock drops. */
+/* The free pages of (st, large) segments a new range can be stitched from, as runs of whole
+ * handles (Note [Handles in part use]): stretches of whole free handles, largest first, until
+ * `want` pages (the last stretch taken up to the end of a handle, so the pages found may pass
+ * `want`); when they fall short, the free last pages of a handle in part use as the first run
+ * and its free first pages as the last one, those that complete the request with the fewest to
+ * spare (else the largest). The runs chosen, in the range's order (whole stretches in address
+ * order), in *out_runs (allocated, *out_n of them; the first one's `skip` set) and the blocks
+ * that hold them in *out_blocks (allocated). Returns the pages found; 0, with nothing
+ * allocated, when there is no free page or no host memory. Block pointers hold until the lock
+ * drops. */
 
-/* A stretch of free whole pages: a candidate run. */
+/* A candidate run: free whole pages from `addr + skip` on, `pages` of them. Whole handles have
+ * end == 0; a handle in part use has its start at `addr`, its end at `end`, and either its
+ * first pages free (skip 0: a last run) or its last ones (skip > 0: a first run). */
 typedef struct cp_stitch_cand_s {
   cp_segment_t *seg;
   cp_block_t *block;
   uintptr_t addr;
   size_t pages;
+  uintptr_t end;
+  size_t skip;
+  bool first; /* a handle in part use whose free pages end it: it can only open the range */
 } cp_stitch_cand_t;
 
 static int cp_stitch_cand_by_pages_desc(const void *a, const void *b) {
   const cp_stitch_cand_t *x = a, *y = b;
+  if ((x->end != 0) != (y->end != 0)) return x->end != 0 ? 1 : -1; /* whole handles first */
   if (x->pages != y->pages) return x->pages > y->pages ? -1 : 1;
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
@@ -91,6 +59,43 @@ static int cp_stitch_cand_by_pages_desc(const void *a, const void *b) {
 static int cp_stitch_cand_by_addr(const void *a, const void *b) {
   const cp_stitch_cand_t *x = a, *y = b;
   return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static bool cp_stitch_cand_push(cp_stitch_cand_t **cand, size_t *n, size_t *cap, cp_stitch_cand_t c) {
+  if (*n == *cap) {
+    const size_t nc = *cap ? *cap * 2 : 64;
+    cp_stitch_cand_t *grown = realloc(*cand, nc * sizeof *grown);
+    if (grown == NULL) return false;
+    *cand = grown;
+    *cap = nc;
+  }
+  (*cand)[(*n)++] = c;
+  return true;
+}
+
+/* Whether `addr` of `seg` lies on a page whose handle the pool holds. */
+static bool cp_stitch_held(const cp_segment_t *seg, uintptr_t addr) {
+  const size_t slot = (addr - seg->addr) / seg->chunk;
+  return slot < seg->page_slots && seg->pages[slot] != 0;
+}
+
+/* Of the handles in part use cand[from..n) that may take the place `first` (or the last one),
+ * and are not the handle `not`, the one for `missing` pages: SIZE_MAX when there is none. */
+static size_t cp_stitch_pick_part(const cp_stitch_cand_t *cand, size_t from, size_t n, bool first, size_t missing,
+                                  const cp_stitch_cand_t * not ) {
+  size_t pick = SIZE_MAX;
+  for (size_t i = from; i < n; i++) {
+    const cp_stitch_cand_t *c = &cand[i];
+    if (c->first != first || (not != NULL && c->seg == not ->seg && c->addr == not ->addr)) continue;
+    if (pick == SIZE_MAX) {
+      pick = i;
+      continue;
+    }
+    const size_t have = cand[pick].pages;
+    const bool fits = c->pages >= missing, pick_fits = have >= missing;
+    if (fits ? !pick_fits || c->pages < have : !pick_fits && c->pages > have) pick = i;
+  }
+  return pick;
 }
 
 static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t want, cp_stitch_run_t **out_runs,
@@ -101,37 +106,45 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
   const size_t g = pool->vmm_granularity;
   size_t ncand = 0, candcap = 0;
   cp_stitch_cand_t *cand = NULL;
-  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+  bool room = true;
+  for (cp_segment_t *seg = pool->segments; seg != NULL && room; seg = seg->next) {
     if (!seg->paged || seg->stream != st || seg->kind != CP_KIND_LARGE) continue;
-    for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+    for (cp_block_t *b = seg->head; b != NULL && room; b = b->next) {
       if (b->state != CP_BLOCK_FREE) continue;
-      /* Whole handles only (Note [Handles follow growth], expand.c). */
-      const uintptr_t lo = cp_expand_edge_up(seg, b->addr), hi = cp_expand_edge_down(seg, b->addr + b->size);
+      const uintptr_t b_end = b->addr + b->size;
+      const uintptr_t lo = cp_expand_edge_up(seg, b->addr), hi = cp_expand_edge_down(seg, b_end);
       uintptr_t a = lo;
-      while (a < hi) {
-        const size_t slot = (a - seg->addr) / g;
-        if (slot >= seg->page_slots || seg->pages[slot] == 0) break;
+      while (a < hi && cp_stitch_held(seg, a)) {
         const uintptr_t e = cp_expand_edge_up(seg, a + g);
         if (e > hi) break;
         a = e;
       }
-      if (a <= lo) continue;
-      if (ncand == candcap) {
-        size_t nc = candcap ? candcap * 2 : 64;
-        cp_stitch_cand_t *grown = realloc(cand, nc * sizeof *grown);
-        if (grown == NULL) break;
-        cand = grown;
-        candcap = nc;
+      if (a > lo)
+        room = cp_stitch_cand_push(&cand, &ncand, &candcap,
+                                   (cp_stitch_cand_t){.seg = seg, .block = b, .addr = lo, .pages = (a - lo) / g});
+      /* The block starts inside a handle and runs to its end: that handle's free last pages. */
+      if (lo > b->addr && lo <= b_end && room) {
+        const uintptr_t hs = cp_expand_edge_down(seg, b->addr);
+        const uintptr_t from = seg->addr + (b->addr - seg->addr + g - 1) / g * g;
+        if (from < lo && cp_stitch_held(seg, hs))
+          room = cp_stitch_cand_push(&cand, &ncand, &candcap,
+                                     (cp_stitch_cand_t){seg, b, hs, (lo - from) / g, lo, from - hs, true});
       }
-      cand[ncand++] = (cp_stitch_cand_t){seg, b, lo, (a - lo) / g};
+      /* The block ends inside a handle it starts or runs into: that handle's free first pages. */
+      if (a == hi && hi < b_end && hi >= b->addr && (b_end - hi) / g > 0 && cp_stitch_held(seg, hi) && room)
+        room = cp_stitch_cand_push(
+            &cand, &ncand, &candcap,
+            (cp_stitch_cand_t){seg, b, hi, (b_end - hi) / g, cp_expand_edge_up(seg, hi + g), 0, false});
     }
   }
   /* Largest stretches first: best fit takes the smallest free block that fits, so the large
    * ones stay free the longest, and a range stitched from them is the likeliest to find its
    * pages free again when it is next wanted. */
   if (ncand > 1) qsort(cand, ncand, sizeof *cand, cp_stitch_cand_by_pages_desc);
+  size_t whole = 0;
+  while (whole < ncand && cand[whole].end == 0) whole++;
   size_t found = 0, n = 0;
-  for (size_t i = 0; i < ncand && found < want; i++) {
+  for (size_t i = 0; i < whole && found < want; i++) {
     size_t take = cand[i].pages;
     if (found + take > want) { /* up to the end of the handle that holds the last page wanted */
       const uintptr_t e = cp_expand_edge_up(cand[i].seg, cand[i].addr + (want - found) * g);
@@ -143,37 +156,77 @@ static size_t cp_stitch_gather_locked(cp_pool_t *pool, cp_stream_state_t *st, si
     found += take;
   }
   if (n > 1) qsort(cand, n, sizeof *cand, cp_stitch_cand_by_addr);
-  cp_stitch_run_t *runs = n > 0 ? malloc(n * sizeof *runs) : NULL;
-  cp_block_t **blocks = n > 0 ? malloc(n * sizeof *blocks) : NULL;
+  /* Short of whole handles: handles in part use open and close the range. */
+  cp_stitch_cand_t head = {0}, tail = {0};
+  for (int k = 0; k < 2 && found < want && whole < ncand && pool->cfg.stitch_partial; k++) {
+    const size_t missing = want - found;
+    const size_t f = cp_stitch_pick_part(cand, whole, ncand, true, missing, tail.seg != NULL ? &tail : NULL);
+    const size_t l = cp_stitch_pick_part(cand, whole, ncand, false, missing, head.seg != NULL ? &head : NULL);
+    const bool can_f = head.seg == NULL && f != SIZE_MAX, can_l = tail.seg == NULL && l != SIZE_MAX;
+    if (!can_f && !can_l) break;
+    /* The one that completes the request, with fewer to spare; else the larger. */
+    bool use_f = can_f;
+    if (can_f && can_l) {
+      const size_t pf = cand[f].pages, pl = cand[l].pages;
+      use_f = (pf >= missing) != (pl >= missing) ? pf >= missing : pf >= missing ? pf <= pl : pf >= pl;
+    }
+    cp_stitch_cand_t *c = use_f ? &head : &tail;
+    *c = cand[use_f ? f : l];
+    found += c->pages < missing ? c->pages : missing;
+  }
+  const size_t nruns = n + (head.seg != NULL) + (tail.seg != NULL);
+  cp_stitch_run_t *runs = nruns > 0 ? malloc(nruns * sizeof *runs) : NULL;
+  cp_block_t **blocks = nruns > 0 ? malloc(nruns * sizeof *blocks) : NULL;
   if (runs == NULL || blocks == NULL) {
     free(runs);
     free(blocks);
     free(cand);
     return 0;
   }
+  size_t r = 0;
+  if (head.seg != NULL) {
+    runs[r] = (cp_stitch_run_t){head.seg, head.addr, head.end - head.addr, NULL, head.skip};
+    blocks[r++] = head.block;
+  }
   for (size_t i = 0; i < n; i++) {
-    runs[i] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL};
-    blocks[i] = cand[i].block;
+    runs[r] = (cp_stitch_run_t){cand[i].seg, cand[i].addr, cand[i].pages * g, NULL, 0};
+    blocks[r++] = cand[i].block;
+  }
+  if (tail.seg != NULL) {
+    runs[r] = (cp_stitch_run_t){tail.seg, tail.addr, tail.end - tail.addr, NULL, 0};
+    blocks[r++] = tail.block;
   }
   free(cand);
   *out_runs = runs;
   *out_blocks = blocks;
-  *out_n = n;
+  *out_n = nruns;
   return found;
 }
 
-/* Lend the first `size` bytes of the run `r` out of the FREE block `b` that holds them: b is
- * cut around them and the middle becomes LENT. Needs two spare nodes. */
+/* Lend `size` bytes of the run `r` from its `skip` on out of the FREE block `b` that holds them:
+ * b is cut around them and the middle becomes LENT. Needs two spare nodes. */
 static void cp_stitch_lend_locked(cp_pool_t *pool, cp_stitch_run_t *r, cp_block_t *b, size_t size) {
+  const uintptr_t at = r->addr + r->skip;
   cp_free_remove_locked(pool, b);
   cp_block_t *mid = b;
-  if (b->addr < r->addr) {
-    mid = cp_block_cut_locked(pool, b, r->addr - b->addr);
+  if (b->addr < at) {
+    mid = cp_block_cut_locked(pool, b, at - b->addr);
     cp_free_insert_locked(pool, b);
   }
   if (mid->size > size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, mid, size));
   mid->state = CP_BLOCK_LENT;
   r->lent = mid;
+}
+
+/* The bytes of run `r` a block of `left` more bytes covers. */
+static size_t cp_stitch_part(const cp_stitch_run_t *r, size_t left) {
+  const size_t room = r->size - r->skip;
+  return room < left ? room : left;
+}
+
+/* Where a range's block starts: past the first run's skip. */
+static uintptr_t cp_stitch_block_addr(const cp_segment_t *s) {
+  return s->addr + (s->run_count != 0 ? s->runs[0].skip : 0);
 }
 
 /* Give the runs of `s` back to their segments' free blocks. */
@@ -192,12 +245,12 @@ static bool cp_stitch_available_locked(const cp_segment_t *s, size_t bytes) {
   cp_block_t *b = NULL;
   for (size_t i = 0; i < s->run_count && bytes > 0; i++) {
     const cp_stitch_run_t *r = &s->runs[i];
-    const size_t part = r->size < bytes ? r->size : bytes;
-    b = cp_stitch_block_at(r->seg, r->addr, b);
-    if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < r->addr + part) return false;
+    const size_t part = cp_stitch_part(r, bytes);
+    b = cp_stitch_block_at(r->seg, r->addr + r->skip, b);
+    if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < r->addr + r->skip + part) return false;
     bytes -= part;
   }
-  return true;
+  return bytes == 0;
 }
 
 static void cp_stitch_unlink_locked(cp_pool_t *pool, cp_segment_t *s) {
@@ -316,15 +369,19 @@ uintptr_t cp_stitch_alias_from_locked(const cp_pool_t *pool, const cp_segment_t 
   for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     const cp_block_t *b = s->head;
     if (s->stream != seg->stream || (b->state != CP_BLOCK_LIVE && b->state != CP_BLOCK_PENDING)) continue;
-    size_t off = 0; /* the runs' bytes from the range's start */
+    const size_t lead = s->runs[0].skip, tail = lead + b->size; /* the block, from the range's start */
+    size_t off = 0;                                             /* the runs' bytes from the range's start */
     for (size_t i = 0; i < s->run_count && off < s->mapped; off += s->runs[i].size, i++) {
       const cp_stitch_run_t *r = &s->runs[i];
-      if (r->seg != seg || off + r->size <= b->size) continue; /* lent whole, or elsewhere */
-      size_t from = off >= b->size ? 0 : b->size - off;        /* the part past the block */
-      size_t to = r->size;
-      if (off + to > s->mapped) to = s->mapped - off; /* a broken range maps less */
-      const uintptr_t a = r->addr + from, e = r->addr + to;
-      if (a < hi && e > lo) first = a > lo ? (a < first ? a : first) : lo;
+      if (r->seg != seg) continue;
+      const size_t end = off + r->size < s->mapped ? off + r->size : s->mapped; /* a broken range maps less */
+      /* The run's parts outside the block: before it (a first run's skip) and past it. */
+      const size_t parts[2][2] = {{off, end < lead ? end : lead}, {off > tail ? off : tail, end}};
+      for (int k = 0; k < 2; k++) {
+        if (parts[k][0] >= parts[k][1]) continue;
+        const uintptr_t a = r->addr + (parts[k][0] - off), e = r->addr + (parts[k][1] - off);
+        if (a < hi && e > lo) first = a > lo ? (a < first ? a : first) : lo;
+      }
     }
   }
   return first;
@@ -335,11 +392,12 @@ uintptr_t cp_stitch_alias_from_locked(const cp_pool_t *pool, const cp_segment_t 
  * cuts blocks another may share). */
 static void cp_stitch_take_locked(cp_pool_t *pool, cp_segment_t *s, size_t bytes, size_t size, void **out_ptr) {
   cp_block_t *at = NULL;
+  s->head->addr = cp_stitch_block_addr(s);
   s->head->size = bytes;
   for (size_t i = 0; i < s->run_count && bytes > 0; i++) {
     cp_stitch_run_t *r = &s->runs[i];
-    const size_t part = r->size < bytes ? r->size : bytes;
-    cp_stitch_lend_locked(pool, r, cp_stitch_block_at(r->seg, r->addr, at), part);
+    const size_t part = cp_stitch_part(r, bytes);
+    cp_stitch_lend_locked(pool, r, cp_stitch_block_at(r->seg, r->addr + r->skip, at), part);
     at = r->lent;
     bytes -= part;
   }
@@ -408,11 +466,21 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
       pages[nhandles] = seg->pages[(a - seg->addr) / g];
       lens[nhandles++] = e - a;
     }
-    cp_stitch_lend_locked(pool, &runs[i], blocks[i], runs[i].size);
+  }
+  /* Lend the bytes the block will cover: whole runs, and the first bytes of the last (a handle
+   * in part use has no more free). Two runs may lie in one free block: each is found anew. */
+  for (size_t i = 0, left = need; i < nruns && left > 0; i++) {
+    const size_t part = cp_stitch_part(&runs[i], left);
+    const uintptr_t at = runs[i].addr + runs[i].skip;
+    cp_block_t *b = blocks[i]->state == CP_BLOCK_FREE && at - blocks[i]->addr < blocks[i]->size
+                        ? blocks[i]
+                        : cp_stitch_block_at(runs[i].seg, at, NULL);
+    cp_stitch_lend_locked(pool, &runs[i], b, part);
+    left -= part;
   }
 
   const cp_backend_t *be = &pool->backend;
-  pool->stitch_inflight += bytes; /* lent, and on no list yet: the checker counts them here */
+  pool->stitch_inflight += need; /* lent, and on no list yet: the checker counts them here */
   pthread_mutex_unlock(&pool->lock);
   uintptr_t addr = 0;
   size_t mapped = 0, maps = 0;
@@ -426,7 +494,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
   if (rc == CP_OK) rc = be->page_set_access(be->ctx, addr, bytes);
   pthread_mutex_lock(&pool->lock);
-  pool->stitch_inflight -= bytes;
+  pool->stitch_inflight -= need;
   free(pages);
   free(lens);
   pool->device_maps += maps;
@@ -454,15 +522,10 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   cp_block_t *head = cp_segment_head_locked(pool, s, CP_BLOCK_FREE);
   cp_stitch_link_locked(pool, s);
   s->born = ++pool->stitches;
-  if (need < bytes && cp_reserve_metadata_locked(pool, (int)(2 * nruns)) == CP_OK) {
-    /* Whole handles were mapped past the request: its block is the prefix, as when a kept
-     * range serves, and the pages behind the rest go back to their segments' free blocks. */
-    cp_stitch_return_locked(pool, s);
-    cp_stitch_take_locked(pool, s, need, size, out_ptr);
-    return CP_OK;
-  }
+  head->addr = cp_stitch_block_addr(s); /* whole handles are mapped around the block */
+  head->size = need;
   cp_block_make_live_locked(pool, head, size);
-  *out_ptr = (void *)addr;
+  *out_ptr = (void *)head->addr;
   return CP_OK;
 }
 
@@ -544,7 +607,8 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_segment_t *s = b->segment;
   b->state = CP_BLOCK_FREE;
-  b->size = s->size; /* idle, the block covers the range again */
+  b->addr = s->addr; /* idle, the block covers the range again */
+  b->size = s->size;
   cp_stitch_return_locked(pool, s);
   s->last_use = ++pool->stitch_clock;
 }
@@ -580,7 +644,8 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     const cp_block_t *b = s->head;
     bool lent = b != NULL && (b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING);
     if (!s->stitched || s->paged || b == NULL || b->segment != s || b->prev != NULL || b->next != NULL ||
-        b->addr != s->addr || b->size == 0 || b->size > s->size || (!lent && b->size != s->size)) {
+        s->run_count == 0 || b->addr != (lent ? cp_stitch_block_addr(s) : s->addr) || b->size == 0 ||
+        b->addr + b->size > s->addr + s->size || (!lent && b->size != s->size)) {
       CP_VIOLATION("range %#lx: not one block at its start (covering it when idle)", (unsigned long)s->addr);
       continue;
     }
@@ -593,17 +658,23 @@ size_t cp_stitch_check_locked(cp_pool_t *pool, FILE *out, size_t *live, size_t *
     for (size_t i = 0; i < s->run_count; i++) {
       const cp_stitch_run_t *r = &s->runs[i];
       runs += r->size;
-      const size_t part = r->size < to_lend ? r->size : to_lend;
+      if (r->skip != 0 && (i != 0 || r->skip >= r->size)) {
+        CP_VIOLATION("range %#lx: run %zu skips %zu of its %zu bytes", (unsigned long)s->addr, i, r->skip, r->size);
+        continue;
+      }
+      const size_t part = cp_stitch_part(r, to_lend);
       to_lend -= part;
       if ((r->lent != NULL) != (part != 0)) {
         CP_VIOLATION("range %#lx: run %zu is %slent while %zu of its bytes are in use", (unsigned long)s->addr, i,
                      r->lent != NULL ? "" : "not ", part);
-      } else if (r->lent != NULL && (r->lent->state != CP_BLOCK_LENT || r->lent->addr != r->addr ||
+      } else if (r->lent != NULL && (r->lent->state != CP_BLOCK_LENT || r->lent->addr != r->addr + r->skip ||
                                      r->lent->size != part || r->lent->segment != r->seg)) {
         CP_VIOLATION("range %#lx: run %zu does not match its LENT block", (unsigned long)s->addr, i);
       }
     }
     if (runs != s->size) CP_VIOLATION("range %#lx: runs hold %zu of %zu bytes", (unsigned long)s->addr, runs, s->size);
+    if (to_lend != 0)
+      CP_VIOLATION("range %#lx: its runs hold %zu bytes fewer than its block", (unsigned long)s->addr, to_lend);
     if (b->state == CP_BLOCK_LIVE) {
       (*live)++;
       *live_bytes += b->size;

@@ -129,6 +129,7 @@ typedef struct cp_stitch_run_s {
   uintptr_t addr;
   size_t size;
   cp_block_t *lent;
+  size_t skip; /* bytes at its start that no block of the range covers (a first run only) */
 } cp_stitch_run_t;
 
 static inline bool cp_block_is_split(const cp_block_t *b) { return b->prev != NULL || b->next != NULL; }

@@ -521,6 +521,147 @@ TEST(fallback_without_vmm) {
   fx_close(&fx);
 }
 
+/* Three 20 MiB handles: the first holds a live 8 MiB block and 12 MiB free behind it, the
+ * second is live, the third has 12 MiB free before a live 8 MiB block. *out gets the live
+ * blocks (first, middle, last); returns the segment's base. */
+static char *handles_in_part_use(fixture_t *fx, char *out[3]) {
+  char *a = must_alloc(fx, 20 * MiB, 0);
+  out[1] = must_alloc(fx, 20 * MiB, 0);
+  char *c = must_alloc(fx, 20 * MiB, 0);
+  CHECK(out[1] == a + 20 * MiB && c == a + 40 * MiB);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx->sim), 3); /* one handle per growth */
+  CHECK(cp_free(fx->pool, a) == CP_OK);
+  CHECK(cp_free(fx->pool, c) == CP_OK);
+  out[0] = must_alloc(fx, 8 * MiB, 0);
+  char *q = must_alloc(fx, 12 * MiB, 0);
+  char *r = must_alloc(fx, 12 * MiB, 0);
+  out[2] = must_alloc(fx, 8 * MiB, 0);
+  CHECK(out[0] == a && q == a + 8 * MiB && r == c && out[2] == c + 12 * MiB);
+  CHECK(cp_free(fx->pool, q) == CP_OK);
+  CHECK(cp_free(fx->pool, r) == CP_OK);
+  return a;
+}
+
+TEST(handles_in_part_use_open_and_close_a_range) {
+  /* 24 MiB free in two 12 MiB pieces of handles whose other parts are in use: the range maps
+   * both handles whole and its block starts 8 MiB into it, so no new memory is mapped (before,
+   * only wholly free handles stitched and the request grew the pool by 24 MiB). */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[3];
+  char *base = handles_in_part_use(&fx, live);
+  for (int i = 0; i < 3; i++) fill(live[i], i == 1 ? 20 * MiB : 8 * MiB, (unsigned char)(30 + i));
+  const size_t before = reserved_of(&fx);
+  CHECK_EQ_U(before, 60 * MiB);
+  char *big = must_alloc(&fx, 24 * MiB, 0);
+  CHECK_EQ_U(reserved_of(&fx), before);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(info_of(&fx).stitched_space, 40 * MiB); /* both handles, whole */
+  CHECK(big < base || big >= base + 60 * MiB);
+  /* Its first 12 MiB are the first handle's free end, the next 12 the last handle's start. */
+  cp_page_t p1 = 0, p2 = 0;
+  size_t o1 = 0, o2 = 0;
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)big, &p1, &o1, NULL) == CP_OK);
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(base + 8 * MiB), &p2, &o2, NULL) == CP_OK);
+  CHECK(p1 == p2 && o1 == o2 && o1 == 8 * MiB);
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(big + 12 * MiB), &p1, &o1, NULL) == CP_OK);
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(base + 40 * MiB), &p2, &o2, NULL) == CP_OK);
+  CHECK(p1 == p2 && o1 == o2 && o1 == 0);
+  fill(big, 24 * MiB, 9);
+  CHECK(base[8 * MiB] == 9 && base[40 * MiB] == 9);
+  for (int i = 0; i < 3; i++) CHECK(holds(live[i], i == 1 ? 20 * MiB : 8 * MiB, (unsigned char)(30 + i)));
+  CHECK_EQ_U(info_of(&fx).cached_free, 0);
+  /* Shared, the block is its handles with the block 8 MiB into them. */
+  cp_share_t sh;
+  CHECK(cp_pool_share(fx.pool, big, &sh) == CP_OK);
+  CHECK(sh.paged && sh.offset == 8 * MiB && sh.span_count == 2);
+  cp_share_release(&sh);
+  /* The live blocks around it go: their pages are mapped in the range too, so empty_cache
+   * keeps them (unmapping one would leave memory on the device that nothing counts). */
+  CHECK(cp_free(fx.pool, live[0]) == CP_OK);
+  CHECK(cp_free(fx.pool, live[2]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_page_bytes(fx.sim), reserved_of(&fx));
+  CHECK_EQ_U(reserved_of(&fx), before);
+  CHECK(holds(big, 24 * MiB, 9));
+  live[0] = must_alloc(&fx, 8 * MiB, 0);
+  live[2] = must_alloc(&fx, 8 * MiB, 0);
+  CHECK(live[0] == base && live[2] == base + 52 * MiB);
+  CHECK_EQ_U(cp_sim_device_faults(fx.sim), 0);
+  /* Freed, the range is kept and serves the same request again without a device call. */
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).cached_free, 24 * MiB);
+  const uint64_t calls = calls_of(&fx);
+  char *again = must_alloc(&fx, 24 * MiB, 0);
+  CHECK(again == big);
+  CHECK_EQ_U(calls_of(&fx), calls);
+  CHECK_EQ_U(info_of(&fx).stitch_reuses, 1);
+  CHECK(cp_free(fx.pool, again) == CP_OK);
+  for (int i = 0; i < 3; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
+TEST(partial_handles_off_stitches_whole_handles_only) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST ",stitch_partial_handles:False") == 0);
+  char *live[3];
+  (void)handles_in_part_use(&fx, live);
+  const size_t before = reserved_of(&fx);
+  char *big = must_alloc(&fx, 24 * MiB, 0); /* no whole free handle: it grows */
+  CHECK_EQ_U(reserved_of(&fx), before + 24 * MiB);
+  CHECK_EQ_U(info_of(&fx).stitches, 0);
+  cp_config_t cfg;
+  cp_pool_config(fx.pool, &cfg);
+  char text[1024];
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(contains(text, "stitch_partial_handles:False"));
+  cp_config_default(&cfg);
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(!contains(text, "stitch_partial_handles")); /* written only when False */
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  for (int i = 0; i < 3; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(a_handle_in_part_use_completes_whole_ones) {
+  /* A wholly free 20 MiB handle and a handle whose first 12 MiB are free: a 26 MiB request
+   * takes the whole one first and only the 6 MiB it lacks from the other, whose rest stays
+   * free in its segment. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[3];
+  char *base = handles_in_part_use(&fx, live);
+  CHECK(cp_free(fx.pool, live[0]) == CP_OK); /* the first handle is wholly free now */
+  const size_t before = reserved_of(&fx);
+  char *big = must_alloc(&fx, 26 * MiB, 0);
+  CHECK_EQ_U(reserved_of(&fx), before);
+  CHECK_EQ_U(info_of(&fx).stitches, 1);
+  CHECK_EQ_U(info_of(&fx).stitched_space, 40 * MiB);
+  cp_page_t p1 = 0, p2 = 0;
+  size_t o1 = 0, o2 = 0;
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(big + 20 * MiB), &p1, &o1, NULL) == CP_OK);
+  CHECK(cp_sim_vmm_resolve(fx.sim, (uintptr_t)(base + 40 * MiB), &p2, &o2, NULL) == CP_OK);
+  CHECK(p1 == p2 && o1 == o2);
+  CHECK_EQ_U(info_of(&fx).cached_free, 6 * MiB);
+  char *rest = must_alloc(&fx, 6 * MiB, 0); /* what the range left of the last handle */
+  CHECK(rest == base + 46 * MiB);
+  CHECK_EQ_U(reserved_of(&fx), before);
+  fill(big, 26 * MiB, 6);
+  fill(rest, 6 * MiB, 7);
+  CHECK(holds(big, 26 * MiB, 6));
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  CHECK(holds(rest, 6 * MiB, 7));
+  CHECK(cp_free(fx.pool, rest) == CP_OK);
+  for (int i = 1; i < 3; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(reserved_of(&fx), 0);
+  CHECK_EQ_U(cp_sim_device_faults(fx.sim), 0);
+  fx_close(&fx);
+}
+
 TEST(empty_cache_keeps_free_pages_a_range_in_use_still_maps) {
   /* A kept range of four holes serves a request of two: the other two holes are free in their
    * range but still mapped behind the stitched block's end. Unmapping them there would leave
@@ -566,5 +707,8 @@ int main(void) {
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
   RUN(empty_cache_keeps_free_pages_a_range_in_use_still_maps);
+  RUN(handles_in_part_use_open_and_close_a_range);
+  RUN(a_handle_in_part_use_completes_whole_ones);
+  RUN(partial_handles_off_stitches_whole_handles_only);
   return check_summary("test_stitch");
 }
