@@ -129,12 +129,15 @@ PY_LAYERS: dict[str, int] = {
     "lab.trace": 2,
     "lab._backward": 2,
     "lab._kernel_scratch": 2,
+    "lab._attention": 2,
+    "lab._hostreal": 2,
     "sim": 2,
     "_torch": 2,
     "lab.plot": 2,
     # 3: what reads traces or makes them
     "lab.tracer": 3,
     "lab.replay": 3,
+    "lab._scriptio": 3,
     # 4: what is built on a replay
     "lab.replay_report": 4,
     "lab.capacity": 4,

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from cudapool.lab.fakegpu import cublas_workspace_bytes, gpu_model  # noqa: E402
 from cudapool.lab.replay import replay  # noqa: E402
 from cudapool.lab.trace import ALLOC, FREE, load  # noqa: E402
 from cudapool.lab.tracer import Tracer  # noqa: E402
@@ -81,7 +82,8 @@ def test_hf_style_loop_is_the_tracer_api_trace(tmp_path: Path) -> None:
             sched.step()
             opt.zero_grad(set_to_none=True)
 
-    with Tracer(device="cuda") as tr:
+    # The host is real and the cuBLAS workspaces are modelled, as under ab --simulate on an H100.
+    with Tracer(device="cuda", host="real", workspace_bytes=cublas_workspace_bytes(gpu_model("H100"))) as tr:
         program()
     api = tr.trace()
     simulated = load(str(tmp_path / "t.cptrace"))
@@ -164,7 +166,7 @@ def test_torch_compile_runs_eagerly_and_says_so(tmp_path: Path) -> None:
 
 
 def test_find_max_batch_is_the_largest_that_fits(tmp_path: Path) -> None:
-    gpu = str(48 << 20)
+    gpu = str((48 << 20) + 2 * (32 << 20))  # 48 MiB beside the two cuBLAS workspaces of an H100
     script = [str(SCRIPTS / "cnn_style.py"), "--width", "16", "--batch-size", "4"]
     simulate(
         tmp_path, "--gpu", gpu, "--allocators", "builtin,cudapool", "--find-max-batch", "--batch-size",
@@ -261,7 +263,7 @@ def test_the_tracer_fidelity_programs_as_scripts_predict_the_tracers_peak(tmp_pa
     )
     simulate(tmp_path, "--allocators", "builtin,cudapool", "--json", "out.json", "--", str(script))
     predicted = rows(json.loads((tmp_path / "out.json").read_text()))
-    with Tracer(device="cuda") as tr:
+    with Tracer(device="cuda", host="real", workspace_bytes=cublas_workspace_bytes(gpu_model("H100"))) as tr:
         model = tf.mlp("cuda")
         out = eval(FIDELITY_PROGRAMS[name], {"tf": tf, "model": model})  # noqa: S307 - the table above
         del out, model

@@ -14,7 +14,16 @@ from it. Importing cudapool does not import torch. The simulated-device pool liv
 import atexit
 from typing import Any, Dict, List, Optional
 
-from . import _C, _torch, ab, oom
+try:
+    from . import _C
+except ImportError as _exc:  # a source checkout without the built extension
+    _why = "" if "partially initialized" in str(_exc) else f" ({_exc})"
+    raise ImportError(
+        "cudapool's C extension (cudapool._C) is not built or does not match this Python: install the package "
+        "from the checkout with `pip install -e .` (or `python setup.py build_ext --inplace`), then import it "
+        f"again{_why}"
+    ) from None
+from . import _torch, ab, oom
 from . import regions as _regions
 from ._version import __version__
 from .regions import current_region, graph_region, region

@@ -222,7 +222,15 @@ def load(path: Union[str, "Path"]) -> Dict[str, Any]:
         raise SnapshotError(f"{path}: no such file")
     try:
         with open(p, "rb") as f:
-            data = pickle.load(f)
+            head = f.read(2)
+        if head == b"\x1f\x8b":  # gzipped (.pickle.gz)
+            import gzip
+
+            with gzip.open(p, "rb") as f:
+                data = pickle.load(f)
+        else:
+            with open(p, "rb") as f:
+                data = pickle.load(f)
     except Exception as exc:  # any unpickling failure is bad input here
         raise SnapshotError(f"{path}: not a memory snapshot pickle ({type(exc).__name__}: {exc})") from None
     if isinstance(data, list):  # torch.cuda.memory_snapshot(): the segments alone

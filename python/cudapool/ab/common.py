@@ -83,9 +83,14 @@ def print_rich(cells: List[List[str]]) -> None:
     Console().print(t)
 
 
-def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:
+def bisect_max(
+    ok: Callable[[int], bool], lo: int, hi: int, step: Optional[int] = None, rel: float = 0.0
+) -> Optional[int]:
     """The largest v in lo..hi with ok(v), assuming ok holds up to some value and fails above:
-    ok(lo), then doubling up to the first failure (or hi), then bisection. None if not ok(lo)."""
+    ok(lo), then doubling up to the first failure (or hi), then bisection. None if not ok(lo).
+    The bisection stops once the value known to pass and the one known to fail are at most
+    ``step`` apart, or ``rel`` x the passing value (the passing one is returned: the answer
+    is then within that much below the exact one); by default it runs to the exact integer."""
     if not ok(lo):
         return None
     good, bad = lo, None
@@ -97,7 +102,7 @@ def bisect_max(ok: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:
             good = v
         else:
             bad = v
-    while bad - good > 1:
+    while bad - good > max(1, step or 1, int(rel * good)):
         mid = (good + bad) // 2
         if ok(mid):
             good = mid

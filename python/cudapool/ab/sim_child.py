@@ -8,6 +8,7 @@ first on ``sys.path``, inside :class:`cudapool.lab.fakegpu.FakeGPU` (fake CUDA t
 GPU's ``torch.cuda`` answers, the tracer recording), and writes ``DIR/trace.cptrace`` and
 ``DIR/result.json``: ``status`` ("finished", "stopped" after ``--max-steps``, "exit" with the
 script's ``exit_code``, or "failed" with ``message``: the operation and the script's line),
+or "script_error" with ``message``: an exception of the script's own code, its line),
 ``steps`` (``cudapool.ab.step()`` marks), ``optimizer_steps``, ``events``, ``peak_allocated``,
 ``seconds`` and what the fake GPU noticed (value reads, ``torch.compile`` calls). A progress
 line (steps, events, elapsed) goes to stderr while it traces. Exit status 0 when a trace was
@@ -69,7 +70,7 @@ def trace_script(
     result.json). Runs in this process: the command starts a fresh one for each trace."""
 
     import cudapool.ab as ab
-    from cudapool.lab.fakegpu import FakeGPU, explain_failure, gpu_model
+    from cudapool.lab.fakegpu import FakeGPU, explain_failure, gpu_model, script_error
     from cudapool.lab.trace import save
 
     model = gpu_model(gpu)
@@ -112,7 +113,11 @@ def trace_script(
                 if code != 0:
                     status, exit_code = "exit", code
     except Exception as exc:  # noqa: BLE001 - the script's failure, reported in one line
-        status, exit_code, message = "failed", None, explain_failure(exc, script)
+        own = script_error(exc, script)
+        if own is not None:
+            status, exit_code, message = "script_error", 1, own
+        else:
+            status, exit_code, message = "failed", None, explain_failure(exc, script)
     finally:
         stop.set()
         shown.join()
@@ -155,7 +160,7 @@ def main(argv: List[str]) -> int:
         print(f"cudapool ab --simulate: no script to run: {rest[:1]}", file=sys.stderr)
         return 2
     result = trace_script(rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values)
-    return EXIT_FAILED if result["status"] == "failed" else 0
+    return EXIT_FAILED if result["status"] in ("failed", "script_error") else 0
 
 
 if __name__ == "__main__":

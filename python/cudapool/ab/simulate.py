@@ -45,6 +45,10 @@ DEFAULT_ALLOCATORS = "builtin,expandable,async,cudapool"
 #: The replay policy of each of torch's rows.
 POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
 EXIT_NOT_SIMULATED = 1
+#: --find-max-batch stops when the answer is known to within this fraction of it.
+MAX_BATCH_REL = 0.01
+#: The script's output lines kept in the result (the rest is shown as it runs).
+OUTPUT_KEPT = 2000
 
 
 class SimOptions(NamedTuple):
@@ -55,6 +59,8 @@ class SimOptions(NamedTuple):
     strict_values: bool
     find_max_batch: Optional[str]
     max_batch_range: Tuple[int, int]
+    max_batch_step: Optional[int]
+    hide_output: bool
     timeout: Optional[float]
     trace: Optional[str]
     script: str
@@ -93,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-batch-range", metavar="LO:HI", help=f"its range (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})"
     )
+    p.add_argument(
+        "--max-batch-step",
+        type=int,
+        metavar="N",
+        help="with --find-max-batch: stop once the answer is known to within N (default: within 1 %% of it)",
+    )
+    p.add_argument(
+        "--hide-output", action="store_true", help="do not show the script's own output (stdout and stderr) as it runs"
+    )
     p.add_argument("--timeout", type=float, metavar="S", help="seconds per trace")
     p.add_argument(
         "--trace", metavar="PATH", help="also keep the script's trace there (python -m cudapool replay PATH)"
@@ -114,6 +129,10 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         raise UsageError("--timeout must be positive")
     if ns.max_batch_range is not None and ns.find_max_batch is None:
         raise UsageError("--max-batch-range goes with --find-max-batch")
+    if ns.max_batch_step is not None and ns.find_max_batch is None:
+        raise UsageError("--max-batch-step goes with --find-max-batch")
+    if ns.max_batch_step is not None and ns.max_batch_step < 1:
+        raise UsageError("--max-batch-step must be at least 1")
     if ns.find_max_batch is not None and not ns.find_max_batch.startswith("-"):
         raise UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
     if not rest:
@@ -128,6 +147,8 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         ns.strict_values,
         ns.find_max_batch,
         parse_range(ns.max_batch_range) if ns.max_batch_range else DEFAULT_RANGE,
+        ns.max_batch_step,
+        ns.hide_output,
         ns.timeout,
         ns.trace,
         rest[0],
@@ -152,8 +173,7 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "stdout.txt")
     try:
-        with open(out_path, "wb") as out:
-            done = subprocess.run(cmd, env=env, stdout=out, timeout=opts.timeout, check=False)
+        returncode = _run_showing(cmd, env, out_path, opts.timeout, show=not opts.hide_output)
     except subprocess.TimeoutExpired:
         return {
             "status": "timeout",
@@ -164,7 +184,7 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     if not os.path.isfile(path):
         return {
             "status": "failed",
-            "message": f"the tracing process ended with status {done.returncode} and wrote no trace",
+            "message": f"the tracing process ended with status {returncode} and wrote no trace",
             "seconds": time.monotonic() - started,
         }
     with open(path) as f:
@@ -172,9 +192,40 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     result["trace_path"] = os.path.join(out_dir, "trace.cptrace")
     with open(out_path, "rb") as f:
         output = f.read().decode("utf-8", "replace")
-    result["output_lines"] = len(output.splitlines())
+    lines = output.splitlines()
+    result["output_lines"] = len(lines)
+    result["output"] = lines[-OUTPUT_KEPT:]
     result["output_tail"] = output[-2000:]
     return result
+
+
+def _run_showing(cmd: List[str], env: Dict[str, str], out_path: str, timeout: Optional[float], show: bool) -> int:
+    """Run the tracing child with the script's stdout kept in ``out_path`` and, with ``show``,
+    shown on stderr as it comes (each line after "| "; the child's own progress lines and the
+    script's stderr go to stderr as they are). Its exit status; TimeoutExpired past ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with open(out_path, "wb") as out:
+        child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        timer = None
+        if deadline is not None:
+            import threading
+
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), child.kill)
+            timer.start()
+        try:
+            for line in child.stdout:
+                out.write(line)
+                if show:
+                    sys.stderr.write("| " + line.decode("utf-8", "replace"))
+                    sys.stderr.flush()
+            returncode = child.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+    if deadline is not None and time.monotonic() >= deadline and returncode < 0:
+        raise subprocess.TimeoutExpired(cmd, timeout or 0.0)
+    return returncode
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -269,7 +320,8 @@ def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[
             tried.append({"value": value, "fits": good, "trace": traced(value)["status"]})
             return good
 
-        results[alloc.label] = {"max": bisect_max(ok, lo, hi), "range": [lo, hi], "probes": tried, "simulated": True}
+        best = bisect_max(ok, lo, hi, step=opts.max_batch_step, rel=0.0 if opts.max_batch_step else MAX_BATCH_REL)
+        results[alloc.label] = {"max": best, "range": [lo, hi], "probes": tried, "simulated": True}
     return {"arg": name, "results": results, "traces": {str(v): _brief(t) for v, t in sorted(traces.items())}}
 
 
@@ -337,11 +389,13 @@ def report(result: Dict[str, Any]) -> str:
             f"the script read {fg['value_reads']:,} tensor value(s) ({sites}): it got zeros; control flow that "
             "depends on values is not simulated (--strict-values makes such reads an error)"
         )
-    if fg.get("host_value_reads"):
+    if fg.get("host_copies"):
         notes.append(
-            f"{fg['host_value_reads']:,} read(s) of host tensors made on the fake GPU's side (a data loader's "
-            "shuffled indices, say) got zeros: shapes do not change"
+            f"{fg['host_copies']:,} copy(ies) of CUDA tensors to the host (.cpu(), .numpy()) got zeros of the right "
+            "shape; host tensors the script computes itself are real"
         )
+    if fg.get("host_value_reads"):
+        notes.append(f"{fg['host_value_reads']:,} read(s) of fake host tensors got zeros")
     if any(d != 0 for d in result.get("devices") or ()):
         notes.append(
             f"the script allocated on devices {result['devices']}: one GPU is simulated, and each device's "
@@ -355,13 +409,43 @@ def report(result: Dict[str, Any]) -> str:
     if fg.get("loader_workers"):
         notes.append(f"data loader workers ({fg['loader_workers']} asked for) ran in the main process: same batches")
     if fg.get("compiled"):
-        notes.append(f"torch.compile was called {fg['compiled']} time(s): traced eagerly, as if not compiled")
+        notes.append(
+            f"torch.compile was called {fg['compiled']} time(s): traced eagerly, as if not compiled (a compiled "
+            "program fuses operations and can need less memory: one measured script was predicted 10 % high)"
+        )
+    if fg.get("sdpa"):
+        kinds = ", ".join(f"{n:,} {k}" for k, n in sorted(fg["sdpa"].items()))
+        notes.append(
+            f"scaled_dot_product_attention ran as the kernels torch picks on {gpu['name']} ({kinds}): their outputs "
+            "and log-sum-exp, not the math path's attention maps"
+        )
+    if fg.get("rnn_calls"):
+        notes.append(
+            "recurrent layers (" + ", ".join(sorted(fg["rnn_calls"])) + ") ran as torch's own CUDA cells: their "
+            "saved gates stand for cuDNN's reserve space (an estimate)"
+        )
+    if fg.get("saved_placeholders"):
+        notes.append(
+            f"torch.save wrote {fg['saved_placeholders']:,} CUDA tensor(s) as placeholders (shape and dtype, no "
+            "values): loading them outside ab --simulate gives meta tensors"
+        )
+    if fg.get("snapshots_written"):
+        notes.append(
+            "memory snapshots written from the simulated run (the built-in allocator's rules): "
+            + ", ".join(fg["snapshots_written"])
+        )
     for r in result["rows"]:
         if not r["simulated"]:
             notes.append(f"{r['allocator']}: not simulated ({r['why']})")
+    ws = fg.get("cublas_workspace_bytes")
+    if ws:
+        notes.append(
+            f"cuBLAS workspaces are in the trace ({format_bytes(ws)} per thread and stream on this GPU, as torch "
+            "allocates them: the forward's and autograd's backward thread's)"
+        )
     notes.append(
-        "the CUDA context, library workspaces (cuBLAS, cuDNN) and memory outside PyTorch's allocator are not in "
-        "the trace: leave about 0.5–1 GiB of the GPU for them"
+        "the CUDA context, cuDNN workspaces and memory outside PyTorch's allocator are not in the trace: leave "
+        "about 0.5–1 GiB of the GPU for them"
     )
     return head + "\n" + format_table(result["cells"]) + "\n" + "".join(f"note: {n}\n" for n in notes)
 
@@ -423,7 +507,16 @@ def main(argv: Sequence[str]) -> int:
     rc = 0
     if "rows" not in result:
         t = result["trace"]
-        print(f"cudapool ab --simulate: {opts.script} could not be simulated: {t.get('message')}", file=sys.stderr)
+        if t.get("status") == "script_error":
+            reads = (t.get("fake_gpu") or {}).get("value_reads") or 0
+            why = (
+                f" (it had read {reads:,} simulated tensor value(s) before: zeros, which may be why)"
+                if reads
+                else " (its own code raised it: it would on a GPU too)"
+            )
+            print(f"cudapool ab --simulate: {opts.script} failed: {t.get('message')}{why}", file=sys.stderr)
+        else:
+            print(f"cudapool ab --simulate: {opts.script} could not be simulated: {t.get('message')}", file=sys.stderr)
         rc = EXIT_NOT_SIMULATED
     else:
         sys.stdout.write(report(result))

@@ -24,6 +24,9 @@ Modelled:
   bookkeeping, which depends on the number of index bits too. Where between 2,048 and 4,096 the
   one-tile sort stops, and the size for other index ranges, are unverified.
 
+- **Flash attention backward** (``mha_bwd`` of flash_api.cpp): ``softmax_d`` and ``dq_accum``,
+  float32, sized from the query (see :func:`flash_backward_steps`).
+
 Not modelled (a trace lists them in ``meta["unseen"]``): the staging of other reductions (max
 or min with indices, var/std, norm, any/all), sort and top-k, cuDNN and cuFFT workspaces,
 embedding's own backward kernel, scans.
@@ -35,7 +38,16 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["DEFAULT_GPU", "OPS", "acc_size", "gpu_shape", "index_put_steps", "op_steps", "reduction_steps"]
+__all__ = [
+    "DEFAULT_GPU",
+    "OPS",
+    "acc_size",
+    "flash_backward_steps",
+    "gpu_shape",
+    "index_put_steps",
+    "op_steps",
+    "reduction_steps",
+]
 
 #: index_put with accumulate=True: on CUDA it sorts the indices (index_put_with_sort_kernel).
 SORTED_INDEX_PUTS = frozenset(
@@ -43,8 +55,10 @@ SORTED_INDEX_PUTS = frozenset(
 )
 #: Reductions whose staging is modelled.
 STAGED_REDUCTIONS = frozenset(("aten::sum", "aten::mean"))
+#: The flash attention backward (flash_api.cpp's mha_bwd): float32 accumulators.
+FLASH_BACKWARDS = frozenset(("aten::_scaled_dot_product_flash_attention_backward",))
 #: Every operation (schema name) some model here applies to.
-OPS = SORTED_INDEX_PUTS | STAGED_REDUCTIONS
+OPS = SORTED_INDEX_PUTS | STAGED_REDUCTIONS | FLASH_BACKWARDS
 
 #: Multiprocessors and threads per multiprocessor of the GPU the scratch is sized for when the
 #: caller names none: an H100 SXM / H200.
@@ -184,6 +198,16 @@ def index_put_steps(n: int) -> Tuple[int, ...]:
     return (b, b, -1, b, b, b, cub, -6, -5, -4, -3, -2)
 
 
+def flash_backward_steps(batch: int, heads: int, length: int, head_dim: int) -> Tuple[int, ...]:
+    """The flash backward's float32 buffers (query [batch, heads, length, head_dim]):
+    ``softmax_d`` [batch, heads, length rounded up to 128] and ``dq_accum`` [batch, length
+    rounded up to 128, heads, head_dim rounded up to 32 (64 past 128)], taken and given back
+    inside the call."""
+    rows = _div_up(length, 128) * 128
+    width = _div_up(head_dim, 32 if head_dim <= 128 else 64) * (32 if head_dim <= 128 else 64)
+    return (4 * batch * heads * rows, 4 * batch * rows * heads * width, -1, -2)
+
+
 def acc_size(dtype: torch.dtype) -> int:
     """Bytes of the accumulator torch's CUDA sum/mean use for ``dtype``."""
     if dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -210,6 +234,8 @@ def op_steps(name: str, args: Any, kwargs: Any, gpu: Tuple[int, int] = DEFAULT_G
         reduced = [d % x.dim() for d in dims] if x.dim() else []
         steps = reduction_steps(tuple(x.shape), tuple(x.stride()), reduced, x.element_size(), acc_size(x.dtype), gpu)
         return steps, "reduction staging"
+    if name in FLASH_BACKWARDS and len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dim() == 4:
+        return flash_backward_steps(*args[1].shape), "flash attention backward accumulators"
     if name in SORTED_INDEX_PUTS:
         accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
         if not accumulate or len(args) < 2:

@@ -10,22 +10,29 @@ Inside, a CUDA-only script runs on a machine without a GPU: ``torch.cuda.is_avai
 True, one device of the model's name, memory and multiprocessors is there, tensors made on or
 moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
 tensors (:class:`torch._subclasses.fake_tensor.FakeTensorMode`, no memory and no math) with
-CUDA's autocast rules, and :class:`cudapool.lab.tracer.Tracer` records every allocation.
-``torch.cuda.memory_allocated()`` and ``max_memory_allocated()`` answer from the tracer's live
-bytes (the reserved ones likewise: no allocator is simulated while tracing). Streams, events
-and ``synchronize`` do nothing; ``torch.manual_seed`` works as on the CPU.
+CUDA's autocast rules, and :class:`cudapool.lab.tracer.Tracer` records every allocation. The
+host is real (``Tracer(host="real")``, :mod:`cudapool.lab._hostreal`): CPU tensors, numpy arrays
+and Python numbers keep their values, so host code that slices, samples or indexes with them
+runs as on a GPU machine. ``torch.cuda.memory_allocated()`` and ``max_memory_allocated()``
+answer from the tracer's live bytes (the reserved ones likewise: no allocator is simulated
+while tracing). Streams, events and ``synchronize`` do nothing; the CUDA RNG calls are no-ops.
+
+Kernels and workspaces as the GPU has them: ``scaled_dot_product_attention`` runs the backend
+torch picks on that GPU (:mod:`cudapool.lab._attention`), recurrent layers run torch's own CUDA
+cells (cuDNN's have no fake backward), and the cuBLAS workspace of each thread and stream is
+allocated at its first matrix multiply (:func:`cublas_workspace_bytes`).
 
 What a fake tensor does not have is its values. A read of one (``.item()``, ``float()``,
-``int()``, ``bool()``, ``.tolist()``) gets zeros of the tensor's dtype: ``0.0`` for a loss,
-``False`` for a comparison (host tensors made inside are fake too, so that a model built on the
-CPU costs no memory: a data loader's shuffled indices read zeros, which changes no shape). The
-script goes on, but control flow that depends on a value
-(stop when the loss is small, skip a step on NaN) is not simulated; the reads are counted
-(:attr:`FakeGPU.value_reads`, first places in :attr:`FakeGPU.value_read_sites`), and with
-``strict_values=True`` a read raises :class:`ValueRead` instead. ``print(loss)`` prints
-``FakeTensor(..., device='cuda:0', size=())``. Data loader workers run in the main process
-(fake tensors cannot cross processes; the batches are the same). ``torch.compile`` returns the function or
-module unchanged (it runs eagerly; counted in :attr:`FakeGPU.compiled`).
+``int()``, ``bool()``, ``.tolist()``, formatting, printing, ``.cpu()``) gets zeros of the
+tensor's dtype: ``0.0`` for a loss, ``False`` for a comparison. The script goes on, but
+control flow that depends on a value (stop when the loss is small, skip a step on NaN) is not
+simulated; the reads are counted (:attr:`FakeGPU.value_reads`, first places in
+:attr:`FakeGPU.value_read_sites`), and with ``strict_values=True`` a read raises
+:class:`ValueRead` instead. ``torch.save`` writes placeholders of fake tensors (shapes, no
+values) that ``torch.load`` makes fake CUDA tensors of again; memory history calls answer from
+the run (:meth:`FakeGPU.memory_snapshot`). Data loader workers run in the main process (the
+batches are the same). ``torch.compile`` returns the function or module unchanged (it runs
+eagerly; counted in :attr:`FakeGPU.compiled`).
 
 What cannot run fails inside torch: custom CUDA extensions without a fake (meta)
 implementation, NCCL collectives, outputs whose shape depends on values (``nonzero``,
@@ -41,14 +48,17 @@ import re
 import sys
 import traceback
 import types
+import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from . import _scriptio
+from ._scriptio import ScriptIO
 from .replay import parse_size
 from .tracer import Tracer
 
-__all__ = ["FakeGPU", "GPUModel", "GPUS", "ValueRead", "explain_failure", "gpu_model"]
+__all__ = ["FakeGPU", "GPUModel", "GPUS", "ValueRead", "cublas_workspace_bytes", "explain_failure", "gpu_model"]
 
 
 class GPUModel(NamedTuple):
@@ -174,6 +184,19 @@ def _fake_mode() -> Any:
     return NoDeviceFakeTensorMode(allow_non_fake_inputs=True)
 
 
+def cublas_workspace_bytes(model: "GPUModel", config: Optional[str] = None) -> int:
+    """The cuBLAS workspace torch allocates per (handle, stream) on ``model``: from
+    ``CUBLAS_WORKSPACE_CONFIG`` (``config``, default the environment's: ``:SIZE_KiB:COUNT``
+    pairs, summed) when set, else torch's default for the architecture (Hopper and later
+    ``:4096:8``, 32 MiB; earlier ``:4096:2:16:8``, 8 MiB and 128 KiB)."""
+    text = os.environ.get("CUBLAS_WORKSPACE_CONFIG") if config is None else config
+    if text:
+        nums = [int(n) for n in re.findall(r"\d+", text)]
+        if nums and len(nums) % 2 == 0:
+            return sum(nums[i] * nums[i + 1] for i in range(0, len(nums), 2)) * 1024
+    return (4096 * 8 if model.major >= 9 else 4096 * 2 + 16 * 8) * 1024
+
+
 def _zeros_like_value(t: torch.Tensor) -> Any:
     if t.dtype == torch.bool:
         return False
@@ -182,7 +205,7 @@ def _zeros_like_value(t: torch.Tensor) -> Any:
     return 0
 
 
-class FakeGPU:
+class FakeGPU(ScriptIO):
     """Run code as on one GPU of ``model`` while a :class:`Tracer` on fake CUDA records it.
 
     ``strict_values``: a read of a fake tensor's value raises :class:`ValueRead`. ``script``:
@@ -194,7 +217,30 @@ class FakeGPU:
         self.model = model
         self.strict_values = strict_values
         self.script = os.path.abspath(script) if script else None
-        self.tracer = Tracer(device="cuda", fake_mode=_fake_mode(), gpu=self._props(), **tracer_kw)
+        tracer_kw.setdefault("workspace_bytes", cublas_workspace_bytes(model))
+        self.tracer = Tracer(
+            device="cuda",
+            fake_mode=_fake_mode(),
+            gpu=self._props(),
+            host="real",
+            on_host_read=self._host_copy,
+            **tracer_kw,
+        )
+        #: Copies of fake CUDA tensors to the host (``.cpu()``, ``.numpy()`` after it): zeros.
+        self.host_copies = 0
+        #: ``torch.save`` calls that wrote fake CUDA tensors (as placeholders), and
+        #: ``torch.load`` calls that read files onto the fake GPU.
+        self.saved_placeholders = 0
+        self.loaded_to_gpu = 0
+        #: Where ``torch.cuda.memory._record_memory_history`` began recording (an event
+        #: index), or None; the snapshot files written by ``_dump_snapshot``.
+        self.history_from: Optional[int] = None
+        self.snapshots_written: List[str] = []
+        #: scaled_dot_product_attention calls per backend chosen ("flash", "efficient", "math").
+        self.sdpa: Dict[str, int] = {}
+        #: Recurrent layers run on fake CUDA (torch's own cells instead of cuDNN's), per kind.
+        self.rnn_calls: Dict[str, int] = {}
+        self._warnings: Optional[Any] = None
         #: Reads of fake CUDA tensors' values (``.item()``, ``float()``, ...) so far.
         self.value_reads = 0
         #: Reads of host tensors made inside (a data loader's shuffled indices, say): they are
@@ -392,6 +438,129 @@ class FakeGPU:
 
         self._patch(torch, "compile", compile)
 
+    # -- what scripts do around training ---------------------------------------------------------
+
+    def _host_copy(self, t: torch.Tensor, what: str) -> None:
+        """A fake CUDA tensor copied to the host (cudapool.lab._hostreal): the host gets zeros."""
+        self.host_copies += 1
+        self._read(t, what)
+
+    def _patch_module_ties(self) -> None:
+        """``model.to("cuda")`` keeps tied parameters tied (one tensor in two modules, as an
+        embedding and its output layer): torch sets the moved data into the same parameter,
+        which a real host tensor cannot take from a fake one; the places that shared one
+        tensor before share the moved one, moved once."""
+        original = torch.nn.Module._apply
+        depth = [0]
+
+        def _apply(module: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if depth[0]:
+                return original(module, fn, *args, **kwargs)
+            places: Dict[int, List[Tuple[Any, str, str]]] = {}
+            held: List[Any] = []
+            for m in module.modules():
+                for kind in ("_parameters", "_buffers"):
+                    for name, t in getattr(m, kind).items():
+                        if t is not None:
+                            places.setdefault(id(t), []).append((m, kind, name))
+                            held.append(t)
+            moved: Dict[int, Any] = {}
+
+            def once(t: Any) -> Any:  # a tensor in two places is moved once, as on a GPU
+                if id(t) not in moved:
+                    held.append(t)
+                    moved[id(t)] = fn(t)
+                return moved[id(t)]
+
+            depth[0] += 1
+            try:
+                out = original(module, once, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            for where in places.values():
+                m0, k0, n0 = where[0]
+                keep = getattr(m0, k0)[n0]
+                for m, k, n in where[1:]:
+                    if getattr(m, k)[n] is not keep:
+                        getattr(m, k)[n] = keep
+            held.clear()
+            return out
+
+        self._patch(torch.nn.Module, "_apply", _apply)
+
+    def _patch_attention(self) -> None:
+        """``scaled_dot_product_attention`` on fake CUDA runs the kernel torch picks on this GPU
+        (cudapool.lab._attention), not the math path a machine without a GPU takes."""
+        import torch.nn.functional as F
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        from . import _attention
+
+        gpu = self
+        original = F.scaled_dot_product_attention
+
+        def sdpa(
+            query: Any,
+            key: Any,
+            value: Any,
+            attn_mask: Any = None,
+            dropout_p: float = 0.0,
+            is_causal: bool = False,
+            scale: Optional[float] = None,
+            enable_gqa: bool = False,
+        ) -> Any:
+            if not isinstance(query, FakeTensor) or query.device.type != "cuda":
+                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            m = gpu.model
+            backend = _attention.choose(
+                query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, m.major, m.minor
+            )
+            gpu.sdpa[backend] = gpu.sdpa.get(backend, 0) + 1
+            if backend == "math":
+                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            return _attention.run(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+        self._patch(F, "scaled_dot_product_attention", sdpa)
+
+    def _patch_rnns(self) -> None:
+        """LSTM, GRU and RNN layers on fake CUDA: cuDNN's RNN kernels have no fake backward in
+        torch, so the layers run torch's own CUDA cells (per time step), whose saved gates and
+        states stand for cuDNN's reserve space (an estimate: cuDNN sizes it itself)."""
+        from torch import _VF
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        gpu = self
+
+        def native(name: str, original: Any) -> Any:
+            def run(inp: Any, *args: Any, **kwargs: Any) -> Any:
+                if not isinstance(inp, FakeTensor) or inp.device.type != "cuda":
+                    return original(inp, *args, **kwargs)
+                gpu.rnn_calls[name] = gpu.rnn_calls.get(name, 0) + 1
+                with torch.backends.cudnn.flags(enabled=False):
+                    return original(inp, *args, **kwargs)
+
+            return run
+
+        for name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+            self._patch(_VF, name, native(name, getattr(_VF, name)))
+
+    def _patch_rng(self) -> None:
+        cuda = torch.cuda
+        state = lambda *a, **k: torch.zeros(16, dtype=torch.uint8)  # noqa: E731
+        for name, value in (
+            ("manual_seed", lambda seed: None),
+            ("manual_seed_all", lambda seed: None),
+            ("seed", lambda: None),
+            ("seed_all", lambda: None),
+            ("initial_seed", lambda: 0),
+            ("get_rng_state", state),
+            ("get_rng_state_all", lambda: [state()]),
+            ("set_rng_state", lambda *a, **k: None),
+            ("set_rng_state_all", lambda *a, **k: None),
+        ):
+            if hasattr(cuda, name):
+                self._patch(cuda, name, value)
+
     def __enter__(self) -> "FakeGPU":
         try:
             self._patch_cuda()
@@ -399,6 +568,17 @@ class FakeGPU:
             self._patch_module_moves()
             self._patch_compile()
             self._patch_loaders()
+            self._patch_printing()
+            self._patch_serialization()
+            self._patch_history()
+            self._patch_module_ties()
+            self._patch_rng()
+            self._patch_attention()
+            self._patch_rnns()
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            _scriptio.ACTIVE = self
             self.tracer.__enter__()
         except BaseException:
             self._restore()
@@ -406,6 +586,9 @@ class FakeGPU:
         return self
 
     def _restore(self) -> None:
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
         while self._patched:
             owner, name, value = self._patched.pop()
             setattr(owner, name, value)
@@ -414,6 +597,7 @@ class FakeGPU:
         try:
             self.tracer.__exit__(*exc)
         finally:
+            _scriptio.ACTIVE = None
             self._restore()
 
     def summary(self) -> Dict[str, Any]:
@@ -427,11 +611,42 @@ class FakeGPU:
             "compiled": self.compiled,
             "memory_fraction": self.memory_fraction,
             "loader_workers": self.loader_workers,
+            "host_copies": self.host_copies,
+            "saved_placeholders": self.saved_placeholders,
+            "loaded_to_gpu": self.loaded_to_gpu,
+            "snapshots_written": list(self.snapshots_written),
+            "sdpa": dict(self.sdpa),
+            "rnn_calls": dict(self.rnn_calls),
+            "cublas_workspace_bytes": self.tracer.workspace_bytes,
         }
 
 
 _OP = re.compile(r"\b([A-Za-z_][\w]*::[\w.]+)")
 _OVERLOAD = re.compile(r"\b(aten|prims|[a-z_]+lib)\.(\w+)\.\w+\b")
+
+
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None)
+) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
+def script_error(exc: BaseException, script: str) -> Optional[str]:
+    """The line for an exception raised by the script's own code (its innermost frame is
+    outside torch and cudapool: the script, or a module of its own), as it would be on a GPU;
+    None when torch or the simulation raised it (:func:`explain_failure` then)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames or isinstance(exc, ValueRead):
+        return None
+    inner = os.path.abspath(frames[-1][0].f_code.co_filename)
+    if inner.startswith(_LIBRARY_DIRS) or inner.startswith("<"):
+        return None
+    import linecache
+
+    lineno = frames[-1][1]
+    code = linecache.getline(inner, lineno).strip()
+    where = f"{os.path.relpath(inner, os.path.dirname(os.path.abspath(script)))}:{lineno}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{where}: `{code}`: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
 def explain_failure(exc: BaseException, script: str) -> str:

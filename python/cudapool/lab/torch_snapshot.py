@@ -126,6 +126,13 @@ class _DataUnpickler(pickle.Unpickler):
 def _unpickle(path: "Union[str, os.PathLike[str]]") -> Any:
     with open(path, "rb") as f:
         data = f.read()
+    if data.startswith(b"\x1f\x8b"):  # gzipped (.pickle.gz)
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise SnapshotError(f"{path}: a gzip file that cannot be read ({exc})") from None
     what = "not a torch memory snapshot"
     if not data.startswith(b"\x80"):  # pickle protocols 2 and later; torch writes 4 or 5
         what = "neither a cudapool trace (.cptrace) nor a torch memory snapshot (pickle)"

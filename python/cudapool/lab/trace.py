@@ -53,10 +53,18 @@ def save(trace: Trace, path: "os.PathLike[str] | str") -> None:
 
 def load(path: "os.PathLike[str] | str") -> Trace:
     """Read a trace: our .cptrace format, or a torch memory snapshot pickle
-    (``torch.cuda.memory._dump_snapshot``), told apart by their first bytes."""
+    (``torch.cuda.memory._dump_snapshot``), plain or gzipped (``.pickle.gz``), told apart by
+    their first bytes."""
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as f:
+                first = f.read(1)
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"{path}: a gzip file that cannot be read ({exc})") from None
+        if first == b"\x80":  # a gzipped torch snapshot (.pickle.gz)
+            return torch_snapshot.load_snapshot(path)
         return _load_cptrace(path)
     return torch_snapshot.load_snapshot(path)  # a torch snapshot pickle
 

@@ -108,9 +108,10 @@ drop only those of graphs built inside it).
 ``fake=True`` (the default for ``device="cuda"`` without a GPU) or ``fake_mode=``: fake CUDA
 tensors, with ``torch.autocast("cuda")`` applying CUDA's rules, forward and backward. A model
 whose initialisation needs real values (``trunc_normal_``) is built on meta and moved with
-``model.to_empty(device="cuda")`` inside the fake mode. ``workspace_bytes=N``: one cuBLAS
-workspace of N bytes per stream at its first BLAS operation, never freed (torch's default is
-``8519680`` bytes on most GPUs: ``CUBLAS_WORKSPACE_CONFIG=":4096:2:16:8"``).
+``model.to_empty(device="cuda")`` inside the fake mode. ``workspace_bytes=N``: a cuBLAS
+workspace of N bytes per stream and thread (backward passes: autograd's) at its first BLAS
+operation, never freed. ``host="real"``: only CUDA tensors are fake (:mod:`cudapool.lab._hostreal`;
+``on_host_read(tensor, what)`` hears of each copy of one to the host).
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ class Tracer:
         backward: Optional[str] = None,
         kernel_scratch: Optional[bool] = None,
         gpu: Any = None,
+        host: str = "fake",
+        on_host_read: Any = None,
     ) -> None:
         self.device_type = torch.device(device).type if device is not None else None
         self.device_index = int(device_index)
@@ -334,6 +337,15 @@ class Tracer:
         if fake and self.device_type != "cuda":
             raise ValueError("fake=True traces fake CUDA tensors: use it with device='cuda'")
         self.fake = bool(fake)
+        if host not in ("fake", "real"):
+            raise ValueError(f"host must be 'fake' or 'real', not {host!r}")
+        #: With fake CUDA: "fake" (host tensors too) or "real" (only CUDA ones: _hostreal).
+        self.host = host
+        self._on_host_read = on_host_read
+        self._host_mode: Optional[Any] = None
+        #: Whether the tracer's backward pass is running (its cuBLAS calls run on autograd's
+        #: device thread on a GPU, whose handle has a workspace of its own).
+        self._in_backward = False
         if workspace_bytes is not None and workspace_bytes < 0:
             raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
         self.workspace_bytes = workspace_bytes
@@ -358,7 +370,7 @@ class Tracer:
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
         self._start: Dict[int, _Live] = {}
         self._start_order: List[Tuple[int, int, int, int]] = []  # (id, size, stream, device) at the start
-        self._workspace_streams: Dict[int, int] = {}  # stream -> id of its modelled workspace
+        self._workspace_streams: Dict[Tuple[int, bool], int] = {}  # (stream, backward) -> its workspace's id
         self._patched: List[Tuple[Any, str, Any]] = []
         #: Events as (action, id, size, stream, device, time_ns), in order.
         self.events: List[Tuple[int, int, int, int, int, int]] = []
@@ -523,7 +535,17 @@ class Tracer:
             setattr(owner, name, value)
         if self.fake_mode is None:
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        self.fake_mode.__enter__()
+        if self.host == "real":
+            from ._hostreal import HostReal
+
+            # No driver to initialise: torch would before a CUDA factory or move (no fake mode on).
+            self._patched.append((torch.cuda, "_lazy_init", torch.cuda._lazy_init))
+            torch.cuda._lazy_init = lambda: None
+            self._host_mode = HostReal(self.fake_mode, self._on_host_read)
+            self._host_mode.__enter__()
+            torch.empty(0, device="cuda")  # settles the current device, which moves ask for
+        else:
+            self.fake_mode.__enter__()
 
     def _enter_backward(self) -> None:
         """Backward passes inside the block run on :mod:`cudapool.lab._backward`, with every saved
@@ -535,10 +557,13 @@ class Tracer:
         original = graph._engine_run_backward
 
         def engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            outer, self._in_backward = self._in_backward, True
             try:
                 return _backward.run_backward(saved, t_outputs, *args, **kwargs)
             except _backward.Unsupported:
                 return original(t_outputs, *args, **kwargs)
+            finally:
+                self._in_backward = outer
 
         for owner in (graph, torch.autograd):
             if getattr(owner, "_engine_run_backward", None) is original:
@@ -553,7 +578,10 @@ class Tracer:
 
     def _exit_fake(self, exc: Any) -> None:
         try:
-            if self.fake_mode is not None:
+            if self._host_mode is not None:
+                mode, self._host_mode = self._host_mode, None
+                mode.__exit__(*exc)
+            elif self.fake_mode is not None:
                 self.fake_mode.__exit__(*exc)
         finally:
             while self._patched:
@@ -726,16 +754,19 @@ class Tracer:
             self._fresh.add(key)
 
     def _workspace(self, args: Any) -> None:
-        """The first BLAS operation on a stream: the cuBLAS workspace torch allocates for it
-        through the caching allocator and keeps for the life of the handle (never freed)."""
+        """The first BLAS operation on a stream from a thread: the cuBLAS workspace torch
+        allocates for that (handle, stream) through the caching allocator and keeps for the life
+        of the handle (never freed). cuBLAS handles are per thread, and backward passes run on
+        autograd's device thread on a GPU: the tracer's backward pass has workspaces of its own."""
         with self._lock:
-            if self._state != "tracing" or self._stream in self._workspace_streams:
+            key = (self._stream, self._in_backward)
+            if self._state != "tracing" or key in self._workspace_streams:
                 return
             if not any(self._storage_of(t) is not None for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)):
                 return  # not on the traced device
             live = self._record_alloc(int(self.workspace_bytes or 0), self.device_index, "cublas workspace")
-            self._workspace_streams[self._stream] = live.ident
-            self._live[-1 - self._stream] = live  # a key no storage has
+            self._workspace_streams[key] = live.ident
+            self._live[-1 - 2 * self._stream - int(self._in_backward)] = live  # a key no storage has
 
     def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
         fin = old.finalizers.pop(key, None)
