@@ -161,7 +161,9 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
             CP_VIOLATION("block %#lx: draining but not whole chunks of a page-mapped segment", (unsigned long)b->addr);
           else if (!cp_expand_handle_edge(seg, b->addr) || !cp_expand_handle_edge(seg, b->addr + b->size))
             CP_VIOLATION("block %#lx: draining but not whole handles", (unsigned long)b->addr);
-          if (!seg->stream->draining)
+          /* A stream being reaped without an event (cp_drain_release_now_locked: its work was
+           * waited for) holds DRAINING blocks while the lock is dropped for each unmap. */
+          if (!seg->stream->draining && !seg->stream->reaping)
             CP_VIOLATION("block %#lx: draining but its stream has no drain event", (unsigned long)b->addr);
           if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)
             CP_VIOLATION("block %#lx: draining but in the index or the live map", (unsigned long)b->addr);
@@ -257,7 +259,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     retired += s->retired;
     if (s->trim_only && !s->retired)
       CP_VIOLATION("stitched: range %#lx marked trimmed but not retired", (unsigned long)s->addr);
-    if (s->retired && (!s->broken || !s->stream->draining))
+    if (s->retired && (!s->broken || (!s->stream->draining && !s->stream->reaping)))
       CP_VIOLATION("stitched: range %#lx retired but %s", (unsigned long)s->addr,
                    !s->broken ? "still serving" : "its stream has no drain event");
   }

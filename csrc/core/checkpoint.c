@@ -257,12 +257,15 @@ static int cp_ck_validate_locked(cp_pool_t *pool, const cp_checkpoint_t *ck, cp_
 static int cp_ck_carve_locked(cp_pool_t *pool, cp_segment_t *seg, const cp_ck_block_t *lb) {
   int rc = cp_reserve_metadata_locked(pool, 2);
   if (rc != CP_OK) return rc;
-  cp_block_t *b = cp_ck_block_at(seg, lb->addr);
-  if (b != NULL && b->state == CP_BLOCK_DRAINING) {
-    /* Memory waiting to be unmapped goes back into service first (drain.c). */
-    cp_drain_revive_locked(pool, seg->stream);
-    b = cp_ck_block_at(seg, lb->addr);
+  /* Memory waiting to be unmapped, anywhere under the block, goes back into service first
+   * (drain.c): it then merges with the free memory beside it. */
+  for (const cp_block_t *d = cp_ck_block_at(seg, lb->addr); d != NULL && d->addr < lb->addr + lb->size; d = d->next) {
+    if (d->state == CP_BLOCK_DRAINING) {
+      cp_drain_revive_locked(pool, seg->stream);
+      break;
+    }
   }
+  cp_block_t *b = cp_ck_block_at(seg, lb->addr);
   if (b == NULL || b->state != CP_BLOCK_FREE || b->addr + b->size < lb->addr + lb->size) {
     return cp_set_error(CP_ERR_STATE, "cudapool: restore: the memory of the checkpoint's block at %p is not free",
                         (void *)lb->addr);

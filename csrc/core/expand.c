@@ -391,15 +391,26 @@ int cp_expand_map_locked(cp_pool_t *pool, cp_block_t *u, size_t bytes, cp_block_
   return rc;
 }
 
+CP_COLD int cp_expand_paused_error(const cp_stream_state_t *st) {
+  const char *name = cp_region_name(st->tag);
+  return cp_set_error(CP_ERR_STATE,
+                      "cudapool: region \"%s\" is paused: nothing can be allocated in it until it is resumed "
+                      "(cudapool.resume)",
+                      name != NULL ? name : "?");
+}
+
 int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                           void **out_ptr) {
   const size_t chunk = cp_expand_chunk(pool, kind);
   for (int round = 0;; round++) {
     /* Each round maps memory or finds what others changed meanwhile; bounded all the same. */
     if (round == 1000) return cp_set_error(CP_ERR_OOM, "cudapool: page-mapped growth made no progress");
+    int rc = cp_expand_refuse_paused(st); /* a new segment and each mapping let go of the lock */
+    if (rc != CP_OK) return rc;
     cp_block_t *c = cp_expand_find_locked(pool, st, kind, rounded);
     if (c == NULL) {
-      int rc = cp_expand_new_segment_locked(pool, st, kind);
+      rc = cp_expand_new_segment_locked(pool, st, kind);
+      if (rc == CP_OK) rc = cp_expand_refuse_paused(st);
       if (rc != CP_OK) return rc;
       c = cp_expand_find_locked(pool, st, kind, rounded);
       if (c == NULL) {
@@ -421,7 +432,8 @@ int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size
       if (want == 0) break;
       want = (want + chunk - 1) / chunk * chunk;
       cp_block_t *m = NULL;
-      int rc = cp_expand_map_locked(pool, u, want, &m);
+      rc = cp_expand_map_locked(pool, u, want, &m);
+      if (rc == CP_OK) rc = cp_expand_refuse_paused(st); /* what was mapped stays, free */
       if (rc != CP_OK) return rc;
       c = m;
     }

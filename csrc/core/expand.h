@@ -13,6 +13,13 @@ int cp_expand_take_fit_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, 
                               void **out_ptr);
 /* try_allocate_expandable_block: grow a segment of (st, kind), a new one when none can, until
  * a FREE block holds `rounded` bytes, and hand it out. */
+/* CP_ERR_STATE, with the error set, when the region of `st` is paused (Note [Paused regions] in
+ * pause.c): nothing may be taken or mapped for it then. CP_OK otherwise. An allocation asks
+ * again after every step that lets go of the lock: a pause may have begun meanwhile. */
+int cp_expand_paused_error(const cp_stream_state_t *st);
+static inline int cp_expand_refuse_paused(const cp_stream_state_t *st) {
+  return CP_UNLIKELY(st->paused) ? cp_expand_paused_error(st) : CP_OK;
+}
 int cp_expand_grow_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                           void **out_ptr);
 /* Retire [lo, hi) (whole handles) of the FREE block `b` of a page-mapped segment: that part

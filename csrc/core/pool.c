@@ -135,12 +135,17 @@ static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kin
   if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
   const bool stitch = pool->stitch && kind == CP_KIND_LARGE;
   for (int attempt = 0;; attempt++) {
-    int rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
+    /* Every step below but the first may let go of the lock, and a pause of the region may
+     * begin meanwhile: asked again after each (cp_expand_refuse_paused). */
+    int rc = cp_expand_refuse_paused(st);
+    if (rc != CP_OK) return rc;
+    rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
     if (rc != CP_ERR_OOM) return rc;
     /* Memory of this stream waiting to go back: unmapped when its work is done, else taken
      * back into service before anything is mapped anew (Note [Stream-ordered release]). */
     if (st->draining && !cp_capturing_locked(pool, st->handle) && cp_drain_reclaim_stream_locked(pool, st)) {
-      rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
+      rc = cp_expand_refuse_paused(st);
+      if (rc == CP_OK) rc = cp_expand_take_fit_locked(pool, st, kind, rounded, size, out_ptr);
       if (rc != CP_ERR_OOM) return rc;
     }
     rc = CP_ERR_OOM;
@@ -149,6 +154,8 @@ static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kin
       rc = cp_stitch_alloc_locked(pool, st, rounded, size, false, out_ptr, &full);
       if (full) { /* room for one more kept range first */
         cp_drain_trim_locked(pool, st);
+        rc = cp_expand_refuse_paused(st);
+        if (rc != CP_OK) return rc;
         rc = cp_stitch_alloc_locked(pool, st, rounded, size, true, out_ptr, &full);
       }
     }
@@ -238,12 +245,7 @@ static CP_COLD cp_stream_state_t *cp_region_state_locked(cp_pool_t *pool, cp_str
   cp_stream_state_t *st = cp_streams_get_tagged_locked(&pool->streams, stream, tag);
   if (st == NULL) {
     *rc = CP_ERR_HOST_OOM;
-  } else if (st->paused) {
-    const char *name = cp_region_name(tag);
-    *rc = cp_set_error(CP_ERR_STATE,
-                       "cudapool: region \"%s\" is paused: nothing can be allocated in it until it is resumed "
-                       "(cudapool.resume)",
-                       name != NULL ? name : "?");
+  } else if ((*rc = cp_expand_refuse_paused(st)) != CP_OK) {
     st = NULL;
   }
   return st;

@@ -584,6 +584,7 @@ int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounde
     if (u == NULL || u->state != CP_BLOCK_UNMAPPED || u->size < (missing + (u->next == NULL)) * g) return CP_ERR_OOM;
     cp_block_t *m = NULL;
     int rc = cp_expand_map_locked(pool, u, missing * g, &m);
+    if (rc == CP_OK) rc = cp_expand_refuse_paused(st); /* the lock was let go: a pause may have begun */
     if (rc != CP_OK) return rc;
     found = cp_stitch_gather_locked(pool, st, want, &runs, &blocks, &n);
   }

@@ -548,6 +548,66 @@ TEST(threads) {
   fx_close(&fx);
 }
 
+/* A pause that begins while an allocation of the region has let go of the lock (its retry
+ * waits for pending frees): the allocation, back under the lock, is refused as paused, maps
+ * nothing for the region and hands nothing out. The wait of the retry is where the pause
+ * runs here (a backend whose event_synchronize pauses the region first, once). */
+static cp_backend_t racing_inner;
+static cp_pool_t *racing_pool;
+static uint32_t racing_tag;
+static int racing_armed, racing_paused_rc = -1;
+
+static int racing_event_synchronize(void *ctx, cp_event_t event) {
+  if (racing_armed) {
+    racing_armed = 0;
+    racing_paused_rc = cp_pool_pause(racing_pool, racing_tag, 0);
+  }
+  return racing_inner.event_synchronize(ctx, event);
+}
+
+static void pause_during_an_allocation(const char *conf) {
+  fixture_t fx;
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  REQUIRE(cp_config_parse(&cfg, conf) == CP_OK);
+  fx.sim = make_sim(256 * MiB, 0, &racing_inner);
+  REQUIRE(fx.sim != NULL);
+  fx.backend = racing_inner;
+  fx.backend.event_synchronize = racing_event_synchronize;
+  REQUIRE(cp_pool_create(&cfg, &fx.backend, &fx.pool) == CP_OK);
+  racing_pool = fx.pool;
+  racing_tag = region("racing");
+  /* A block of the region used on another stream, freed: pending until that stream's work is done. */
+  void *a = alloc_in(&fx, racing_tag, 8 * MiB, 1);
+  CHECK(cp_record_stream(fx.pool, a, 2) == CP_OK);
+  CHECK(cp_sim_launch(fx.sim, 2, (uintptr_t)a, 8 * MiB) == CP_OK);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
+  CHECK(info_of(&fx).pending_blocks == 1);
+  /* A cap at what is reserved: the next request must wait for the pending free (the retry). */
+  CHECK(cp_pool_set_memory_cap(fx.pool, info_of(&fx).reserved) == CP_OK);
+  racing_armed = 1;
+  void *b = (void *)1;
+  const int rc = cp_alloc_in(fx.pool, 16 * MiB, 1, racing_tag, &b);
+  CHECK_EQ_U(racing_paused_rc, CP_OK); /* the pause ran in the retry's wait */
+  CHECK_EQ_U(rc, CP_ERR_STATE);
+  CHECK(contains(cp_last_error(), "paused"));
+  CHECK(region_info(&fx, racing_tag).paused);
+  const cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.allocated, 0);
+  CHECK_EQ_U(in.live_blocks, 0);
+  CHECK_EQ_U(in.reserved, 0); /* nothing mapped for the paused region */
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_pool_set_memory_cap(fx.pool, 0) == CP_OK);
+  CHECK(cp_pool_resume(fx.pool, racing_tag) == CP_OK);
+  void *c = alloc_in(&fx, racing_tag, 16 * MiB, 1); /* served again once resumed */
+  CHECK(cp_free(fx.pool, c) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(pause_during_an_allocation_expandable) { pause_during_an_allocation(EX); }
+TEST(pause_during_an_allocation_stitching) { pause_during_an_allocation(ST); }
+
 TEST(several_devices) {
   fixture_t a, b;
   REQUIRE(fx_open(&a, 256 * MiB, ST) == 0);
@@ -585,6 +645,8 @@ int main(void) {
   RUN(destroy_while_paused);
   RUN(faults_of_each_call);
   RUN(threads);
+  RUN(pause_during_an_allocation_expandable);
+  RUN(pause_during_an_allocation_stitching);
   RUN(several_devices);
   return check_summary("test_pause");
 }
