@@ -184,6 +184,13 @@ def test_cublas_workspaces_per_thread_as_torch_sizes_them() -> None:
     assert allocations(fg.tracer.trace()).count(8519680) == 2  # the forward's and backward's thread
 
 
+def test_bf16_support_is_answered_as_torch_answers_on_the_gpu() -> None:
+    for gpu, native in (("T4", False), ("V100", False), ("A100-80GB", True), ("H100", True)):
+        with FakeGPU(gpu_model(gpu)):
+            assert torch.cuda.is_bf16_supported()  # emulated where not native, as torch says
+            assert torch.cuda.is_bf16_supported(including_emulation=False) == native, gpu
+
+
 def test_a_scripts_own_error_is_reported_as_the_scripts(tmp_path: Path) -> None:
     path = script(
         tmp_path, "bug.py", "import torch\nx = torch.zeros(3, device='cuda')\nitems = [1, 2]\nprint(items[5])\n"

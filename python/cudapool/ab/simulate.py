@@ -415,10 +415,13 @@ def report(result: Dict[str, Any]) -> str:
         )
     if fg.get("sdpa"):
         kinds = ", ".join(f"{n:,} {k}" for k, n in sorted(fg["sdpa"].items()))
-        notes.append(
-            f"scaled_dot_product_attention ran as the kernels torch picks on {gpu['name']} ({kinds}): their outputs "
-            "and log-sum-exp, not the math path's attention maps"
+        fused = "" if set(fg["sdpa"]) == {"math"} else ": the fused kernels' outputs and log-sum-exp, no attention maps"
+        math = (
+            " (math: the inputs no fused kernel takes on this GPU, with their attention maps)"
+            if "math" in fg["sdpa"]
+            else ""
         )
+        notes.append(f"scaled_dot_product_attention ran as torch picks on {gpu['name']} ({kinds}){fused}{math}")
     if fg.get("rnn_calls"):
         notes.append(
             "recurrent layers (" + ", ".join(sorted(fg["rnn_calls"])) + ") ran as torch's own CUDA cells: their "

@@ -289,6 +289,10 @@ class FakeGPU(ScriptIO):
             raise RuntimeError(f"cudapool's simulated GPU is one device (cuda:0); the script asked for cuda:{index}")
         return 0
 
+    def _bf16_supported(self, including_emulation: bool = True) -> bool:
+        """As torch answers on the GPU: natively from compute capability 8.0, emulated on any."""
+        return self.model.major >= 8 or bool(including_emulation)
+
     def _set_fraction(self, fraction: float, device: Any = None) -> None:
         self._device_index(device)
         if not 0.0 <= float(fraction) <= 1.0:
@@ -336,7 +340,7 @@ class FakeGPU(ScriptIO):
             "get_device_name": lambda device=None: (self._device_index(device), props.name)[1],
             "get_device_properties": lambda device=None: (self._device_index(device), props)[1],
             "get_device_capability": lambda device=None: (props.major, props.minor),
-            "is_bf16_supported": lambda *a, **k: props.major >= 8,
+            "is_bf16_supported": self._bf16_supported,
             "synchronize": lambda device=None: None,
             "empty_cache": lambda: None,
             "mem_get_info": lambda device=None: (max(0, props.total_memory - self._live()), props.total_memory),
@@ -580,6 +584,7 @@ class FakeGPU(ScriptIO):
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             _scriptio.ACTIVE = self
             self.tracer.__enter__()
+            self._patch(torch.cuda, "is_bf16_supported", self._bf16_supported)  # the tracer's says True
         except BaseException:
             self._restore()
             raise

@@ -76,12 +76,30 @@ def _load_cptrace(path: "os.PathLike[str] | str") -> Trace:
             header = json.loads(line)
         except ValueError as exc:
             raise ValueError(f"{path}: not a cudapool trace (bad header: {exc})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        if not isinstance(header, dict):
+            raise ValueError(f"{path}: not a cudapool trace (its header is a {type(header).__name__}, not an object)")
+        if header.get("format") != FORMAT_NAME:
             raise ValueError(f"{path}: not a cudapool trace (format {header.get('format')!r})")
         if header.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: trace format version {header.get('version')} is not supported")
+            raise ValueError(f"{path}: trace format version {header.get('version')!r} is not supported")
         data = f.read()
     n = header.get("events")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"{path}: the header's event count {n!r} is not a non-negative integer")
     if n is not None and len(data) != n * EVENT.size:
-        raise ValueError(f"{path}: truncated trace: {len(data) // EVENT.size} of {n} events")
-    return Trace(data, meta=header.get("meta"), builtin_reserved=header.get("builtin_reserved"))
+        raise ValueError(f"{path}: truncated trace: {len(data) / EVENT.size:g} of {n} events")
+    meta, curve = header.get("meta"), header.get("builtin_reserved")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError(f"{path}: the header's meta is a {type(meta).__name__}, not an object")
+    if curve is not None and not (
+        isinstance(curve, list)
+        and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
+            for p in curve
+        )
+    ):
+        raise ValueError(f"{path}: the header's builtin_reserved is not a list of [event index, bytes] pairs")
+    try:
+        return Trace(data, meta=meta, builtin_reserved=curve)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
