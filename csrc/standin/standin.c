@@ -98,6 +98,21 @@ int sti_grow(void **table, size_t *cap, size_t count, size_t entry_bytes) {
   return 0;
 }
 
+int sti_room(void **table, size_t *count, size_t *cap, size_t entry_bytes, size_t live_offset) {
+  if (*count < *cap || *table == NULL) return sti_grow(table, cap, *count, entry_bytes);
+  unsigned char *t = *table;
+  size_t kept = 0;
+  for (size_t i = 0; i < *count; i++) {
+    int live;
+    memcpy(&live, t + i * entry_bytes + live_offset, sizeof live);
+    if (!live) continue;
+    if (kept != i) memmove(t + kept * entry_bytes, t + i * entry_bytes, entry_bytes);
+    kept++;
+  }
+  *count = kept;
+  return kept > *cap / 2 ? sti_grow(table, cap, *cap, entry_bytes) : 0;
+}
+
 int sti_device_ok(int device) { return device >= 0 && device < sti.device_count; }
 
 CUresult sti_current_device(int *out_device) {

@@ -412,6 +412,15 @@ void sti_fault(int kind, const char *fmt, ...) __attribute__((format(printf, 2, 
 
 /* Grow a table to hold one more entry: 0, or -1 without host memory. */
 int sti_grow(void **table, size_t *cap, size_t count, size_t entry_bytes);
+/* Room for one more entry at the end of a table of allocations, reservations or mappings.
+ * When the table is full, the entries given back since (live 0) are dropped first, so that
+ * the lookups, which walk the table, cost what is live rather than everything made since the
+ * reset; it still doubles when more than half of it is live (each drop then pays for itself).
+ * No index into these tables is kept between calls (handles, named by their index, never
+ * move). -1: no host memory. */
+int sti_room(void **table, size_t *count, size_t *cap, size_t entry_bytes, size_t live_offset);
+#define STI_ROOM(table, count, cap, type) \
+  sti_room((void **)&(table), &(count), &(cap), sizeof(type), offsetof(type, live))
 
 /* The calling thread's current device, or INVALID_CONTEXT (none) / CONTEXT_IS_DESTROYED. */
 CUresult sti_current_device(int *out_device);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, memfd_create */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +183,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t size) {
   int device = 0;
   if (r == CUDA_SUCCESS && (out == NULL || size == 0)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = sti_current_device(&device);
-  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.allocs, &sti.allocs_cap, sti.allocs_count, sizeof *sti.allocs) != 0)
+  if (r == CUDA_SUCCESS && STI_ROOM(sti.allocs, sti.allocs_count, sti.allocs_cap, sti_alloc_t) != 0)
     r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS && sti_charge(device, size) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
@@ -279,8 +280,8 @@ CUresult cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t alignment, CU
   if (r == CUDA_SUCCESS && (out == NULL || size == 0 || size % STI_HOST_PAGE != 0 || addr % STI_HOST_PAGE != 0 ||
                             (alignment & (alignment - 1)) != 0 || flags != 0))
     r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.reservations, &sti.reservations_cap, sti.reservations_count,
-                                    sizeof *sti.reservations) != 0)
+  if (r == CUDA_SUCCESS &&
+      STI_ROOM(sti.reservations, sti.reservations_count, sti.reservations_cap, sti_reservation_t) != 0)
     r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
     const CUdeviceptr start = sti_va_take(size, alignment);
@@ -397,8 +398,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     const sti_mapping_t *m = &sti.mappings[i];
     if (m->live && m->addr < ptr + size && ptr < m->addr + m->size) r = CUDA_ERROR_INVALID_VALUE; /* mapped already */
   }
-  if (r == CUDA_SUCCESS &&
-      sti_grow((void **)&sti.mappings, &sti.mappings_cap, sti.mappings_count, sizeof *sti.mappings) != 0)
+  if (r == CUDA_SUCCESS && STI_ROOM(sti.mappings, sti.mappings_count, sti.mappings_cap, sti_mapping_t) != 0)
     r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
     const uint32_t id = (uint32_t)(handle - STI_TAG_HANDLE);
@@ -589,7 +589,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned
     r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS && w.pid == (int32_t)getpid()) r = CUDA_ERROR_INVALID_CONTEXT;
   if (r == CUDA_SUCCESS) r = sti_current_device(&device);
-  if (r == CUDA_SUCCESS && sti_grow((void **)&sti.allocs, &sti.allocs_cap, sti.allocs_count, sizeof *sti.allocs) != 0)
+  if (r == CUDA_SUCCESS && STI_ROOM(sti.allocs, sti.allocs_count, sti.allocs_cap, sti_alloc_t) != 0)
     r = CUDA_ERROR_OUT_OF_MEMORY;
   int fd = -1;
   if (r == CUDA_SUCCESS && (fd = sti_take_fd(w.pid, w.fd)) < 0) r = CUDA_ERROR_INVALID_HANDLE;

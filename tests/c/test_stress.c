@@ -23,6 +23,7 @@
 #include "backend/sim.h"
 #include "check.h"
 #include "core/cp.h"
+#include "rand.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -71,21 +72,6 @@ static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer */
   x *= 0x94d049bb133111ebull;
   x ^= x >> 31;
   return x;
-}
-
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
-}
-
-static uint64_t rng_below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void worker_error(shared_t *sh, const char *what, int thread, const void *ptr, size_t size) {
