@@ -48,7 +48,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke \
+.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
         lint lint-layers lint-docs lint-format lint-types format
 
 all: $(ASAN_TESTS)
@@ -222,6 +222,26 @@ build/fuzz/obj/%.o: %.c $(HEADERS) Makefile
 $(FUZZERS): build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(patsubst %.c,build/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CFLAGS_BASE) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LIB_LDLIBS)
+
+# ---- The soak: fuzz_pool's checks over generated inputs (tests/fuzz/soak_main.c) ---------------
+# SOAK_OPS operations at -O2 without sanitizers over the three policies, then SOAK_ASAN_OPS of
+# the same inputs' kind under ASan+UBSan; one seed for both (printed; SOAK_SEED=S for others).
+SOAK_OPS ?= 10000000
+SOAK_ASAN_OPS ?= 1000000
+SOAK_SEED ?= 1
+SOAK_SRC := tests/fuzz/fuzz_pool.c tests/fuzz/soak_main.c $(FUZZ_LIB_SRC)
+
+build/release/soak_pool: $(patsubst %.c,build/release/obj/%.o,$(SOAK_SRC))
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(RELEASE_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
+
+build/asan/soak_pool: $(patsubst %.c,build/asan/obj/%.o,$(SOAK_SRC))
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
+
+soak: build/release/soak_pool build/asan/soak_pool
+	./build/release/soak_pool --ops $(SOAK_OPS) --seed $(SOAK_SEED)
+	$(ASAN_ENV) ./build/asan/soak_pool --ops $(SOAK_ASAN_OPS) --seed $(SOAK_SEED)
 
 fuzz-smoke: $(FUZZERS)
 	@for n in $(FUZZ_NAMES); do \

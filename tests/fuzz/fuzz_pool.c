@@ -29,7 +29,10 @@
  *     once other streams' work on them is done; a refused restore changes nothing;
  *   - a region paused (with a backup) and resumed keeps every live block at its address with
  *     its bytes; while paused, the pool is whole, what it gave back is out of reserved and of
- *     the device, and nothing faulted (the pause waited for the work queued on it).
+ *     the device, and nothing faulted (the pause waited for the work queued on it);
+ *   - a block described for another process (cp_pool_share) is reached, through the
+ *     description, at its own bytes: its plain segment, or handles mapped whole side by side;
+ *     it stays marked shared until freed, and a pause of its region is refused meanwhile.
  * With page-mapped segments (expandable_segments:True, the configurations of paged_configs):
  *   - every byte of every live block is mapped, and no two live blocks share a byte of
  *     physical memory, whatever addresses they are mapped at (cp_sim_vmm_resolve);
@@ -62,8 +65,13 @@
 
 #include "backend/sim.h"
 #include "core/cp.h"
+#include "soak.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+size_t fz_ops_run;
+uint64_t fz_faults_run;
+size_t fz_pauses_run, fz_windows_run, fz_deferred_run, fz_shares_run, fz_shared_refusals_run;
+size_t fz_check_every = 1;
+size_t fz_pause_every = 1;
 
 #define MiB ((size_t)1024 * 1024)
 
@@ -346,6 +354,8 @@ typedef struct slot_s {
   unsigned stream;   /* allocation stream */
   unsigned recorded; /* other streams recorded on it (bit per stream) */
   uint32_t seed;     /* of its byte pattern */
+  uint32_t tag;      /* the region it was allocated in (0: none) */
+  int shared;        /* described for another process (cp_pool_share) since its allocation */
 } slot_t;
 
 /* A run of physical memory: bytes [off, off + len) of a page of the simulated device. */
@@ -590,6 +600,8 @@ static void check_all(cp_pool_t *pool, model_t *m, const dev_t *d) {
     size_t looked = 0;
     FZ_ASSERT(cp_pool_lookup(pool, s->ptr, &looked) == 1 && looked == s->requested,
               "lookup of live slot %d (%p, %zu bytes) gave size %zu", i, (void *)s->ptr, s->requested, looked);
+    FZ_ASSERT(cp_pool_is_shared(pool, s->ptr) == s->shared, "live slot %d (%p) is%s marked shared", i, (void *)s->ptr,
+              s->shared ? " not" : "");
     for (int j = i + 1; j < NSLOTS; j++) {
       const slot_t *t = &m->slot[j];
       if (t->ptr == NULL) continue;
@@ -850,7 +862,18 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
     FZ_ASSERT(cp_sim_vmm_resolve(x->dev->sim, (uintptr_t)p, &page, &page_off, NULL) == CP_OK,
               "alloc(%zu) gave %p, which is not mapped", size, p);
   }
-  *s = (slot_t){(uint8_t *)p, page, page_off, size, rounded, block, small, m->stream, 0, m->next_seed++};
+  *s = (slot_t){(uint8_t *)p,
+                page,
+                page_off,
+                size,
+                rounded,
+                block,
+                small,
+                m->stream,
+                0,
+                m->next_seed++,
+                m->region_ids[m->region],
+                0};
   fill_slot(s);
   /* Memory another stream's queued work still touches is never handed out; then work on the
    * allocation's own stream uses it, queued until that stream is completed. */
@@ -864,6 +887,20 @@ static void do_alloc(ctx_t *x, int si, size_t size) {
 static void remember_stale(model_t *m, uintptr_t addr) {
   m->stale[m->nstale % (sizeof m->stale / sizeof m->stale[0])] = addr;
   m->nstale++;
+}
+
+/* The freed slot `s` is guarded by the events the free just recorded (the device's captured
+ * ones) until they complete; `pieces` (heap, page-mapped pools) goes with the guard. */
+static void add_guard(ctx_t *x, const slot_t *s, piece_t *pieces, size_t npieces) {
+  model_t *m = x->m;
+  FZ_ASSERT(m->nguards < MAX_GUARDS, "guard table full");
+  guard_t *g = &m->guard[m->nguards++];
+  g->addr = (uintptr_t)s->ptr;
+  g->size = s->block;
+  g->nev = x->dev->ncaptured;
+  memcpy(g->ev, x->dev->captured, g->nev * sizeof g->ev[0]);
+  g->pieces = pieces;
+  g->npieces = npieces;
 }
 
 /* cp_free, or cp_free_sized with the size asked for (`sized`). */
@@ -901,14 +938,7 @@ static void do_free(ctx_t *x, int si, int sized) {
   FZ_ASSERT(dropped == (int64_t)s->block, "free of a %zu-byte block took %" PRId64 " allocated bytes", s->block,
             dropped);
   if (want > 0) {
-    FZ_ASSERT(m->nguards < MAX_GUARDS, "guard table full");
-    guard_t *g = &m->guard[m->nguards++];
-    g->addr = (uintptr_t)s->ptr;
-    g->size = s->block;
-    g->nev = x->dev->ncaptured;
-    memcpy(g->ev, x->dev->captured, g->nev * sizeof g->ev[0]);
-    g->pieces = pieces;
-    g->npieces = npieces;
+    add_guard(x, s, pieces, npieces);
     pieces = NULL;
   }
   free(pieces);
@@ -1148,6 +1178,7 @@ static void do_restore(ctx_t *x) {
                 r.made_live[k]);
       m->slot[i] = *c;
       m->slot[i].recorded = 0;
+      m->slot[i].shared = 0; /* a new allocation at the same address */
       m->slot[i].seed = m->next_seed++;
       if (m->paged)
         FZ_ASSERT(
@@ -1166,8 +1197,20 @@ static void do_restore(ctx_t *x) {
   cp_restore_release(&r);
 }
 
+static void do_capture_window(ctx_t *x, reader_t *r);
+static void do_share(ctx_t *x, reader_t *r);
+
 static void do_misc(ctx_t *x, reader_t *r) {
-  switch (rd_u8(r) % 10) {
+  const uint8_t which = rd_u8(r);
+  if (which >= 246) { /* the rarest: a capture window */
+    do_capture_window(x, r);
+    return;
+  }
+  if (which >= 240) { /* a block described for another process */
+    do_share(x, r);
+    return;
+  }
+  switch (which % 10) {
     case 0: dev_complete_all(x->dev); break;
     case 1: do_empty_cache(x); break;
     case 2: cp_pool_reset_peak_stats(x->pool); break;
@@ -1204,15 +1247,214 @@ static void do_misc(ctx_t *x, reader_t *r) {
   }
 }
 
+/* A capture window (Note [Capture in the pool], capture.c), as torch opens one around a CUDA
+ * graph's capture: the current stream captures on the device (every event call and every
+ * release would then be a device fault), the pool's window is open (once or nested twice),
+ * and inside it up to three blocks are allocated and freed on the stream, a live block used
+ * on other streams is freed (its free waits for the window to close: no event recorded, its
+ * bytes still allocated), and empty_cache gives nothing back. Once the last window closes the
+ * waiting free records its events and is guarded as any other. Injected failures are
+ * disarmed first: a window's calls are not the ones under test here. */
+static size_t allocated_now(cp_pool_t *pool) {
+  cp_stats_t st;
+  cp_pool_stats(pool, &st);
+  return (size_t)cur(&st, CP_STAT_ALLOCATED_BYTES, CP_KIND_ALL);
+}
+
+static void do_capture_window(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  const uint8_t b = rd_u8(r);
+  const int nested = 1 + (b & 1);
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) cp_sim_fail_nth(x->dev->sim, (cp_sim_call_t)k, 0, CP_OK);
+  const uint64_t violations = cp_sim_capture_violations(x->dev->sim);
+  FZ_ASSERT(cp_sim_set_capturing(x->dev->sim, m->stream, 1) == CP_OK, "capture on");
+  for (int k = 0; k < nested; k++) FZ_ASSERT(cp_pool_capture_begin(x->pool) == CP_OK, "capture_begin");
+  fz_windows_run++;
+  unsigned windows = 0;
+  size_t deferred = 0;
+  cp_pool_capture_state(x->pool, &windows, &deferred);
+  FZ_ASSERT(windows == (unsigned)nested && deferred == 0, "%u windows, %zu deferred frees", windows, deferred);
+
+  /* A live block of another stream's use, freed inside: it waits for the window. */
+  int wait_slot = -1;
+  unsigned others = 0;
+  for (int i = 0; i < NSLOTS && (b & 2); i++) {
+    const slot_t *s = &m->slot[(i + b / 4) % NSLOTS];
+    if (s->ptr != NULL && (s->recorded & ~(1u << s->stream)) != 0) {
+      wait_slot = (i + b / 4) % NSLOTS;
+      others = s->recorded & ~(1u << s->stream);
+      break;
+    }
+  }
+  piece_t *pieces = NULL;
+  size_t npieces = 0, pieces_cap = 0;
+  const size_t allocated_before = allocated_now(x->pool);
+  if (wait_slot >= 0) {
+    slot_t *s = &m->slot[wait_slot];
+    verify_slot(s, wait_slot);
+    if (m->paged) pieces_of(x->dev, (uintptr_t)s->ptr, s->block, wait_slot, &pieces, &npieces, &pieces_cap);
+    x->dev->ncaptured = 0;
+    FZ_ASSERT(cp_free(x->pool, s->ptr) == CP_OK, "a free inside a capture window: %s", cp_last_error());
+    cp_pool_capture_state(x->pool, &windows, &deferred);
+    FZ_ASSERT(x->dev->ncaptured == 0 && deferred == 1, "the free in the window recorded %zu events, %zu deferred",
+              x->dev->ncaptured, deferred);
+    FZ_ASSERT(allocated_now(x->pool) == allocated_before,
+              "the free waiting for the window gave its bytes back already");
+    fz_deferred_run++;
+  }
+
+  /* The graph's own allocations: made and freed on the capturing stream. */
+  uint8_t *temp[3] = {NULL, NULL, NULL};
+  size_t temp_size[3] = {0, 0, 0};
+  const int ntemp = (b >> 2) % 4;
+  for (int k = 0; k < ntemp; k++) {
+    const size_t size = 1 + pick_size(r, m) % (8 * MiB);
+    void *p = NULL;
+    const int rc = cp_alloc(x->pool, size, m->stream, &p);
+    expect_failure_explained(rc);
+    FZ_ASSERT(rc == CP_OK || rc == CP_ERR_OOM, "alloc(%zu) in a capture window: %s", size, cp_status_name(rc));
+    if (rc != CP_OK) continue;
+    for (int j = 0; j < NSLOTS; j++) {
+      const slot_t *t = &m->slot[j];
+      FZ_ASSERT(t->ptr == NULL || !overlaps((uintptr_t)p, size, (uintptr_t)t->ptr, t->block),
+                "alloc(%zu) in a capture window = [%p, +%zu) overlaps live slot %d", size, p, size, j);
+    }
+    for (int j = 0; j < k; j++)
+      FZ_ASSERT(temp[j] == NULL || !overlaps((uintptr_t)p, size, (uintptr_t)temp[j], temp_size[j]),
+                "two allocations of one capture window overlap");
+    FZ_ASSERT(cp_sim_launch(x->dev->sim, m->stream, (uintptr_t)p, size) == CP_OK, "launch in a window");
+    x->dev->recorded[m->stream]++;
+    temp[k] = p;
+    temp_size[k] = size;
+    FOR_EACH_SAMPLE(size, off, temp[k][off] = (uint8_t)(off * 131u + (unsigned)k));
+  }
+  const size_t reserved = cp_sim_reserved_bytes(x->dev->sim);
+  FZ_ASSERT(cp_empty_cache(x->pool) == CP_OK, "empty_cache in a capture window: %s", cp_last_error());
+  FZ_ASSERT(cp_sim_reserved_bytes(x->dev->sim) == reserved, "empty_cache gave memory back during a capture");
+  for (int k = 0; k < ntemp; k++) {
+    if (temp[k] == NULL) continue;
+    FOR_EACH_SAMPLE(temp_size[k], off, {
+      FZ_ASSERT(temp[k][off] == (uint8_t)(off * 131u + (unsigned)k),
+                "an allocation of a capture window was overwritten at byte %zu", off);
+    });
+    FZ_ASSERT(cp_free(x->pool, temp[k]) == CP_OK, "free in a capture window: %s", cp_last_error());
+  }
+
+  /* The capture ends on the device first, then the pool's window, as torch closes them. */
+  FZ_ASSERT(cp_sim_set_capturing(x->dev->sim, m->stream, 0) == CP_OK, "capture off");
+  x->dev->ncaptured = 0;
+  x->dev->overflow = 0;
+  for (int k = 0; k < nested; k++) FZ_ASSERT(cp_pool_capture_end(x->pool) == CP_OK, "capture_end");
+  FZ_ASSERT(cp_pool_capture_end(x->pool) == CP_ERR_STATE, "a window closed that was not open");
+  cp_clear_error();
+  if (cp_sim_capture_violations(x->dev->sim) != violations) (void)cp_sim_print_device_faults(x->dev->sim, stderr);
+  FZ_ASSERT(cp_sim_capture_violations(x->dev->sim) == violations,
+            "the pool made a call the driver refuses during a capture");
+  cp_pool_capture_state(x->pool, &windows, &deferred);
+  FZ_ASSERT(windows == 0, "%u windows open after closing them", windows);
+  if (wait_slot < 0) return;
+  /* The last window closed: the waiting free recorded an event on each other stream. */
+  slot_t *s = &m->slot[wait_slot];
+  size_t want = 0;
+  for (unsigned k = 0; k < NSTREAMS; k++) want += (others >> k) & 1u;
+  FZ_ASSERT(deferred == 0 && !x->dev->overflow && x->dev->ncaptured == want,
+            "closing the window: %zu frees still deferred, %zu events for %zu other streams", deferred,
+            x->dev->ncaptured, want);
+  add_guard(x, s, pieces, npieces);
+  remember_stale(m, (uintptr_t)s->ptr);
+  memset(s, 0, sizeof *s);
+}
+
 static int contains_text(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 /* Pause a region (or every one) with a backup, look at the pool while it is paused, resume it:
  * every live block is where it was, with its bytes (check_all after the operation), on pages
  * the resume mapped. An armed failure may refuse the pause (nothing changes) or a resume (it
  * stays paused, and the next resume maps it). */
+/* Describe a slot's block for another process (cp_pool_share, Note [Sharing a block] in
+ * share.c), or a pointer that is no live block. The description must reach exactly the
+ * block's bytes: a plain segment holding it whole, or, page-mapped, handles each mapped whole
+ * (the first byte of each span is the first of a page, the last is on that page too), side by
+ * side, the block at `offset` bytes in. Sharing changes nothing the pool counts; the block is
+ * then marked shared until it is freed (check_all compares the mark with the model), and a
+ * pause of its region is refused meanwhile (do_pause). */
+static void do_share(ctx_t *x, reader_t *r) {
+  model_t *m = x->m;
+  const int si = rd_u8(r) % NSLOTS;
+  slot_t *s = &m->slot[si];
+  snapshot_t before;
+  take_snapshot(x->pool, &before);
+  cp_share_t sh;
+  const uint64_t faults = cp_sim_faults_injected(x->dev->sim);
+  const int rc = cp_pool_share(x->pool, s->ptr != NULL ? (void *)s->ptr : (void *)(uintptr_t)0x5000, &sh);
+  FZ_ASSERT(cp_sim_faults_injected(x->dev->sim) == faults, "sharing made a device call");
+  expect_failure_explained(rc);
+  expect_unchanged(x->pool, &before, "a share");
+  if (s->ptr == NULL) {
+    FZ_ASSERT(rc == CP_ERR_INVALID && sh.spans == NULL && sh.span_count == 0, "share of no live block: %s",
+              cp_status_name(rc));
+    cp_clear_error();
+    return;
+  }
+  FZ_ASSERT(rc == CP_OK || rc == CP_ERR_HOST_OOM, "share of slot %d (%p): %s", si, (void *)s->ptr, cp_status_name(rc));
+  if (rc != CP_OK) return;
+  const uintptr_t a = (uintptr_t)s->ptr;
+  FZ_ASSERT(sh.block_bytes == s->requested && sh.offset + s->requested <= sh.size,
+            "share of slot %d: %zu bytes at offset %zu of %zu (asked %zu)", si, sh.block_bytes, sh.offset, sh.size,
+            s->requested);
+  if (!sh.paged) {
+    FZ_ASSERT(!m->paged && sh.span_count == 0 && sh.base + sh.offset == a,
+              "share of slot %d: a plain segment at %#" PRIxPTR " + %zu is not the block %p", si, sh.base, sh.offset,
+              (void *)s->ptr);
+  } else {
+    FZ_ASSERT(m->paged && sh.span_count > 0 && sh.spans[0].addr == sh.base, "share of slot %d: %zu spans", si,
+              sh.span_count);
+    uintptr_t at = sh.base;
+    for (size_t k = 0; k < sh.span_count; k++) {
+      const cp_share_span_t *sp = &sh.spans[k];
+      cp_page_t first = 0, last = 0;
+      size_t off = 1, last_off = 0, psize = 0;
+      FZ_ASSERT(sp->addr == at && sp->size > 0, "share of slot %d: span %zu is not beside the one before", si, k);
+      FZ_ASSERT(cp_sim_vmm_resolve(x->dev->sim, sp->addr, &first, &off, &psize) == CP_OK && off == 0 &&
+                    psize == sp->size &&
+                    cp_sim_vmm_resolve(x->dev->sim, sp->addr + sp->size - 1, &last, &last_off, NULL) == CP_OK &&
+                    last == first,
+                "share of slot %d: span %zu (%#" PRIxPTR ", %zu bytes) is not one handle mapped whole", si, k, sp->addr,
+                sp->size);
+      at += sp->size;
+    }
+    FZ_ASSERT(at == sh.base + sh.size, "share of slot %d: the spans add up to %zu bytes, not %zu", si,
+              (size_t)(at - sh.base), sh.size);
+    /* The block's first byte, reached through the description, is the slot's. */
+    cp_page_t page = 0;
+    size_t page_off = 0;
+    size_t left = sh.offset, k = 0;
+    while (left >= sh.spans[k].size) left -= sh.spans[k++].size;
+    const uintptr_t through = sh.spans[k].addr + left;
+    FZ_ASSERT(cp_sim_vmm_resolve(x->dev->sim, through, &page, &page_off, NULL) == CP_OK && page == s->page &&
+                  page_off == s->page_off,
+              "share of slot %d: offset %zu reaches another byte than the block's first", si, sh.offset);
+  }
+  cp_share_release(&sh);
+  FZ_ASSERT(sh.spans == NULL && sh.span_count == 0, "cp_share_release left spans");
+  s->shared = 1;
+  fz_shares_run++;
+}
+
+/* Whether pausing `tag` (0: every region) must be refused: a block of it is shared. */
+static int pause_meets_shared(const model_t *m, uint32_t tag) {
+  for (int i = 0; i < NSLOTS; i++) {
+    const slot_t *s = &m->slot[i];
+    if (s->ptr != NULL && s->shared && s->tag != 0 && (tag == 0 || s->tag == tag)) return 1;
+  }
+  return 0;
+}
+
 static void do_pause(ctx_t *x, reader_t *r) {
   model_t *m = x->m;
   const uint8_t b = rd_u8(r);
+  static size_t pauses;
+  if (fz_pause_every > 1 && pauses++ % fz_pause_every != 0) return;
   const uint32_t tag = m->region_ids[b % 3];
   const unsigned flags = CP_PAUSE_BACKUP | ((b & 4) ? CP_PAUSE_KEEP_FREE : 0u);
   const uint64_t faults = cp_sim_faults_injected(x->dev->sim);
@@ -1223,7 +1465,15 @@ static void do_pause(ctx_t *x, reader_t *r) {
     FZ_ASSERT(rc == CP_ERR_STATE, "pause of a pool without page-mapped memory: %s", cp_status_name(rc));
     return;
   }
+  if (pause_meets_shared(m, tag)) {
+    FZ_ASSERT(rc == CP_ERR_STATE && contains_text(cp_last_error(), "shared with another process"),
+              "pause of a region holding a shared block: %s (%s)", cp_status_name(rc), cp_last_error());
+    cp_clear_error();
+    fz_shared_refusals_run++;
+    return;
+  }
   FZ_ASSERT(rc == CP_OK || fired, "pause failed with %s, no failure injected", cp_status_name(rc));
+  fz_pauses_run++;
   FZ_ASSERT(cp_pool_check(x->pool, stderr) == 0, "the pool's invariant check failed while paused (see above)");
   cp_pool_info_t in;
   cp_pool_info(x->pool, &in);
@@ -1246,8 +1496,12 @@ static void do_pause(ctx_t *x, reader_t *r) {
        * fit under it again. Lifted for the resume, then set again. */
       FZ_ASSERT(expected_cap(m) != 0 && contains_text(cp_last_error(), "memory cap"),
                 "resume ran out of memory without a cap: %s", cp_last_error());
+      const uint64_t lifting = cp_sim_faults_injected(x->dev->sim);
       FZ_ASSERT(cp_pool_set_memory_cap(x->pool, 0) == CP_OK && cp_pool_set_memory_fraction(x->pool, 0) == CP_OK,
                 "lifting the cap");
+      /* Setting a fraction asks the device for its total (do_fraction): from now on a
+       * fraction applies, the configuration's one when it is set again below. */
+      if (cp_sim_faults_injected(x->dev->sim) == lifting) m->total_known = 1;
       for (int again = 0;; again++) { /* an armed failure may still fire */
         const uint64_t armed = cp_sim_faults_injected(x->dev->sim);
         rc = cp_pool_resume(x->pool, tag);
@@ -1319,7 +1573,6 @@ static const size_t paged_granularity[] = {4096, 64 * 1024, 512 * 1024, 2 * MiB}
  * operations then start at the fourth byte. The first byte picks one, the granularity and the
  * rare device without page-mapped memory as for paged_configs; the granularities are small,
  * so that a 64-96 MiB device holds many pages and large requests stitch often. */
-#define STITCH_MARK 0x53
 static const char *const stitch_configs[] = {
     "expandable_segments:True,page_stitching:True",
     "expandable_segments:True,page_stitching:True,min_large_alloc_mb:2,large_segment_mb:4",
@@ -1437,9 +1690,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       default: do_bad_pointer(&x, &r); break;
     }
     prune_guards(m, &dev);
-    check_all(pool, m, &dev);
+    if (fz_check_every <= 1 || (size_t)op_index % fz_check_every == fz_check_every - 1) check_all(pool, m, &dev);
+    fz_ops_run++;
   }
 
+  if (fz_check_every > 1) check_all(pool, m, &dev); /* the input's last operations */
   op_index = -2;
   for (int k = 0; k < CP_SIM_CALL_COUNT; k++) cp_sim_fail_nth(dev.sim, (cp_sim_call_t)k, 0, CP_OK);
   if (abrupt_end) {
@@ -1475,6 +1730,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_ASSERT(cp_sim_vmm_ranges(dev.sim) == 0 && cp_sim_vmm_pages(dev.sim) == 0 && cp_sim_vmm_mappings(dev.sim) == 0,
             "the device still holds %zu page-mapped ranges, %zu pages, %zu mappings", cp_sim_vmm_ranges(dev.sim),
             cp_sim_vmm_pages(dev.sim), cp_sim_vmm_mappings(dev.sim));
+  fz_faults_run += cp_sim_faults_injected(dev.sim);
   cp_sim_destroy(dev.sim);
   for (size_t g = 0; g < m->nguards; g++) free(m->guard[g].pieces);
   free(dev.events);
