@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cudapool.ab.common import bisect_max  # noqa: E402
-from cudapool.lab.fakegpu import GPUS, FakeGPU, cublas_workspace_bytes, gpu_model  # noqa: E402
+from cudapool.lab.fakegpu import GPUS, FakeGPU, cublas_workspace_bytes, gpu_model, script_error  # noqa: E402
 from cudapool.lab.trace import ALLOC, load  # noqa: E402
 from test_ab_simulate import SCRIPTS, simulate  # noqa: E402
 
@@ -198,6 +198,21 @@ def test_a_scripts_own_error_is_reported_as_the_scripts(tmp_path: Path) -> None:
     done = simulate(tmp_path, "--", path, expect=1)
     assert "bug.py:4: `print(items[5])`: IndexError: list index out of range" in done.stderr
     assert "cannot be simulated" not in done.stderr and "it would on a GPU too" in done.stderr
+
+
+def test_a_script_that_does_not_compile_is_named_at_its_line(tmp_path: Path) -> None:
+    """A SyntaxError is the script's, at the line the compiler names (not runpy's frame), with
+    the Python that compiled it: newer syntax fails on an older Python, not on the fake GPU."""
+    path = script(tmp_path, "new.py", "x = [1]\nprint(f'{x[')\n")
+    try:
+        compile(Path(path).read_text(), path, "exec")
+    except SyntaxError as exc:
+        line = script_error(exc, path)
+    else:
+        raise AssertionError("the script compiled")
+    assert line is not None and line.startswith("new.py:"), line
+    assert "SyntaxError" in line and f"Python {sys.version_info[0]}.{sys.version_info[1]}" in line
+    assert "<frozen" not in line
 
 
 def test_memory_history_calls_write_a_snapshot_of_the_simulated_run(tmp_path: Path) -> None:

@@ -639,17 +639,30 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
     """The line for an exception raised by the script's own code (its innermost frame is
     outside torch and cudapool: the script, or a module of its own), as it would be on a GPU;
     None when torch or the simulation raised it (:func:`explain_failure` then)."""
+    here = os.path.dirname(os.path.abspath(script))
+    if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<"):
+        # The script (or a module of its own) does not compile: where the compiler says, and
+        # which Python said so (newer syntax, e.g. 3.12's f-strings, fails on an older one).
+        path = os.path.abspath(exc.filename)
+        if path.startswith(_LIBRARY_DIRS):
+            return None
+        version = "{}.{}".format(*sys.version_info[:2])
+        return (
+            f"{os.path.relpath(path, here)}:{exc.lineno}: `{(exc.text or '').strip()}`: "
+            f"{type(exc).__name__}: {exc.msg} (Python {version} compiled it)"
+        )
     frames = list(traceback.walk_tb(exc.__traceback__))
     if not frames or isinstance(exc, ValueRead):
         return None
-    inner = os.path.abspath(frames[-1][0].f_code.co_filename)
-    if inner.startswith(_LIBRARY_DIRS) or inner.startswith("<"):
+    filename = frames[-1][0].f_code.co_filename
+    inner = os.path.abspath(filename)
+    if filename.startswith("<") or inner.startswith(_LIBRARY_DIRS):
         return None
     import linecache
 
     lineno = frames[-1][1]
     code = linecache.getline(inner, lineno).strip()
-    where = f"{os.path.relpath(inner, os.path.dirname(os.path.abspath(script)))}:{lineno}"
+    where = f"{os.path.relpath(inner, here)}:{lineno}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{where}: `{code}`: {type(exc).__name__}" + (f": {text}" if text else "")
 
