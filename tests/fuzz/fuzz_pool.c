@@ -1450,11 +1450,14 @@ static int pause_meets_shared(const model_t *m, uint32_t tag) {
   return 0;
 }
 
+/* Pause operations of the current input so far (fz_pause_every thins them the same way
+ * whether the input runs alone or among others). */
+static size_t pause_ops;
+
 static void do_pause(ctx_t *x, reader_t *r) {
   model_t *m = x->m;
   const uint8_t b = rd_u8(r);
-  static size_t pauses;
-  if (fz_pause_every > 1 && pauses++ % fz_pause_every != 0) return;
+  if (fz_pause_every > 1 && pause_ops++ % fz_pause_every != 0) return;
   const uint32_t tag = m->region_ids[b % 3];
   const unsigned flags = CP_PAUSE_BACKUP | ((b & 4) ? CP_PAUSE_KEEP_FREE : 0u);
   const uint64_t faults = cp_sim_faults_injected(x->dev->sim);
@@ -1589,6 +1592,7 @@ static const size_t stitch_granularity[] = {128 * 1024, 256 * 1024, 512 * 1024, 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   reader_t r = {data, size};
   op_index = -1;
+  pause_ops = 0;
   cp_clear_error();
   uint8_t b0 = rd_u8(&r);
   uint8_t b1 = rd_u8(&r);

@@ -12,11 +12,12 @@
  * (default 1,600: the harness runs at most 400 operations an input); --check-every: the
  * harness's whole check after every N operations and at each input's end (default 16; the
  * byte patterns are checked at every free whatever N); --pause-every: only every Nth pause
- * operation pauses, with its backup copy (default 16: the copies would take most of the time);
- * --save PATH: write input
- * --from to PATH and run it (build/asan/fuzz_pool_replay PATH runs it again under the
- * sanitizers). A failing check aborts with the harness's message, and this line first names
- * the input and the command that runs it alone. Prints a progress line every 10 s and, at the
+ * operation of each input pauses, with its backup copy (default 16: the copies would take most
+ * of the time); --save PATH: write input --from to PATH and run it (build/asan/fuzz_pool_replay
+ * PATH runs it again under the sanitizers). Address-space randomisation is turned off (the
+ * process executes itself again once), so that a seed repeats exactly. A failing check aborts
+ * with the harness's message, after which two commands are printed: the same inputs up to the
+ * failing one again, and the failing one alone. Prints a progress line every 10 s and, at the
  * end, the operations, inputs, device failures injected, seconds and operations per second. */
 #include <errno.h>
 #include <inttypes.h>
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,7 +41,7 @@
 static const char *const policy_names[POLICIES] = {"built-in rules", "expandable segments", "page stitching"};
 
 /* The failure line, made before each input so that the abort handler only writes it. */
-static char failure_line[512];
+static char failure_line[1024];
 
 static void on_abort(int sig) {
   (void)sig;
@@ -103,6 +105,20 @@ static int usage(const char *why) {
   return 2;
 }
 
+/* The simulator's device addresses are host addresses (its memory is the host's), and where a
+ * block lands depends on their alignment: with the address space randomised, one seed's run
+ * differs from one process to the next. The soak runs without randomisation, executing itself
+ * again once with it turned off, so that a seed repeats exactly. 1: it is off. */
+static int without_randomisation(char **argv) {
+  const int now = personality(0xffffffff);
+  if (now == -1) return 0;
+  if (now & ADDR_NO_RANDOMIZE) return 1;
+  if (personality((unsigned long)now | ADDR_NO_RANDOMIZE) == -1) return 0;
+  execv("/proc/self/exe", argv);
+  (void)personality((unsigned long)now); /* not executed again: go on as it was */
+  return 0;
+}
+
 int main(int argc, char **argv) {
   uint64_t ops = DEFAULT_OPS, seed = 0, from = 0, inputs = UINT64_MAX, body = DEFAULT_BYTES;
   uint64_t check_every = DEFAULT_CHECK_EVERY, pause_every = DEFAULT_PAUSE_EVERY;
@@ -145,15 +161,21 @@ int main(int argc, char **argv) {
   if (!have_seed) seed = (uint64_t)time(NULL);
   if (save != NULL) inputs = 1;
 
+  const int fixed = without_randomisation(argv);
   uint8_t *buf = malloc(MAX_BYTES + 8);
   if (buf == NULL) return usage("no host memory");
   signal(SIGABRT, on_abort);
   printf("soak_pool: seed %" PRIu64 ", up to %" PRIu64 " operations from input %" PRIu64 ", %" PRIu64
          " bytes an input, the whole check every %" PRIu64 " operations and at each input's end, every %" PRIu64
-         " pause operation pausing, policies in turn: %s, %s, %s\n",
-         seed, ops, from, body, check_every, pause_every, policy_names[0], policy_names[1], policy_names[2]);
+         " pause operation pausing, policies in turn: %s, %s, %s%s\n",
+         seed, ops, from, body, check_every, pause_every, policy_names[0], policy_names[1], policy_names[2],
+         fixed ? "" : " (address-space randomisation could not be turned off: a seed may not repeat exactly)");
   fflush(stdout);
 
+  /* The options a failing input's commands repeat: those that change what runs. */
+  char same[160], same_input[96];
+  snprintf(same_input, sizeof same_input, " --bytes %" PRIu64 " --pause-every %" PRIu64, body, pause_every);
+  snprintf(same, sizeof same, "%s --check-every %" PRIu64, same_input, check_every);
   size_t per_policy[POLICIES] = {0};
   uint64_t done = 0;
   const double start = now_s();
@@ -166,10 +188,14 @@ int main(int argc, char **argv) {
       printf("soak_pool: input %" PRIu64 " of seed %" PRIu64 " written to %s\n", k, seed, save);
     }
     snprintf(failure_line, sizeof failure_line,
-             "\nsoak_pool: FAILED at input %" PRIu64 " of seed %" PRIu64 " (%s); alone: soak_pool --seed %" PRIu64
-             " --from %" PRIu64 " --inputs 1 --bytes %" PRIu64
-             " --check-every 1 --pause-every 1 (add --save input.bin to keep it)\n",
-             k, seed, policy_names[k % POLICIES], seed, k, body);
+             "\nsoak_pool: FAILED at input %" PRIu64 " of seed %" PRIu64
+             " (%s).\n  again, exactly (the same inputs "
+             "before it): soak_pool --seed %" PRIu64 " --from %" PRIu64 " --inputs %" PRIu64
+             "%s\n  alone (its "
+             "operations, other addresses): soak_pool --seed %" PRIu64 " --from %" PRIu64
+             " --inputs 1%s --check-every 1"
+             " (add --save input.bin to keep it)\n",
+             k, seed, policy_names[k % POLICIES], seed, from, k - from + 1, same, seed, k, same_input);
     const size_t before = fz_ops_run;
     LLVMFuzzerTestOneInput(buf, n);
     per_policy[k % POLICIES] += fz_ops_run - before;
