@@ -48,17 +48,41 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
+.PHONY: all test test-c-lane test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
         lint lint-layers lint-docs lint-format lint-types format
 
 all: $(ASAN_TESTS)
 
-# In this order, also under -j: each step runs only after the previous one passed.
+# Two lanes, one per core: the C lane (ASan+UBSan, TSan, release, then the soak), each step after
+# the previous one passed, with its output kept in build/test-c-lane.log and shown when the lanes
+# end; beside it the Python tests. TEST_LANES=1 runs the C lane, then the Python tests, in one.
+TEST_LANES ?= 2
+ifeq ($(TEST_LANES),1)
 test:
+	$(MAKE) test-c-lane
+	$(MAKE) test-py
+else
+test:
+	@mkdir -p build
+	@echo "make test: the C lane (build/test-c-lane.log, shown at the end) beside the Python tests"
+	@$(MAKE) --no-print-directory test-c-lane >build/test-c-lane.log 2>&1 & lane=$$!; \
+	start=$$(date +%s); \
+	$(MAKE) --no-print-directory test-py; py=$$?; \
+	echo "make test: the Python tests ended after $$(( $$(date +%s) - start )) s (exit $$py); waiting for the C lane"; \
+	wait $$lane; c=$$?; \
+	echo "==== the C lane (build/test-c-lane.log), ended after $$(( $$(date +%s) - start )) s (exit $$c)"; \
+	cat build/test-c-lane.log; \
+	[ $$c -eq 0 ] || echo "make test: the C lane FAILED (build/test-c-lane.log)" >&2; \
+	[ $$py -eq 0 ] || echo "make test: the Python tests FAILED" >&2; \
+	[ $$c -eq 0 ] && [ $$py -eq 0 ]
+endif
+
+# The C tests, then the soak, one after another.
+test-c-lane:
 	$(MAKE) test-c
 	$(MAKE) test-tsan
 	$(MAKE) test-release
-	$(MAKE) test-py
+	$(MAKE) soak
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer, invariant check after every op -------
 build/asan/obj/%.o: %.c $(HEADERS) Makefile
@@ -257,6 +281,11 @@ TORCH_SPEC ?= torch==2.14.1
 PIP := PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 CUDAPOOL_WERROR=1 $(PYTHON) -m pip
 
 # Python dependencies of the torch tests and the lab (a CUDA build of torch when none is there).
+# CUDAPOOL_DEPS_DONE=1: the caller installed them already in this run (.ci/run): nothing to do.
+ifneq ($(CUDAPOOL_DEPS_DONE),)
+deps-py:
+	@echo "deps-py: installed already in this run (CUDAPOOL_DEPS_DONE=$(CUDAPOOL_DEPS_DONE))"
+else
 deps-py:
 	@if [ -n "$(TORCH_SPEC)" ] && ! $(PYTHON) -c 'import torch, sys; sys.exit(not hasattr(torch._C, "_cuda_customAllocator"))' 2>/dev/null; then \
 	  echo "installing $(TORCH_SPEC) (a CUDA build, for the torch integration tests and the workloads)"; \
@@ -271,6 +300,7 @@ deps-py:
 	  echo "$(PIP) install -q -e '.[test,bench,lint]'"; \
 	  $(PIP) install -q -e '.[test,bench,lint]'; \
 	fi
+endif
 
 # The lab report: capture every workload, replay it under builtin and cudapool, print the
 # table, write build/replay-all.json and build/replay-gpt.png. LAB_SCALE=medium for bigger runs.

@@ -118,6 +118,7 @@ PY_LAYERS: dict[str, int] = {
     "ab": 0,  # cudapool.ab: step() for user scripts; imports nothing of cudapool
     "lab": 0,  # cudapool.lab: its docstring only
     "lab._events": 0,
+    "lab._leaves": 0,
     "lab.device_costs": 0,
     # 1: formats and configuration
     "lab.torch_snapshot": 1,

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "core/cp.h"
 #include "standin/standin.h"
+#include "standin_open.h"
 #include "torch/abi.h"
 #include "torch/devices.h"
 #include "torch/ipc.h"
@@ -343,11 +344,7 @@ int main(int argc, char **argv) {
     exe[n] = '\0';
     self_path = exe;
   }
-  char why[512] = "";
-  if (cp_cuda_load() != CP_OK || cpstandin_open(&sa, 0, why, sizeof why) != 0) {
-    printf("test_cuda_standin_ipc: not the stand-in (%s): skipped\n", why[0] ? why : cp_last_error());
-    return 0;
-  }
+  if (!standin_open_or_skip(&sa, "test_cuda_standin_ipc")) return 0;
   RUN(a_plain_segment_through_the_drivers_ipc_handle);
   RUN(page_mapped_memory_through_posix_file_descriptors);
   RUN(descriptors_over_the_senders_socket);

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "core/cp.h"
 #include "standin/standin.h"
+#include "standin_open.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -90,11 +91,7 @@ TEST(pause_and_resume_through_the_driver) {
 }
 
 int main(void) {
-  char why[512] = "";
-  if (cp_cuda_load() != CP_OK || cpstandin_open(&sa, 0, why, sizeof why) != 0) {
-    printf("test_cuda_standin_pause: not the stand-in (%s): skipped\n", why[0] ? why : cp_last_error());
-    return 0;
-  }
+  if (!standin_open_or_skip(&sa, "test_cuda_standin_pause")) return 0;
   RUN(pause_and_resume_through_the_driver);
   return check_summary("test_cuda_standin_pause");
 }

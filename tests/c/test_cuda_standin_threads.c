@@ -25,6 +25,7 @@
 #include "core/cp.h"
 #include "rand.h"
 #include "standin/standin.h"
+#include "standin_open.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -440,11 +441,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  char why[512] = "";
-  if (cp_cuda_load() != CP_OK || cpstandin_open(&sa, 0, why, sizeof why) != 0) {
-    printf("test_cuda_standin_threads: not the stand-in (%s): skipped\n", why[0] ? why : cp_last_error());
-    return 0;
-  }
+  if (!standin_open_or_skip(&sa, "test_cuda_standin_threads")) return 0;
   RUN(threads_plain);
   RUN(threads_expandable);
   RUN(threads_stitching);

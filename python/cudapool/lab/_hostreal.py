@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from ._leaves import tensors_in
 
 aten = torch.ops.aten
 
@@ -62,8 +63,7 @@ class HostReal(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        flat = tree_flatten((args, kwargs))[0]
-        fake = [a for a in flat if isinstance(a, FakeTensor)]
+        fake = [a for a in tensors_in((args, kwargs)) if isinstance(a, FakeTensor)]
         if fake:
             if func in _MOVES and not _is_cuda(kwargs.get("device", fake[0].device)):
                 self._read(fake[0], ".cpu()")

@@ -126,9 +126,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from . import _backward, _kernel_scratch
+from ._leaves import tensors_in
 from .trace import ALLOC, FREE, Trace
 
 __all__ = ["Tracer", "UNSEEN"]
@@ -633,9 +633,8 @@ class Tracer:
     # ---- the work ------------------------------------------------------------------------------
 
     def _observe(self, out: Any, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._see(t, func, inputs, into)
+        for t in tensors_in(out):
+            self._see(t, func, inputs, into)
 
     def _in_place_stand_in(self, func: Any, args: Any) -> Optional[_Live]:
         """Inside a node of the tracer's backward: for an out-of-place operation that formulas
@@ -694,11 +693,10 @@ class Tracer:
 
     def _input_keys(self, inputs: Any) -> set:
         keys = set()
-        for t in tree_flatten(inputs)[0]:
-            if isinstance(t, torch.Tensor):
-                storage = self._storage_of(t)
-                if storage is not None:
-                    keys.add(storage._cdata)
+        for t in tensors_in(inputs):
+            storage = self._storage_of(t)
+            if storage is not None:
+                keys.add(storage._cdata)
         return keys
 
     def _see(self, t: torch.Tensor, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
@@ -762,7 +760,7 @@ class Tracer:
             key = (self._stream, self._in_backward)
             if self._state != "tracing" or key in self._workspace_streams:
                 return
-            if not any(self._storage_of(t) is not None for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)):
+            if not any(self._storage_of(t) is not None for t in tensors_in(args)):
                 return  # not on the traced device
             live = self._record_alloc(int(self.workspace_bytes or 0), self.device_index, "cublas workspace")
             self._workspace_streams[key] = live.ident
