@@ -615,3 +615,139 @@ def test_info_names_the_path():
         env={"CUDAPOOL_BRIDGE": "0"},
     ).stdout
     assert "allocator path of cudapool.enable(): pluggable (CUDAPOOL_BRIDGE=0" in env_out, env_out
+
+
+# What the generated calls below draw from: sizes from nothing to past any device, devices that
+# exist, do not, or wrap around torch's 8-bit device index, pool ids torch never made, fractions
+# that are not fractions, and addresses the bridge never handed out.
+_GENERATED = """
+import math, struct
+from hypothesis import given, settings, strategies as st
+
+U64 = (1 << 64) - 1
+SIZES = st.one_of(st.sampled_from([0, 1, 511, 512, 2 * MiB, 24 * MiB, 64 * MiB, 64 * MiB + 1, 1 << 40, 1 << 63, U64]),
+                  st.integers(min_value=0, max_value=U64))
+DEVICES = st.sampled_from([0, 0, 1, 1, -1, 2, 127, 128, 255, 300, -129])
+POOLS = st.sampled_from([(0, 0), (1, 0), (0, 1), (7, 7), (U64, U64)])
+FRACTIONS = st.sampled_from([0.0, 0.5, 1.0, -0.0, 1e-300, -0.25, 1.5, math.nan, math.inf, -math.inf])
+FOREIGN = st.sampled_from([0, 1, 512, 0xDEAD0000, U64])
+QUERIES = ["init", "cacheInfo", "getMemoryInfo", "getMemoryFraction", "getExpandableSegmentSizes",
+           "isHistoryEnabled", "initialized", "name"]
+POOL_CALLS = ["emptyCache", "getPoolUseCount", "releasePool", "setUseOnOOM", "setNoSplit",
+              "checkPoolLiveAllocations", "getCheckpointState"]
+FOREIGN_CALLS = ["raw_delete", "getBaseAllocation", "shareIpcHandle"]
+OPS = st.one_of(
+    st.tuples(st.just("alloc"), SIZES, DEVICES),
+    st.tuples(st.just("free"), st.integers(min_value=0, max_value=31)),
+    st.tuples(st.just("query"), st.sampled_from(QUERIES), DEVICES),
+    st.tuples(st.just("pool"), st.sampled_from(POOL_CALLS), DEVICES, POOLS),
+    st.tuples(st.just("make_pool"), DEVICES, POOLS),
+    st.tuples(st.just("fraction"), FRACTIONS, DEVICES),
+    st.tuples(st.just("foreign"), st.sampled_from(FOREIGN_CALLS), FOREIGN),
+    st.tuples(st.just("torch"), st.sampled_from(["stats", "reset_peak", "reset_accumulated", "snapshot"]), DEVICES),
+)
+TORCH_CALLS = {
+    "stats": lambda d: torch._C._cuda_memoryStats(d),
+    "reset_peak": lambda d: torch._C._cuda_resetPeakMemoryStats(d),
+    "reset_accumulated": lambda d: torch._C._cuda_resetAccumulatedMemoryStats(d),
+    "snapshot": lambda d: torch._C._cuda_memorySnapshot(None),
+}
+counts = {"examples": 0, "calls": 0, "refused": 0, "oom": 0}
+
+
+def refused_clearly(exc):
+    code, message = exc.args
+    assert code in (1, 2) and message.strip(), exc.args
+    counts["refused" if code == 1 else "oom"] += 1
+
+
+def whole(live):
+    for d in (0, 1):
+        pool = _C.device_pool(d)
+        assert pool.check() == 0, pool.check_report()
+        st_ = flat(torch._C._cuda_memoryStats(d))
+        mine = [size for ptr, size, dev in live if dev == d]
+        assert st_["allocation.all.current"] == len(mine), (d, st_["allocation.all.current"], len(mine))
+        assert st_["allocated_bytes.all.current"] >= sum(mine), d
+        assert st_["reserved_bytes.all.current"] >= st_["allocated_bytes.all.current"], d
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None)
+@given(ops=st.lists(OPS, max_size=40))
+def generated(ops):
+    counts["examples"] += 1
+    live, pools = [], []
+    try:
+        for op in ops:
+            counts["calls"] += 1
+            kind = op[0]
+            try:
+                if kind == "alloc":
+                    _, size, device = op
+                    ptr = alloc(size, device)
+                    if ptr:
+                        assert size > 0 and device in (0, 1), (size, device, ptr)
+                        live.append((ptr, size, device))
+                elif kind == "free":
+                    if live:
+                        free(live.pop(op[1] % len(live))[0])
+                elif kind == "query":
+                    call(op[1], op[2])
+                elif kind == "pool":
+                    _, name, device, (a, b) = op
+                    call(name, device, a, b)
+                elif kind == "make_pool":
+                    _, device, (a, b) = op
+                    call("createOrIncrefPool", device, a, b)
+                    pools.append((device, a, b))
+                elif kind == "fraction":
+                    _, f, device = op
+                    call("setMemoryFraction", device, struct.unpack("<Q", struct.pack("<d", f))[0])
+                    assert 0.0 <= f <= 1.0, f  # anything else is refused
+                elif kind == "foreign":
+                    _, name, ptr = op
+                    call(name, 0, ptr)
+                    assert name == "getBaseAllocation" or ptr == 0, (name, ptr)  # only nothing is nobody's
+                else:
+                    try:
+                        TORCH_CALLS[op[1]](op[2])
+                    except (RuntimeError, IndexError, ValueError, OverflowError) as exc:
+                        assert str(exc).strip(), op
+                        assert op[2] not in (0, 1), (op, exc)
+                        counts["refused"] += 1
+            except BridgeError as exc:
+                refused_clearly(exc)
+            whole(live)
+    finally:
+        while live:
+            free(live.pop()[0])
+        for device, a, b in pools:
+            try:
+                call("releasePool", device, a, b)
+            except BridgeError as exc:  # a pool id the bridge refused to make
+                refused_clearly(exc)
+        for d in (0, 1):
+            call("setMemoryFraction", d, struct.unpack("<Q", struct.pack("<d", 1.0))[0])
+            call("emptyCache", d)
+    whole([])
+
+
+generated()
+print("generated:", counts)
+assert counts["refused"] > 0 and counts["calls"] > counts["refused"], counts
+for d in (0, 1):
+    assert flat(torch._C._cuda_memoryStats(d))["reserved_bytes.all.current"] == 0, d
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("policy", ["builtin", "expandable", "cudapool"])
+def test_generated_bad_calls_leave_the_bridge_whole(policy):
+    """The bridge's entry points that run without a GPU (torch's C++ allocator methods through the
+    test hooks, and torch's own stats, resets and snapshot functions), driven by Hypothesis with
+    bad sizes, devices, pool ids, fractions and foreign addresses among good calls: each call works
+    or is refused with a message (out of memory as torch's type); after each, both pools are
+    consistent, no simulated device fault happened and torch's counts are the live blocks."""
+    pytest.importorskip("hypothesis", reason="hypothesis is not installed")
+    out = ok(_GENERATED.replace("EXAMPLES", "150"), policy=policy)
+    assert "generated: {'examples': 150" in out, out

@@ -286,7 +286,12 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
   void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     return alloc_raw(nbytes, c10::cuda::current_device(), stream);
   }
-  void raw_delete(void *ptr) override { raw_delete_any(ptr); }
+  void raw_delete(void *ptr) override {
+    // An address no pool handed out is refused, as torch's own allocator refuses it (the
+    // deleters, which must not throw, take raw_delete_any, which reports it instead).
+    if (ptr != nullptr && cpd_device_of(ptr) < 0) refuse("raw_delete", "invalid device pointer");
+    raw_delete_any(ptr);
+  }
   void init(int device_count) override {
     (void)device_count; // pools are made on each device's first allocation
     initialized_.store(true, std::memory_order_release);
