@@ -3,8 +3,12 @@
  * Owns: 8 worker threads on 2 devices with 4 streams each, allocating, freeing, recording
  * streams and launching work, while a driver thread completes work, empties the caches, sets
  * and lifts a cap, makes allocation calls fail now and then, checks the pools, and pauses and
- * resumes a region (with a backup) whose blocks the workers hold. Once for each policy: plain
- * segments, expandable segments, cudapool's default policy (page stitching).
+ * resumes a region (with a backup) whose blocks the workers hold. Workers also share blocks for
+ * another process, as torch's IPC does (cp_pool_share, then the driver's export: the IPC handle of
+ * a plain segment, which this process may not open itself, or a file descriptor per physical
+ * allocation of page-mapped memory, imported again and released), the region's blocks included,
+ * so that a pause is refused while one of them lives. Once for each policy: plain segments,
+ * expandable segments, cudapool's default policy (page stitching).
  *
  * Overlap shows in a registry of every live block per device (a sorted array under its own
  * lock, taken only around its own update): a block handed out over a live one is an error
@@ -19,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cuda.h"
 #include "check.h"
@@ -106,6 +111,7 @@ typedef struct shared_s {
   long iters;
   uint64_t seed;
   cp_pool_t *pool[DEVICES];
+  cp_backend_t be[DEVICES];
   uintptr_t stream[DEVICES][STREAMS];
   registry_t live[DEVICES];
   uint32_t region;
@@ -115,6 +121,7 @@ typedef struct shared_s {
   pthread_rwlock_t region_use;
   atomic_int workers_running;
   atomic_long errors, allocs, frees, ooms, records, paused_refusals, region_allocs;
+  atomic_long shares, exports, pauses_refused_shared;
 } shared_t;
 
 static void worker_error(shared_t *sh, int id, const char *what, const void *ptr, size_t size) {
@@ -165,6 +172,48 @@ static void free_one(shared_t *sh, int id, int dev, live_t *l, uint64_t *rs) {
   if (cp_free(pool, l->ptr) != CP_OK) worker_error(sh, id, cp_last_error(), l->ptr, l->size);
   atomic_fetch_add(&sh->frees, 1);
   l->ptr = NULL;
+}
+
+/* Share the live block [p, p + size) for another process: its description must cover exactly
+ * the block (a plain segment holding it, or whole handles side by side), and each piece must
+ * export. A plain segment's IPC handle is refused to this very process (as the driver refuses
+ * it); a page's descriptor imports here as a handle of its own, released again. */
+static void share_one(shared_t *sh, int id, int dev, void *p, size_t size) {
+  cp_share_t d;
+  if (cp_pool_share(sh->pool[dev], p, &d) != CP_OK) {
+    worker_error(sh, id, cp_last_error(), p, size);
+    return;
+  }
+  const cp_backend_t *be = &sh->be[dev];
+  if (d.block_bytes != size || d.offset + size > d.size)
+    worker_error(sh, id, "share: the block is not covered", p, size);
+  if (!d.paged) {
+    unsigned char handle[CP_IPC_HANDLE_BYTES];
+    uintptr_t opened = 0;
+    if (d.base + d.offset != (uintptr_t)p) worker_error(sh, id, "share: not the block's segment", p, size);
+    if (be->ipc_export(be->ctx, d.base, handle) != CP_OK) worker_error(sh, id, cp_last_error(), p, size);
+    if (be->ipc_open(be->ctx, handle, &opened) == CP_OK)
+      worker_error(sh, id, "share: opened in its own process", p, size);
+    cp_clear_error();
+    atomic_fetch_add(&sh->exports, 1);
+  } else {
+    uintptr_t at = d.base;
+    for (size_t k = 0; k < d.span_count; at += d.spans[k++].size) {
+      int fd = -1;
+      cp_page_t page = 0;
+      if (d.spans[k].addr != at || be->page_export(be->ctx, at, &fd) != CP_OK) {
+        worker_error(sh, id, d.spans[k].addr != at ? "share: spans not side by side" : cp_last_error(), p, size);
+        break;
+      }
+      if (be->page_import(be->ctx, fd, &page) != CP_OK || be->page_release(be->ctx, page) != CP_OK)
+        worker_error(sh, id, cp_last_error(), p, size);
+      close(fd);
+      atomic_fetch_add(&sh->exports, 1);
+    }
+    if (at != d.base + d.size) worker_error(sh, id, "share: the handles do not add up", p, size);
+  }
+  cp_share_release(&d);
+  atomic_fetch_add(&sh->shares, 1);
 }
 
 static void *worker_main(void *arg) {
@@ -223,6 +272,7 @@ static void *worker_main(void *arg) {
       pthread_rwlock_unlock(&sh->region_use);
     }
     if (in_region) region_bytes += size;
+    if (rng_below(&rs, in_region ? 64 : 1024) == 0) share_one(sh, id, dev, p, size);
     live[n_live++] = (live_t){p, size, in_region};
   }
   while (n_live > 0) free_one(sh, id, dev, &live[--n_live], &rs);
@@ -292,7 +342,10 @@ static void driver_loop(shared_t *sh, driver_counts_t *c) {
       next_pause = done + OPS_PER_PAUSE;
       pthread_rwlock_wrlock(&sh->region_use);
       int rc = cp_pool_pause(sh->pool[0], sh->region, CP_PAUSE_BACKUP);
-      if (rc != CP_OK && rc != CP_ERR_OOM) worker_error(sh, -1, cp_last_error(), NULL, 0);
+      if (rc == CP_ERR_STATE && strstr(cp_last_error(), "shared with another process") != NULL)
+        atomic_fetch_add(&sh->pauses_refused_shared, 1); /* a block of the region is shared */
+      else if (rc != CP_OK && rc != CP_ERR_OOM)
+        worker_error(sh, -1, cp_last_error(), NULL, 0);
       for (int tries = 0; rc == CP_OK; tries++) {
         sa.complete_all();
         const int again = cp_pool_resume(sh->pool[0], sh->region);
@@ -339,13 +392,13 @@ static void run(const char *conf) {
   sh.seed = g_seed;
   REQUIRE(cp_region_id("standin_threads_kv", &sh.region) == CP_OK);
   pthread_rwlock_init(&sh.region_use, NULL);
-  cp_backend_t be[DEVICES];
   for (int d = 0; d < DEVICES; d++) {
-    REQUIRE(cp_cuda_backend(d, &be[d]) == CP_OK);
+    REQUIRE(cp_cuda_backend(d, &sh.be[d]) == CP_OK);
+    REQUIRE(sh.be[d].ipc_export != NULL && (sh.be[d].page_export != NULL || conf[0] == '\0'));
     cp_config_t cfg;
     cp_config_default(&cfg);
     REQUIRE(cp_config_parse(&cfg, conf) == CP_OK);
-    REQUIRE(cp_pool_create(&cfg, &be[d], &sh.pool[d]) == CP_OK);
+    REQUIRE(cp_pool_create(&cfg, &sh.be[d], &sh.pool[d]) == CP_OK);
     for (int s = 0; s < STREAMS; s++) sh.stream[d][s] = new_stream(d);
     pthread_mutex_init(&sh.live[d].lock, NULL);
     sh.live[d].cap = (size_t)THREADS * MAX_LIVE;
@@ -368,6 +421,7 @@ static void run(const char *conf) {
 
   CHECK_EQ_U(atomic_load(&sh.errors), 0);
   CHECK_EQ_U(atomic_load(&sh.allocs), atomic_load(&sh.frees));
+  CHECK(atomic_load(&sh.shares) > 0 && atomic_load(&sh.exports) >= atomic_load(&sh.shares));
   if (sa.faults() != 0) print_faults();
   CHECK_EQ_U(sa.faults(), 0);
   sa.complete_all();
@@ -406,15 +460,17 @@ static void run(const char *conf) {
   pthread_rwlock_destroy(&sh.region_use);
 
   const long ops = atomic_load(&sh.allocs) + atomic_load(&sh.frees) + atomic_load(&sh.ooms) + atomic_load(&sh.records) +
-                   atomic_load(&sh.paused_refusals);
+                   atomic_load(&sh.paused_refusals) + atomic_load(&sh.shares);
   g_total_ops += ops;
   printf(
       "test_cuda_standin_threads: %s: %d threads, %d devices x %d streams: %ld operations (%ld allocations, "
-      "%ld in the region, %ld record_stream, %ld out of memory, %ld refused while paused); driver: %ld empty_cache, "
-      "%ld cap changes, %ld refusals armed, %ld checks, %ld pauses and resumes; %.1f s, %.0f operations/s\n",
+      "%ld in the region, %ld record_stream, %ld out of memory, %ld refused while paused, %ld shared in %ld "
+      "exports); driver: %ld empty_cache, %ld cap changes, %ld refusals armed, %ld checks, %ld pauses and resumes "
+      "(%ld refused for shared blocks); %.1f s, %.0f operations/s\n",
       conf[0] ? conf : "plain segments", THREADS, DEVICES, STREAMS, ops, atomic_load(&sh.allocs),
       atomic_load(&sh.region_allocs), atomic_load(&sh.records), atomic_load(&sh.ooms), atomic_load(&sh.paused_refusals),
-      c.empty_caches, c.caps, c.injected, c.checks, c.pauses, seconds, (double)ops / seconds);
+      atomic_load(&sh.shares), atomic_load(&sh.exports), c.empty_caches, c.caps, c.injected, c.checks, c.pauses,
+      atomic_load(&sh.pauses_refused_shared), seconds, (double)ops / seconds);
   fflush(stdout);
 }
 
