@@ -27,7 +27,7 @@ if _torch.torch_bridge_library_path() is None:
 TIMEOUT_S = 180
 
 PRELUDE = """
-import ctypes, os, pickle, sys, warnings
+import ctypes, os, pickle, struct, sys, warnings
 import torch
 import cudapool
 from cudapool import _C, _torch
@@ -68,6 +68,12 @@ def call(name, device=0, a=0, b=0):
     if rc:
         raise BridgeError(rc, buf.value.decode())
     return out[0], out[1]
+
+def double_bits(f):  # a double as the test hooks take one (a fraction): its 64 bits
+    return struct.unpack("<Q", struct.pack("<d", f))[0]
+
+def bits_double(b):
+    return struct.unpack("<d", struct.pack("<Q", b))[0]
 
 def refused(name, *args):
     try:
@@ -477,12 +483,10 @@ def test_every_other_call_answers_or_names_itself():
         assert base == 12345 and size == 0
         assert call("getMemoryInfo")[0] == 64 * MiB - 20 * MiB
         # memory fraction, through the bridge both ways
-        import struct
-        bits = struct.unpack("<Q", struct.pack("<d", 0.5))[0]
-        call("setMemoryFraction", 1, bits)
-        got = struct.unpack("<d", struct.pack("<Q", call("getMemoryFraction", 1)[0]))[0]
+        call("setMemoryFraction", 1, double_bits(0.5))
+        got = bits_double(call("getMemoryFraction", 1)[0])
         assert got == 0.5, got
-        m = refused("setMemoryFraction", 1, struct.unpack("<Q", struct.pack("<d", 1.5))[0])
+        m = refused("setMemoryFraction", 1, double_bits(1.5))
         assert "setMemoryFraction" in m and "1.5" in m, m
         # raw_alloc_with_stream / raw_delete / raw_deleter (cuDNN and cuBLAS workspaces)
         r = call("raw_alloc_with_stream", 0, 1 * MiB, 5)[0]
@@ -621,7 +625,7 @@ def test_info_names_the_path():
 # exist, do not, or wrap around torch's 8-bit device index, pool ids torch never made, fractions
 # that are not fractions, and addresses the bridge never handed out.
 _GENERATED = """
-import math, struct
+import math
 from hypothesis import given, settings, strategies as st
 
 U64 = (1 << 64) - 1
@@ -702,7 +706,7 @@ def generated(ops):
                     pools.append((device, a, b))
                 elif kind == "fraction":
                     _, f, device = op
-                    call("setMemoryFraction", device, struct.unpack("<Q", struct.pack("<d", f))[0])
+                    call("setMemoryFraction", device, double_bits(f))
                     assert 0.0 <= f <= 1.0, f  # anything else is refused
                 elif kind == "foreign":
                     _, name, ptr = op
@@ -727,7 +731,7 @@ def generated(ops):
             except BridgeError as exc:  # a pool id the bridge refused to make
                 refused_clearly(exc)
         for d in (0, 1):
-            call("setMemoryFraction", d, struct.unpack("<Q", struct.pack("<d", 1.0))[0])
+            call("setMemoryFraction", d, double_bits(1.0))
             call("emptyCache", d)
     whole([])
 

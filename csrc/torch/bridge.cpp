@@ -87,11 +87,6 @@ struct Checkpoint final : cc::AllocatorState {
   cp_checkpoint_t *ck;
 };
 
-void raw_delete_any(void *ptr) {
-  if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);
-  cpd_free(ptr, -1);
-}
-
 void fill_stat(c10::CachingAllocator::Stat &to, const cp_stat_t &from) {
   to.current = from.current;
   to.peak = from.peak;
@@ -288,9 +283,11 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
   }
   void raw_delete(void *ptr) override {
     // An address no pool handed out is refused, as torch's own allocator refuses it (the
-    // deleters, which must not throw, take raw_delete_any, which reports it instead).
-    if (ptr != nullptr && cpd_device_of(ptr) < 0) refuse("raw_delete", "invalid device pointer");
-    raw_delete_any(ptr);
+    // DataPtr deleter, which must not throw, reports one instead); the device found is the
+    // free's, so the pools are searched once.
+    const int owner = ptr != nullptr ? cpd_device_of(ptr) : -1;
+    if (ptr != nullptr && owner < 0) refuse("raw_delete", "invalid device pointer");
+    free_noted(ptr, owner);
   }
   void init(int device_count) override {
     (void)device_count; // pools are made on each device's first allocation

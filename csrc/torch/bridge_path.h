@@ -50,12 +50,17 @@ inline void *context_of(void *ptr, int device) {
   return reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(ptr) | static_cast<uintptr_t>(device));
 }
 
+// The free of a block the bridge handed out, noted in the history when it records; `device` is
+// where the block is, or -1 when that is not known (cpd_free looks).
+inline void free_noted(void *ptr, int device) noexcept {
+  if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);
+  cpd_free(ptr, device);
+}
+
 // The deleter of every DataPtr the bridge makes (its raw_deleter()).
 inline void delete_context(void *ctx) noexcept {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(ctx);
-  void *ptr = reinterpret_cast<void *>(bits & ~kDeviceBits);
-  if (C10_UNLIKELY(recording.load(std::memory_order_relaxed))) note_free(ptr);
-  cpd_free(ptr, static_cast<int>(bits & kDeviceBits));
+  free_noted(reinterpret_cast<void *>(bits & ~kDeviceBits), static_cast<int>(bits & kDeviceBits));
 }
 
 // The allocation: `size` bytes on `device` for use on `stream` (the current ones, as torch's

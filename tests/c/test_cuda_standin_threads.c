@@ -191,8 +191,9 @@ static void share_one(shared_t *sh, int id, int dev, void *p, size_t size) {
     unsigned char handle[CP_IPC_HANDLE_BYTES];
     uintptr_t opened = 0;
     if (d.base + d.offset != (uintptr_t)p) worker_error(sh, id, "share: not the block's segment", p, size);
-    if (be->ipc_export(be->ctx, d.base, handle) != CP_OK) worker_error(sh, id, cp_last_error(), p, size);
-    if (be->ipc_open(be->ctx, handle, &opened) == CP_OK)
+    if (be->ipc_export(be->ctx, d.base, handle) != CP_OK)
+      worker_error(sh, id, cp_last_error(), p, size);
+    else if (be->ipc_open(be->ctx, handle, &opened) == CP_OK)
       worker_error(sh, id, "share: opened in its own process", p, size);
     cp_clear_error();
     atomic_fetch_add(&sh->exports, 1);
