@@ -494,14 +494,16 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   }
   if (rc == CP_OK) rc = be->page_set_access(be->ctx, addr, bytes);
   pthread_mutex_lock(&pool->lock);
-  pool->stitch_inflight -= need;
   free(pages);
   free(lens);
   pool->device_maps += maps;
   if (rc != CP_OK) {
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
+    /* The undo lets go of the lock again: the runs stay counted as being stitched until they
+     * are given back (the checker, and a pause waiting for stitches under way, see them). */
     const int undo = addr != 0 ? cp_stitch_unmap_locked(pool, addr, bytes, &mapped) : CP_OK;
+    pool->stitch_inflight -= need;
     cp_stitch_return_locked(pool, s);
     if (undo != CP_OK) {
       /* Not undone (pages still mapped there, or its address range not given back): keep it
@@ -517,6 +519,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
     /* Growth may still serve the request: stitching only failed to reuse pages. */
     return cp_set_error(CP_ERR_OOM, "cudapool: stitching pages failed: %s", msg);
   }
+  pool->stitch_inflight -= need;
   s->addr = addr;
   s->mapped = bytes;
   cp_block_t *head = cp_segment_head_locked(pool, s, CP_BLOCK_FREE);

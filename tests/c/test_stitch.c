@@ -501,6 +501,36 @@ TEST(pool_is_whole_while_a_range_is_stitched) {
   fx_close(&fx);
 }
 
+/* A stitch that fails (its second page_map refused) undoes what it mapped without the pool
+ * lock, its runs still LENT until it gives them back: the pool is whole then too, seen from
+ * another thread (a pause waits for it as for a stitch under way). */
+TEST(pool_is_whole_while_a_failed_stitch_is_undone) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
+  char *live[4];
+  (void)checkerboard(&fx, live);
+  cp_sim_fail_nth(fx.sim, CP_SIM_PAGE_MAP, 2, CP_ERR_BACKEND);
+  cp_sim_delay_nth(fx.sim, CP_SIM_PAGE_UNMAP, 1, 300); /* the undo's unmap */
+  stitcher_t t = {fx.pool, NULL, -1};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, stitch_thread, &t) == 0);
+  for (int waited = 0; cp_sim_delays_entered(fx.sim) == 0 && waited < 5000; waited++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK_EQ_U(cp_sim_delays_entered(fx.sim), 1);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0); /* the undo is unmapping */
+  pthread_join(th, NULL);
+  CHECK(t.rc == CP_OK); /* served by growing instead */
+  CHECK_EQ_U(info_of(&fx).stitches, 0);
+  CHECK_EQ_U(cp_pool_check(fx.pool, stderr), 0);
+  CHECK(cp_free(fx.pool, t.p) == CP_OK);
+  for (int i = 0; i < 4; i++) CHECK(cp_free(fx.pool, live[i]) == CP_OK);
+  CHECK(empty_cache_idle(&fx) == CP_OK);
+  CHECK_EQ_U(cp_sim_vmm_pages(fx.sim), 0);
+  fx_close(&fx);
+}
+
 TEST(destroy_with_ranges_in_use) {
   fixture_t fx;
   REQUIRE(fx_open(&fx, 256 * MiB, ST) == 0);
@@ -704,6 +734,7 @@ int main(void) {
   RUN(failed_stitch_whose_undo_fails_is_given_back_later);
   RUN(pages_of_a_range_not_dropped_stay_in_their_segments);
   RUN(pool_is_whole_while_a_range_is_stitched);
+  RUN(pool_is_whole_while_a_failed_stitch_is_undone);
   RUN(destroy_with_ranges_in_use);
   RUN(fallback_without_vmm);
   RUN(empty_cache_keeps_free_pages_a_range_in_use_still_maps);
