@@ -500,8 +500,7 @@ static int cp_stitch_new_locked(cp_pool_t *pool, cp_stream_state_t *st, cp_stitc
   if (rc != CP_OK) {
     char msg[448];
     snprintf(msg, sizeof msg, "%s", cp_last_error());
-    /* The undo lets go of the lock again: the runs stay counted as being stitched until they
-     * are given back (the checker, and a pause waiting for stitches under way, see them). */
+    /* Counted as being stitched until given back: the undo lets go of the lock again. */
     const int undo = addr != 0 ? cp_stitch_unmap_locked(pool, addr, bytes, &mapped) : CP_OK;
     pool->stitch_inflight -= need;
     cp_stitch_return_locked(pool, s);
