@@ -129,7 +129,13 @@ SOURCES = rel_glob(
 TORCH_OOM_SOURCE = "csrc/torch/oom_c10.cpp"
 # Built on its own too, against torch and linked to _C (torch_bridge_extension).
 BRIDGE_SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_state.cpp", "csrc/torch/bridge_testhooks.cpp"]
-SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE and s not in BRIDGE_SOURCES]
+# Built on its own, against torch and its Python bindings (torch_fakecuda_extension).
+FAKECUDA_SOURCES = [
+    "csrc/torch/fakecuda_device.cpp",
+    "csrc/torch/fakecuda_kernels.cpp",
+    "csrc/torch/fakecuda_module.cpp",
+]
+SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE and s not in BRIDGE_SOURCES + FAKECUDA_SOURCES]
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
 TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")
 
@@ -178,6 +184,29 @@ def _cuda_runtime_dirs(torch_root: Path):
     return None
 
 
+def _against_torch(name: str, sources: list, torch, abi: int, lib_dirs: list, libraries: list, **kw) -> Extension:
+    """An extension built against the installed torch (its version and C++ ABI defined), linked to
+    ``libraries`` found in ``lib_dirs`` (also its run-time search path); optional unless warnings
+    are errors."""
+    return Extension(
+        name,
+        sources=sources,
+        include_dirs=["csrc"],
+        depends=HEADERS,
+        define_macros=[
+            ("CUDAPOOL_TORCH_VERSION", json.dumps(str(torch.__version__))),
+            ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
+        ],
+        library_dirs=[str(d) for d in lib_dirs],
+        libraries=libraries,
+        runtime_library_dirs=kw.pop("runtime_library_dirs", [str(d) for d in lib_dirs]),
+        extra_link_args=kw.pop("extra_link_args", ["-pthread"]),
+        language="c++",
+        optional=not _WERROR,
+        **kw,
+    )
+
+
 def torch_bridge_extension() -> list:
     """cudapool._torch_bridge (csrc/torch/bridge.cpp: cudapool as torch's own CUDA allocator) when a
     CUDA build of torch with its headers, and the CUDA runtime headers, are here; else nothing.
@@ -194,21 +223,15 @@ def torch_bridge_extension() -> list:
     if cuda is None:
         return []
     cuda_includes, cuda_lib, cudart = cuda
-    ext = Extension(
+    ext = _against_torch(
         "cudapool._torch_bridge",
-        sources=BRIDGE_SOURCES,
-        include_dirs=["csrc"],
-        depends=HEADERS,
-        define_macros=[
-            ("CUDAPOOL_TORCH_VERSION", json.dumps(str(torch.__version__))),
-            ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
-        ],
-        library_dirs=[str(lib), str(cuda_lib)],
-        libraries=["c10", "c10_cuda", "torch_cuda", "torch_cpu", "torch"],
+        BRIDGE_SOURCES,
+        torch,
+        abi,
+        [lib, cuda_lib],
+        ["c10", "c10_cuda", "torch_cuda", "torch_cpu", "torch"],
         runtime_library_dirs=[str(lib), str(cuda_lib), "$ORIGIN"],
         extra_link_args=["-pthread", f"-l:{cudart}"],
-        language="c++",
-        optional=not _WERROR,
     )
     # torch's and CUDA's headers: their warnings are not ours.
     # torch's headers of 2.14 need C++20 (std::strong_ordering); older ones build with it too.
@@ -216,6 +239,34 @@ def torch_bridge_extension() -> list:
     for folder in (include, include / "torch" / "csrc" / "api" / "include", *cuda_includes):
         ext.cxx_flags += ["-isystem", str(folder)]
     ext.links_to_c = True  # linked to cudapool._C (BuildExt), for the pools
+    return [ext]
+
+
+def torch_fakecuda_extension() -> list:
+    """cudapool._torch_fakecuda (csrc/torch/fakecuda*.cpp: the fake GPU of ab --simulate below Python)
+    when a CUDA build of torch with its C++ headers is importable here; else nothing (ab --simulate
+    then traces with torch's fake tensors). CUDAPOOL_TORCH_FAKECUDA=0 skips it."""
+    if os.environ.get("CUDAPOOL_TORCH_FAKECUDA", "") == "0":
+        return []
+    info = _torch_build_info()
+    if info is None:
+        return []
+    torch, include, lib, abi = info
+    if not getattr(torch.version, "cuda", None) or not (include / "torch" / "csrc" / "jit" / "python").is_dir():
+        return []
+    if not list(lib.glob("libtorch_cuda.*")):
+        return []
+    ext = _against_torch(
+        "cudapool._torch_fakecuda",
+        FAKECUDA_SOURCES,
+        torch,
+        abi,
+        [lib],
+        ["c10", "torch_cpu", "torch_cuda", "torch", "torch_python"],
+    )
+    ext.cxx_flags = ["-std=c++20", "-fvisibility=hidden"]
+    for folder in (include, include / "torch" / "csrc" / "api" / "include"):
+        ext.cxx_flags += ["-isystem", str(folder)]
     return [ext]
 
 
@@ -227,21 +278,7 @@ def torch_oom_extension() -> list:
     if info is None:
         return []
     torch, include, lib, abi = info
-    ext = Extension(
-        "cudapool._torch_oom",
-        sources=[TORCH_OOM_SOURCE],
-        depends=HEADERS,
-        define_macros=[
-            ("CUDAPOOL_TORCH_VERSION", json.dumps(str(torch.__version__))),
-            ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
-        ],
-        library_dirs=[str(lib)],
-        libraries=["c10"],
-        runtime_library_dirs=[str(lib)],
-        extra_link_args=["-pthread"],
-        language="c++",
-        optional=not _WERROR,
-    )
+    ext = _against_torch("cudapool._torch_oom", [TORCH_OOM_SOURCE], torch, abi, [lib], ["c10"])
     ext.cxx_flags = ["-isystem", str(include)]  # torch's headers: their warnings are not ours
     return [ext]
 
@@ -268,6 +305,7 @@ setup(
         ),
         *torch_oom_extension(),
         *torch_bridge_extension(),
+        *torch_fakecuda_extension(),
     ],
     cmdclass={"build_ext": BuildExt},
 )

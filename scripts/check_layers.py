@@ -106,6 +106,16 @@ C_FORBIDDEN += [
         "only the torch layer may use torch",
     )
 ]
+# The module cudapool._torch_fakecuda talks to Python through torch's bindings (pybind11): in one
+# file, which gives the other two Python's answers through fakecuda.h's Hooks.
+PYTHON_BINDING_ALLOWED = {"csrc/torch/fakecuda_module.cpp"}
+C_FORBIDDEN += [
+    (
+        re.compile(r"^(pybind11/|torch/csrc/.*python|torch/python\.h$|torch/extension\.h$)"),
+        set(C_LAYERS),
+        "only fakecuda_module.cpp binds torch's Python (PYTHON_BINDING_ALLOWED)",
+    )
+]
 
 # python/cudapool modules by rank: a module imports only modules of a lower rank.
 PY_LAYERS: dict[str, int] = {
@@ -139,6 +149,7 @@ PY_LAYERS: dict[str, int] = {
     "lab.tracer": 3,
     "lab.replay": 3,
     "lab._scriptio": 3,
+    "lab._native": 3,
     # 4: what is built on a replay
     "lab.replay_report": 4,
     "lab.capacity": 4,
@@ -179,6 +190,8 @@ def check_c(root: Path) -> list[str]:
             if kind == "<":
                 for pattern, layers, why in C_FORBIDDEN:
                     if where in CUDA_RUNTIME_ALLOWED and name.startswith("cuda"):
+                        continue
+                    if where in PYTHON_BINDING_ALLOWED and not name.startswith(("cuda", "Python.h")):
                         continue
                     if layer in layers and pattern.search(name):
                         errors.append(f"{where}:{lineno}: <{name}> in layer {layer}: {why}")

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from cudapool.lab._native import why_unavailable  # noqa: E402
 from cudapool.lab.fakegpu import cublas_workspace_bytes, gpu_model  # noqa: E402
 from cudapool.lab.replay import replay  # noqa: E402
 from cudapool.lab.trace import ALLOC, FREE, load  # noqa: E402
@@ -26,6 +27,7 @@ from cudapool.lab.tracer import Tracer  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "sim_scripts"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+NATIVE_WHY = why_unavailable()
 
 
 def simulate(tmp_path: Path, *argv: str, expect: int = 0) -> subprocess.CompletedProcess:
@@ -58,8 +60,21 @@ def sizes(trace) -> list:
 
 
 def test_hf_style_loop_is_the_tracer_api_trace(tmp_path: Path) -> None:
+    # The Python engine is the tracer's API (the native engine's differences are where torch's
+    # own CUDA paths differ from fake tensors': test_native_engine.py).
     args = ["--batch-size", "2", "--steps", "2", "--layers", "2", "--d-model", "64", "--ctx", "32"]
-    simulate(tmp_path, "--json", "out.json", "--trace", "t.cptrace", "--", str(SCRIPTS / "hf_style.py"), *args)
+    simulate(
+        tmp_path,
+        "--engine",
+        "python",
+        "--json",
+        "out.json",
+        "--trace",
+        "t.cptrace",
+        "--",
+        str(SCRIPTS / "hf_style.py"),
+        *args,
+    )
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["predicted"] is True and result["trace"]["status"] == "finished"
     assert result["trace"]["optimizer_steps"] == 2
@@ -144,10 +159,22 @@ def test_strict_values_makes_a_read_an_error_naming_the_line(tmp_path: Path) -> 
 
 
 def test_a_custom_op_that_cannot_run_is_named_with_its_line(tmp_path: Path) -> None:
-    done = simulate(tmp_path, "--", str(SCRIPTS / "custom_op.py"), expect=1)
+    # torch's fake tensors need the op's fake implementation, which this one does not have.
+    done = simulate(tmp_path, "--engine", "python", "--", str(SCRIPTS / "custom_op.py"), expect=1)
     assert line_of("custom_op.py", "y = scale(x)") in done.stderr and "mylib::scale" in done.stderr, done.stderr
     assert "no fake (meta) implementation" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(NATIVE_WHY is not None, reason=f"the native engine cannot run here: {NATIVE_WHY}")
+def test_a_custom_op_of_torch_operations_runs_on_the_native_engine(tmp_path: Path) -> None:
+    # Its implementation's operations run on the fake GPU as on a GPU: their memory is traced.
+    done = simulate(tmp_path, "--engine", "native", "--json", "out.json", "--", str(SCRIPTS / "custom_op.py"))
+    t = json.loads((tmp_path / "out.json").read_text())["trace"]
+    assert t["status"] == "finished" and t["fake_gpu"]["engine"] == "native"
+    assert t["events"] == 2 and t["peak_allocated"] == 2 * 16  # x, then scale's x * 2
+    assert "cudapool's fake GPU below Python" in done.stdout
+    assert "tensor([0., 0., 0., 0.], device='cuda:0')" in done.stderr  # the script's print: simulated zeros
 
 
 def test_max_steps_stops_a_long_script(tmp_path: Path) -> None:

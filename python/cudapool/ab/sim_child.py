@@ -1,7 +1,7 @@
 """The child of ``python -m cudapool ab --simulate``: one trace of the user's script on a fake GPU.
 
     python -m cudapool.ab.sim_child --gpu H100 --out DIR [--max-steps N] [--strict-values] \\
-        -- SCRIPT [ARGS...]
+        [--engine auto|native|python] -- SCRIPT [ARGS...]
 
 Runs SCRIPT unchanged as ``__main__``, with ``sys.argv = [SCRIPT, *ARGS]`` and its directory
 first on ``sys.path``, inside :class:`cudapool.lab.fakegpu.FakeGPU` (fake CUDA tensors, the
@@ -64,7 +64,13 @@ def _progress(tracer: Any, counter: _Counter, start: float, stop: threading.Even
 
 
 def trace_script(
-    script: str, args: List[str], gpu: str, out_dir: str, max_steps: Optional[int] = None, strict_values: bool = False
+    script: str,
+    args: List[str],
+    gpu: str,
+    out_dir: str,
+    max_steps: Optional[int] = None,
+    strict_values: bool = False,
+    engine: str = "auto",
 ) -> Dict[str, Any]:
     """Trace ``script`` on a fake ``gpu`` into ``out_dir``; the result (also written as
     result.json). Runs in this process: the command starts a fresh one for each trace."""
@@ -75,7 +81,7 @@ def trace_script(
 
     model = gpu_model(gpu)
     counter = _Counter(max_steps)
-    fake = FakeGPU(model, strict_values=strict_values, script=script)
+    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine)
 
     def on_step() -> None:
         counter.steps += 1
@@ -150,6 +156,7 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--strict-values", action="store_true")
+    parser.add_argument("--engine", choices=("auto", "native", "python"), default="auto")
     if "--" not in argv:
         print("usage: python -m cudapool.ab.sim_child [OPTIONS] -- SCRIPT [ARGS...]", file=sys.stderr)
         return 2
@@ -159,7 +166,11 @@ def main(argv: List[str]) -> int:
     if not rest or not os.path.isfile(rest[0]):
         print(f"cudapool ab --simulate: no script to run: {rest[:1]}", file=sys.stderr)
         return 2
-    result = trace_script(rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values)
+    try:
+        result = trace_script(rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values, ns.engine)
+    except RuntimeError as exc:  # --engine native where it cannot run
+        print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
+        return 2
     return EXIT_FAILED if result["status"] in ("failed", "script_error") else 0
 
 

@@ -65,6 +65,7 @@ class SimOptions(NamedTuple):
     trace: Optional[str]
     script: str
     args: List[str]
+    engine: str = "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace", metavar="PATH", help="also keep the script's trace there (python -m cudapool replay PATH)"
     )
+    p.add_argument(
+        "--engine",
+        choices=("auto", "native", "python"),
+        default="auto",
+        help="the fake GPU: native (cudapool's, below Python: fast, torch's own CUDA paths), python (torch's fake "
+        "tensors, any torch build), or auto: native where it was built for this torch (default)",
+    )
     return p
 
 
@@ -133,6 +141,13 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         raise UsageError("--max-batch-step goes with --find-max-batch")
     if ns.max_batch_step is not None and ns.max_batch_step < 1:
         raise UsageError("--max-batch-step must be at least 1")
+    if ns.engine == "native":
+        from ..lab.fakegpu import resolve_engine
+
+        try:
+            resolve_engine("native")
+        except RuntimeError as exc:
+            raise UsageError(f"--engine native: {exc}") from None
     if ns.find_max_batch is not None and not ns.find_max_batch.startswith("-"):
         raise UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
     if not rest:
@@ -153,6 +168,7 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         ns.trace,
         rest[0],
         rest[1:],
+        ns.engine,
     )
 
 
@@ -167,7 +183,7 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
         cmd += ["--max-steps", str(opts.max_steps)]
     if opts.strict_values:
         cmd.append("--strict-values")
-    cmd += ["--", opts.script, *args]
+    cmd += ["--engine", opts.engine, "--", opts.script, *args]
     env = with_package_on_path(dict(os.environ))
     started = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
@@ -369,13 +385,23 @@ def table(rows: List[Dict[str, Any]], gpu_spec: str, max_batch: Optional[Dict[st
     return cells
 
 
+def _engine_words(t: Dict[str, Any]) -> str:
+    engine = (t.get("fake_gpu") or {}).get("engine")
+    if engine == "native":
+        return ", cudapool's fake GPU below Python"
+    if engine == "python":
+        return ", torch's fake tensors"
+    return ""
+
+
 def report(result: Dict[str, Any]) -> str:
     t, gpu = result["trace"], result["gpu"]
     head = f"python -m cudapool ab --simulate --gpu {result['options']['gpu']} -- {' '.join(result['argv'])}\n"
     head += (
         f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script traced "
         f"once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, {t['events']:,} "
-        f"events, {t['seconds']:.1f} s), its trace replayed under each allocator's rules on cudapool's simulated device\n"
+        f"events, {t['seconds']:.1f} s{_engine_words(t)}), its trace replayed under each allocator's rules on "
+        "cudapool's simulated device\n"
     )
     notes = []
     if t["status"] == "stopped":
@@ -474,6 +500,7 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
                 "allocators": [a._asdict() for a in opts.allocators],
                 "max_steps": opts.max_steps,
                 "strict_values": opts.strict_values,
+                "engine": opts.engine,
                 "find_max_batch": opts.find_max_batch,
                 "max_batch_range": list(opts.max_batch_range) if opts.find_max_batch else None,
             },

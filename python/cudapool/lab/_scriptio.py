@@ -39,6 +39,8 @@ class ScriptIO:
 
     _patch: Any
     _read: Any
+    _on_fake_gpu: Any
+    engine: str
     tracer: Any
     saved_placeholders: int
     loaded_to_gpu: int
@@ -48,10 +50,13 @@ class ScriptIO:
     def _patch_printing(self) -> None:
         """``print(loss)``, ``f"{loss:.4f}"``: a fake CUDA tensor prints as torch prints a CUDA
         tensor, with the simulated values (zeros; a value read)."""
-        from torch._subclasses.fake_tensor import FakeTensor
-
         gpu = self
-        original_repr = FakeTensor.__repr__
+        cls: Any = torch.Tensor
+        if self.engine == "python":
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            cls = FakeTensor
+        original_repr, original_format = cls.__repr__, cls.__format__
 
         def rep(t: Any, *args: Any, **kwargs: Any) -> str:
             if t.device.type != "cuda" or t.numel() > _PRINTED_MAX or t.is_sparse:
@@ -66,13 +71,15 @@ class ScriptIO:
             return text[:-1] + extra + ")"
 
         def fmt(t: Any, spec: str) -> str:
-            if t.dim() == 0 and t.device.type == "cuda":
+            if t.device.type != "cuda":
+                return original_format(t, spec)
+            if t.dim() == 0:
                 value = gpu._read(t, "formatting")
                 return format(float(value) if t.dtype.is_floating_point else value, spec)
             return format(rep(t), spec)
 
-        self._patch(FakeTensor, "__repr__", rep)
-        self._patch(FakeTensor, "__format__", fmt)
+        self._patch(cls, "__repr__", rep)
+        self._patch(cls, "__format__", fmt)
 
     def _patch_serialization(self) -> None:
         """``torch.save`` of fake CUDA tensors writes placeholders (shape, dtype; no values) that
@@ -80,7 +87,6 @@ class ScriptIO:
         (``map_location="cuda"``, or tensors saved from CUDA) loads it on the host and moves it."""
         import pickle
 
-        from torch._subclasses.fake_tensor import FakeTensor
         from torch.utils._pytree import tree_map_only
 
         gpu = self
@@ -88,7 +94,7 @@ class ScriptIO:
 
         class Pickler(pickle.Pickler):
             def reducer_override(self, obj: Any) -> Any:
-                if isinstance(obj, FakeTensor):
+                if gpu._on_fake_gpu(obj):
                     gpu.saved_placeholders += 1
                     return _placeholder, (
                         tuple(obj.shape),
@@ -125,9 +131,7 @@ class ScriptIO:
             if any(t.split(":")[0] == "cuda" for t in targets):
                 gpu.loaded_to_gpu += 1
                 obj = tree_map_only(
-                    torch.Tensor,
-                    lambda t: t if isinstance(t, FakeTensor) or t.device.type != "cpu" else t.to("cuda"),
-                    obj,
+                    torch.Tensor, lambda t: t if gpu._on_fake_gpu(t) or t.device.type != "cpu" else t.to("cuda"), obj
                 )
             return obj
 

@@ -9,11 +9,15 @@ the tracer records what it allocates on fake CUDA tensors.
 Inside, a CUDA-only script runs on a machine without a GPU: ``torch.cuda.is_available()`` is
 True, one device of the model's name, memory and multiprocessors is there, tensors made on or
 moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
-tensors (:class:`torch._subclasses.fake_tensor.FakeTensorMode`, no memory and no math) with
-CUDA's autocast rules, and :class:`cudapool.lab.tracer.Tracer` records every allocation. The
-host is real (``Tracer(host="real")``, :mod:`cudapool.lab._hostreal`): CPU tensors, numpy arrays
-and Python numbers keep their values, so host code that slices, samples or indexes with them
-runs as on a GPU machine. ``torch.cuda.memory_allocated()`` and ``max_memory_allocated()``
+tensors (no memory and no math) with CUDA's autocast rules, and every allocation is recorded.
+Two engines make them (``engine=``): ``"native"`` (:mod:`cudapool.lab._native`, the module
+cudapool._torch_fakecuda: plain torch CUDA tensors whose kernels compute only shapes, below
+Python; torch's own CUDA paths above them, autograd's engine included) and ``"python"``
+(:class:`torch._subclasses.fake_tensor.FakeTensorMode` under :class:`cudapool.lab.tracer.Tracer`,
+on any torch build); ``"auto"`` (the default) takes native where it can run. The host is real
+(:mod:`cudapool.lab._hostreal` on the Python engine; plain CPU tensors on the native one): CPU
+tensors, numpy arrays and Python numbers keep their values, so host code that slices, samples
+or indexes with them runs as on a GPU machine. ``torch.cuda.memory_allocated()`` and ``max_memory_allocated()``
 answer from the tracer's live bytes (the reserved ones likewise: no allocator is simulated
 while tracing). Streams, events and ``synchronize`` do nothing; the CUDA RNG calls are no-ops.
 
@@ -197,6 +201,27 @@ def cublas_workspace_bytes(model: "GPUModel", config: Optional[str] = None) -> i
     return (4096 * 8 if model.major >= 9 else 4096 * 2 + 16 * 8) * 1024
 
 
+ENGINES = ("auto", "native", "python")
+
+
+def resolve_engine(engine: str) -> str:
+    """ "native" or "python" for an engine name of :data:`ENGINES` ("auto": native where
+    cudapool._torch_fakecuda can run here, else python); "native" where it cannot run raises
+    RuntimeError saying why."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "python":
+        return engine
+    from ._native import why_unavailable
+
+    why = why_unavailable()
+    if why is None:
+        return "native"
+    if engine == "native":
+        raise RuntimeError(f"the native engine cannot run: {why}")
+    return "python"
+
+
 def _zeros_like_value(t: torch.Tensor) -> Any:
     if t.dtype == torch.bool:
         return False
@@ -213,19 +238,41 @@ class FakeGPU(ScriptIO):
     go to the :class:`Tracer`. Enter once; everything patched is put back at exit.
     """
 
-    def __init__(self, model: GPUModel, *, strict_values: bool = False, script: Optional[str] = None, **tracer_kw: Any):
+    def __init__(
+        self,
+        model: GPUModel,
+        *,
+        strict_values: bool = False,
+        script: Optional[str] = None,
+        engine: str = "auto",
+        **tracer_kw: Any,
+    ):
         self.model = model
         self.strict_values = strict_values
         self.script = os.path.abspath(script) if script else None
+        #: "native" (cudapool._torch_fakecuda: the fake GPU below Python) or "python" (torch's fake
+        #: tensors under cudapool.lab.tracer.Tracer); "auto" picks native where it can run.
+        self.engine = resolve_engine(engine)
         tracer_kw.setdefault("workspace_bytes", cublas_workspace_bytes(model))
-        self.tracer = Tracer(
-            device="cuda",
-            fake_mode=_fake_mode(),
-            gpu=self._props(),
-            host="real",
-            on_host_read=self._host_copy,
-            **tracer_kw,
-        )
+        self.tracer: Any
+        if self.engine == "native":
+            from ._native import NativeTracer
+
+            unknown = set(tracer_kw) - {"workspace_bytes", "kernel_scratch"}
+            if unknown:
+                raise ValueError(f"the native engine takes no tracer options {sorted(unknown)}: use engine='python'")
+            self.tracer = NativeTracer(
+                read=self._native_read, sdp_choice=self._sdp_choice, gpu=self._props(), **tracer_kw
+            )
+        else:
+            self.tracer = Tracer(
+                device="cuda",
+                fake_mode=_fake_mode(),
+                gpu=self._props(),
+                host="real",
+                on_host_read=self._host_copy,
+                **tracer_kw,
+            )
         #: Copies of fake CUDA tensors to the host (``.cpu()``, ``.numpy()`` after it): zeros.
         self.host_copies = 0
         #: ``torch.save`` calls that wrote fake CUDA tensors (as placeholders), and
@@ -314,10 +361,51 @@ class FakeGPU(ScriptIO):
             )
         return _zeros_like_value(t)
 
+    def _native_read(self, t: Optional[torch.Tensor], what: str) -> None:
+        """A read of values on the native engine's fake GPU (its C++ kernels ask)."""
+        if t is None:
+            return
+        if what == "a copy to the host":
+            self._host_copy(t, what)
+        else:
+            self._read(t, what)
+
+    def _sdp_choice(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
+        """torch's ``_fused_sdp_choice`` on the native engine: the kernel torch picks on this GPU
+        (cudapool.lab._attention), as torch's SDPBackend value."""
+        from torch.nn.attention import SDPBackend
+
+        from . import _attention
+
+        q, k, v = args[:3]
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        dropout_p = float(args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0))
+        is_causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
+        gqa = bool(kwargs.get("enable_gqa", False))
+        m = self.model
+        backend = _attention.choose(q, k, v, mask, dropout_p, is_causal, gqa, m.major, m.minor)
+        self.sdpa[backend] = self.sdpa.get(backend, 0) + 1
+        return int(
+            {
+                "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH,
+            }[backend].value
+        )
+
+    def _on_fake_gpu(self, t: Any) -> bool:
+        """Whether ``t`` is a tensor of the fake GPU."""
+        if self.engine == "native":
+            return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(t, FakeTensor)
+
     def _script_site(self) -> Optional[str]:
         for frame, lineno in traceback.walk_stack(sys._getframe(2)):
             name = os.path.abspath(frame.f_code.co_filename)
-            if self.script is None or name == self.script:
+            if name == self.script or (self.script is None and not name.startswith(_LIBRARY_DIRS)):
                 return f"{os.path.basename(name)}:{lineno}"
         return None
 
@@ -355,10 +443,15 @@ class FakeGPU(ScriptIO):
             "current_stream": lambda device=None: _Stream(),
             "default_stream": lambda device=None: _Stream(),
             "stream": lambda stream=None: contextlib.nullcontext(),
+            "_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
+            "_maybe_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
         }
         for name, value in one.items():
             if hasattr(cuda, name):
                 self._patch(cuda, name, value)
+        if self.engine == "native":
+            # Recurrent layers run torch's own cells (_patch_rnns): no cuDNN flat weights either.
+            self._patch(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
         # A data loader's pinned batches: pinning needs the driver; a fake copy needs none.
         self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)
         import torch.utils.data._utils.pin_memory as pin
@@ -531,13 +624,12 @@ class FakeGPU(ScriptIO):
         torch, so the layers run torch's own CUDA cells (per time step), whose saved gates and
         states stand for cuDNN's reserve space (an estimate: cuDNN sizes it itself)."""
         from torch import _VF
-        from torch._subclasses.fake_tensor import FakeTensor
 
         gpu = self
 
         def native(name: str, original: Any) -> Any:
             def run(inp: Any, *args: Any, **kwargs: Any) -> Any:
-                if not isinstance(inp, FakeTensor) or inp.device.type != "cuda":
+                if not gpu._on_fake_gpu(inp) or inp.device.type != "cuda":
                     return original(inp, *args, **kwargs)
                 gpu.rnn_calls[name] = gpu.rnn_calls.get(name, 0) + 1
                 with torch.backends.cudnn.flags(enabled=False):
@@ -568,16 +660,17 @@ class FakeGPU(ScriptIO):
     def __enter__(self) -> "FakeGPU":
         try:
             self._patch_cuda()
-            self._patch_values()
-            self._patch_module_moves()
+            if self.engine == "python":  # fake tensors: what the native engine's kernels do
+                self._patch_values()
+                self._patch_module_moves()
+                self._patch_module_ties()
+                self._patch_attention()
             self._patch_compile()
             self._patch_loaders()
             self._patch_printing()
             self._patch_serialization()
             self._patch_history()
-            self._patch_module_ties()
             self._patch_rng()
-            self._patch_attention()
             self._patch_rnns()
             self._warnings = warnings.catch_warnings()
             self._warnings.__enter__()
@@ -623,6 +716,7 @@ class FakeGPU(ScriptIO):
             "sdpa": dict(self.sdpa),
             "rnn_calls": dict(self.rnn_calls),
             "cublas_workspace_bytes": self.tracer.workspace_bytes,
+            "engine": self.engine,
         }
 
 
@@ -652,8 +746,8 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
             f"{type(exc).__name__}: {exc.msg} (Python {version} compiled it)"
         )
     frames = list(traceback.walk_tb(exc.__traceback__))
-    if not frames or isinstance(exc, ValueRead):
-        return None
+    if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc):
+        return None  # the simulation's limit (the native engine raises from below the script's line)
     filename = frames[-1][0].f_code.co_filename
     inner = os.path.abspath(filename)
     if filename.startswith("<") or inner.startswith(_LIBRARY_DIRS):
@@ -691,6 +785,8 @@ def explain_failure(exc: BaseException, script: str) -> str:
         why = "its output's shape depends on tensor values, which a fake tensor does not have"
     elif "nccl" in str(exc).lower() or "process group" in str(exc).lower() or "distributed" in kind.lower():
         why = "NCCL collectives and process groups are not simulated (one fake GPU)"
+    elif "driver version is insufficient" in str(exc) or "no nvidia driver" in str(exc).lower():
+        why = "it ran real CUDA code, which needs a GPU (a custom CUDA extension's own kernel?)"
     elif op_name is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
         why = f"the operation {op_name} has no fake (meta) implementation: a custom CUDA extension?"
     else:

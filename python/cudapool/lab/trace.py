@@ -31,7 +31,20 @@ import os
 from . import torch_snapshot
 from ._events import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter
 
-__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "Trace", "TraceWriter", "load", "save"]
+__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "UNSEEN", "Trace", "TraceWriter", "load", "save"]
+
+#: What a trace does not hold, written into every trace's meta["unseen"] by the tracers (the
+#: first entry is left out when the cuBLAS workspace is modelled).
+UNSEEN = (
+    "cublas_workspace: per stream, allocated by torch through the caching allocator at the first"
+    " BLAS operation and never freed; its size depends on the GPU and CUBLAS_WORKSPACE_CONFIG"
+    " (Tracer(workspace_bytes=N) models it)",
+    "kernel_scratch: staging of reductions other than sum/mean, sort and top-k, scans, cuDNN"
+    " workspaces and reserve buffers, cuFFT plans: sizes depend on the kernel's launch configuration"
+    " (the staging of sum/mean and index_put's sort are modelled, sized for Tracer(gpu=...))",
+    "outside_dispatch: memory allocated without an ATen operation (custom extensions, NCCL, Triton"
+    " autotuning, CUDA graph pools)",
+)
 
 FORMAT_NAME = "cudapool-trace"
 FORMAT_VERSION = 1

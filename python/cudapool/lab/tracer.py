@@ -129,7 +129,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _backward, _kernel_scratch
 from ._leaves import tensors_in
-from .trace import ALLOC, FREE, Trace
+from .trace import ALLOC, FREE, UNSEEN, Trace
 
 __all__ = ["Tracer", "UNSEEN"]
 
@@ -157,19 +157,6 @@ _BLAS_OPS = frozenset(
 #: Operations that return their input's storage as a tensor just made (torch.tensor's data):
 #: an allocation, not a view.
 _LIFTS = frozenset((torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default))
-
-#: What a trace does not hold, written into every trace's meta["unseen"] (the first entry is
-#: left out when ``workspace_bytes`` models it).
-UNSEEN = (
-    "cublas_workspace: per stream, allocated by torch through the caching allocator at the first"
-    " BLAS operation and never freed; its size depends on the GPU and CUBLAS_WORKSPACE_CONFIG"
-    " (Tracer(workspace_bytes=N) models it)",
-    "kernel_scratch: staging of reductions other than sum/mean, sort and top-k, scans, cuDNN"
-    " workspaces and reserve buffers, cuFFT plans: sizes depend on the kernel's launch configuration"
-    " (the staging of sum/mean and index_put's sort are modelled, sized for Tracer(gpu=...))",
-    "outside_dispatch: memory allocated without an ATen operation (custom extensions, NCCL, Triton"
-    " autotuning, CUDA graph pools)",
-)
 
 
 def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:

@@ -1,0 +1,75 @@
+// fakecuda.h — the fake GPU below Python, for `ab --simulate`: what its three files share.
+// fakecuda_device.cpp has the device (the recording allocator, the device guard, the answer to
+// autograd's context question), fakecuda_kernels.cpp the kernels that stand for torch's CUDA
+// kernels, fakecuda_module.cpp the module cudapool._torch_fakecuda that Python installs them
+// with (cudapool.lab._native). Note [Fake CUDA in C++] in fakecuda_kernels.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/function_schema.h>
+#include <c10/core/Allocator.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace cudapool_fakecuda {
+
+// One event of the trace: cudapool.lab.trace's (action, id, size, stream, device, time_ns).
+struct Event {
+  int64_t kind, id, size, stream, device, t_ns;
+};
+
+// ---- fakecuda_device.cpp ------------------------------------------------------------------
+
+c10::DeviceIndex current_device();
+c10::StreamId current_stream();
+c10::DeviceIndex index_of(c10::Device d); // a device's index, the current one for "cuda"
+// A block of the recording allocator on device (no memory: an address never dereferenced).
+c10::DataPtr allocate(size_t n, c10::DeviceIndex device);
+c10::Allocator *recording_allocator();
+// A kernel's scratch: its allocation (the id) and its free.
+int64_t record_scratch(int64_t n, int64_t device);
+void record_scratch_free(int64_t id, int64_t n, int64_t device);
+// Installs the device guard and the hooks' answer, and starts recording; "" or why it cannot.
+std::string install_device(int devices);
+void uninstall_device();
+std::vector<Event> events_from(size_t start);
+struct RecordCounts {
+  size_t events;
+  int64_t live, peak;
+};
+RecordCounts record_counts();
+
+// ---- fakecuda_kernels.cpp -----------------------------------------------------------------
+
+// What the kernels ask of the caller (Python, through fakecuda_module.cpp).
+struct Hooks {
+  virtual ~Hooks() = default;
+  // A read of values (t: the CUDA tensor read); may throw to refuse it.
+  virtual void read(const char *what, const at::Tensor &t) = 0;
+  // The scratch steps of an operation of scratch_ops with these (meta) arguments.
+  virtual std::vector<int64_t> scratch(const c10::FunctionSchema &schema, const std::vector<c10::IValue> &args) = 0;
+  // torch's SDPBackend value for scaled_dot_product_attention's arguments.
+  virtual int64_t choose_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                   const std::optional<at::Tensor> &mask, double dropout_p, bool is_causal,
+                                   std::optional<double> scale, bool enable_gqa) = 0;
+  std::unordered_set<std::string> scratch_ops;
+  int64_t workspace_bytes = 0;
+};
+
+// Registers the kernels (the number of operations they stand for); throws when it cannot.
+int64_t install_kernels(std::unique_ptr<Hooks> hooks);
+// Drops them; the hooks are destroyed here (the caller holds what they need: the GIL).
+void uninstall_kernels();
+struct KernelCounts {
+  int64_t operations, cached, kernels;
+  bool installed;
+};
+KernelCounts kernel_counts();
+
+} // namespace cudapool_fakecuda

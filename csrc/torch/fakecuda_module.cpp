@@ -1,0 +1,122 @@
+// fakecuda_module.cpp — the module cudapool._torch_fakecuda: installs the fake GPU below Python
+// (fakecuda.h; Note [Fake CUDA in C++] in fakecuda_kernels.cpp) with Python's answers to what its
+// kernels ask, and hands the recorded events to cudapool.lab._native. Built by setup.py against
+// the installed torch and its Python bindings; used only when it was built for the running torch.
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "torch/fakecuda.h"
+
+#ifndef CUDAPOOL_TORCH_VERSION
+#error "CUDAPOOL_TORCH_VERSION (the version of torch this is built against) must be defined"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+using namespace cudapool_fakecuda;
+
+// Python's answers; every call takes the GIL (the kernels run without it, on any thread).
+struct PythonHooks final : Hooks {
+  py::object on_read, on_scratch, on_attention;
+
+  void read(const char *what, const at::Tensor &t) override {
+    py::gil_scoped_acquire gil;
+    on_read(what, torch::jit::toPyObject(c10::IValue(t)));
+  }
+
+  std::vector<int64_t> scratch(const c10::FunctionSchema &schema, const std::vector<c10::IValue> &args) override {
+    py::gil_scoped_acquire gil;
+    py::list positional;
+    py::dict keywords; // keyword-only arguments by name, as torch's dispatch passes them
+    for (size_t i = 0; i < args.size() && i < schema.arguments().size(); i++) {
+      py::object o = torch::jit::toPyObject(args[i]);
+      if (schema.arguments()[i].kwarg_only())
+        keywords[py::str(schema.arguments()[i].name())] = o;
+      else
+        positional.append(o);
+    }
+    py::object steps = on_scratch(schema.name(), py::tuple(positional), keywords);
+    std::vector<int64_t> out;
+    for (py::handle s : steps) out.push_back(s.cast<int64_t>());
+    return out;
+  }
+
+  int64_t choose_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                           const std::optional<at::Tensor> &mask, double dropout_p, bool is_causal,
+                           std::optional<double> scale, bool enable_gqa) override {
+    py::gil_scoped_acquire gil;
+    py::dict kwargs;
+    kwargs["scale"] = scale ? py::object(py::float_(*scale)) : py::object(py::none());
+    kwargs["enable_gqa"] = enable_gqa;
+    py::tuple args =
+        py::make_tuple(torch::jit::toPyObject(c10::IValue(q)), torch::jit::toPyObject(c10::IValue(k)),
+                       torch::jit::toPyObject(c10::IValue(v)),
+                       torch::jit::toPyObject(mask ? c10::IValue(*mask) : c10::IValue()), dropout_p, is_causal);
+    return on_attention(args, kwargs).cast<int64_t>();
+  }
+};
+
+int64_t install(int devices, int64_t workspace_bytes, py::object read, py::object scratch, py::object sdp_choice,
+                std::vector<std::string> scratch_ops) {
+  TORCH_CHECK(devices >= 1 && devices <= 64, "cudapool's fake GPU: devices must be 1..64, not ", devices);
+  auto hooks = std::make_unique<PythonHooks>();
+  hooks->on_read = std::move(read);
+  hooks->on_scratch = std::move(scratch);
+  hooks->on_attention = std::move(sdp_choice);
+  hooks->scratch_ops.insert(scratch_ops.begin(), scratch_ops.end());
+  hooks->workspace_bytes = workspace_bytes;
+  int64_t kernels = install_kernels(std::move(hooks));
+  std::string why = install_device(devices);
+  if (!why.empty()) {
+    uninstall_kernels();
+    TORCH_CHECK(false, "cudapool's fake GPU: ", why);
+  }
+  return kernels;
+}
+
+void uninstall() {
+  uninstall_device();
+  uninstall_kernels();
+}
+
+py::list events(size_t start) {
+  py::list out;
+  for (const Event &e : events_from(start))
+    out.append(py::make_tuple(e.kind, e.id, e.size, e.stream, e.device, e.t_ns));
+  return out;
+}
+
+py::dict counts() {
+  RecordCounts r = record_counts();
+  KernelCounts k = kernel_counts();
+  py::dict d;
+  d["events"] = r.events;
+  d["live_bytes"] = r.live;
+  d["peak_bytes"] = r.peak;
+  d["operations"] = k.operations;
+  d["cached"] = k.cached;
+  d["kernels"] = k.kernels;
+  d["installed"] = k.installed;
+  return d;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_torch_fakecuda, m) {
+  m.doc() =
+      "A CUDA device that is not there, below Python (Note [Fake CUDA in C++] in csrc/torch/fakecuda_kernels.cpp).";
+  m.attr("torch_version") = CUDAPOOL_TORCH_VERSION;
+  m.def("install", &install, py::arg("devices"), py::arg("workspace_bytes"), py::arg("read"), py::arg("scratch"),
+        py::arg("sdp_choice"), py::arg("scratch_ops"));
+  m.def("uninstall", &uninstall);
+  m.def("events", &events, py::arg("start") = 0);
+  m.def("counts", &counts);
+}

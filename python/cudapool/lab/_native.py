@@ -1,0 +1,183 @@
+"""The fake GPU below Python: cudapool._torch_fakecuda (csrc/torch/fakecuda.cpp, Note [Fake
+CUDA in C++]) as the tracer of :class:`cudapool.lab.fakegpu.FakeGPU`.
+
+A script's CUDA tensors are ordinary torch CUDA tensors whose kernels compute only their
+outputs' metadata (torch's meta kernels, cached per shape) and whose storage comes from an
+allocator that records each allocation and free. Everything above the kernels is torch's own
+CUDA path: autograd's engine (on its device thread, summing gradients as on a GPU), CUDA's
+autocast rules, every composite operation, foreach optimizers. No Python runs per operation,
+so tracing costs about what the script's own Python and torch's dispatcher cost.
+
+:class:`NativeTracer` has the parts of :class:`cudapool.lab.tracer.Tracer` a FakeGPU uses:
+``events``, ``trace()``, ``live_bytes``, ``peak_bytes``, ``workspace_bytes``. It needs the
+module built for the running torch, a CUDA build of torch, and CUDA not initialised in this
+process (:func:`why_unavailable`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _kernel_scratch
+from .trace import UNSEEN, Trace
+
+__all__ = ["NativeTracer", "why_unavailable"]
+
+
+def _module() -> Any:
+    from .. import _torch_fakecuda  # type: ignore[attr-defined]
+
+    return _torch_fakecuda
+
+
+def why_unavailable() -> Optional[str]:
+    """None when the fake GPU below Python can run here, else why not (one sentence)."""
+    try:
+        module = _module()
+    except ImportError:
+        return (
+            "cudapool._torch_fakecuda was not built (it is built against a CUDA build of torch present when "
+            "cudapool is installed: pip install --no-build-isolation -e .)"
+        )
+    if module.torch_version != torch.__version__:
+        return (
+            f"cudapool._torch_fakecuda was built for torch {module.torch_version}, not the running {torch.__version__}"
+        )
+    if not torch.version.cuda:
+        return f"torch {torch.__version__} is not a CUDA build"
+    if torch.cuda.is_initialized():
+        return "CUDA is initialised in this process already"
+    return None
+
+
+class NativeTracer:
+    """Records what a script allocates on the fake GPU of cudapool._torch_fakecuda, inside its
+    ``with`` block (entered once). ``read(tensor, what)`` hears of each read of values (an
+    ``.item()``, a copy to the host; it may raise to refuse it), ``sdp_choice(args, kwargs)``
+    answers torch's ``_fused_sdp_choice`` (the attention kernel, as torch's SDPBackend value).
+    ``workspace_bytes``: the cuBLAS workspace of each thread and stream (0: none); ``gpu``: the
+    GPU kernel scratch is sized for (:func:`cudapool.lab._kernel_scratch.gpu_shape`)."""
+
+    backward = "torch"
+
+    def __init__(
+        self,
+        *,
+        read: Callable[[torch.Tensor, str], Any],
+        sdp_choice: Callable[[Tuple[Any, ...], Dict[str, Any]], int],
+        workspace_bytes: Optional[int] = None,
+        kernel_scratch: bool = True,
+        gpu: Any = None,
+        devices: int = 1,
+    ) -> None:
+        if workspace_bytes is not None and workspace_bytes < 0:
+            raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
+        self.workspace_bytes = workspace_bytes
+        self.cuda_scratch = bool(kernel_scratch)
+        self.gpu = _kernel_scratch.gpu_shape(gpu)
+        self.devices = int(devices)
+        self._read = read
+        self._sdp_choice = sdp_choice
+        self._events: List[Tuple[int, int, int, int, int, int]] = []
+        self._final: Optional[Dict[str, Any]] = None
+        self._state = "new"
+
+    def __enter__(self) -> "NativeTracer":
+        if self._state != "new":
+            raise RuntimeError("a NativeTracer records one with block; make a new one")
+        why = why_unavailable()
+        if why is not None:
+            raise RuntimeError(f"cudapool's fake GPU below Python cannot run: {why}")
+        _module().install(
+            devices=self.devices,
+            workspace_bytes=int(self.workspace_bytes or 0),
+            read=self._on_read,
+            scratch=self._on_scratch,
+            sdp_choice=self._sdp_choice,
+            scratch_ops=sorted(_kernel_scratch.OPS) if self.cuda_scratch else [],
+        )
+        self._state = "tracing"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._state != "tracing":
+            return
+        module = _module()
+        self._sync()
+        self._final = dict(module.counts())
+        module.uninstall()
+        self._state = "done"
+
+    # ---- hooks the module calls (with the GIL) -------------------------------------------------
+
+    def _on_read(self, what: str, t: Optional[torch.Tensor]) -> None:
+        self._read(t, what)
+
+    def _on_scratch(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[int, ...]:
+        return tuple(_kernel_scratch.op_steps(name, args, kwargs, self.gpu)[0])
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def _sync(self) -> List[Tuple[int, int, int, int, int, int]]:
+        if self._state == "tracing":
+            self._events.extend(_module().events(len(self._events)))
+        return self._events
+
+    @property
+    def events(self) -> List[Tuple[int, int, int, int, int, int]]:
+        """Events as (action, id, size, stream, device, time_ns), in order, so far."""
+        return self._sync()
+
+    def _counts(self) -> Dict[str, Any]:
+        if self._state == "tracing":
+            return dict(_module().counts())
+        return self._final or {"live_bytes": 0, "peak_bytes": 0, "operations": 0, "cached": 0, "kernels": 0}
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes allocated and not freed yet."""
+        return int(self._counts()["live_bytes"])
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most :attr:`live_bytes` has been."""
+        return int(self._counts()["peak_bytes"])
+
+    _live_bytes = live_bytes
+    _peak_bytes = peak_bytes
+
+    @property
+    def operations(self) -> int:
+        """Operations that ran this module's kernel, and how many of them were answered from the
+        cache (their shapes seen before)."""
+        return int(self._counts()["operations"])
+
+    @property
+    def cached(self) -> int:
+        return int(self._counts()["cached"])
+
+    def trace(self, meta: Optional[Dict[str, Any]] = None) -> Trace:
+        """The events recorded so far as a :class:`cudapool.lab.trace.Trace`."""
+        events = list(self._sync())
+        full_meta: Dict[str, Any] = {
+            "tracer": "cudapool.tracer.native",
+            "torch": torch.__version__,
+            "traced_device": "cuda",
+            "fake_cuda": True,
+            "backward": self.backward,
+            "workspace_bytes": self.workspace_bytes,
+            "kernel_scratch": self.cuda_scratch,
+            "gpu": {"multi_processor_count": self.gpu[0], "max_threads_per_multi_processor": self.gpu[1]},
+            "unseen": list(UNSEEN) if self.workspace_bytes is None else list(UNSEEN[1:]),
+        }
+        full_meta.update(meta or {})
+        return Trace.from_events(events, meta=full_meta)
+
+    def __repr__(self) -> str:
+        c = self._counts()
+        return (
+            f"NativeTracer(state={self._state}, events={len(self._events)}, live={c['live_bytes']} B, "
+            f"peak={c['peak_bytes']} B)"
+        )
