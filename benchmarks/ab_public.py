@@ -3,7 +3,7 @@ author ran it.
 
     python benchmarks/ab_public.py --repo DIR [--ctx 128,256,512,1024]
                                    [--patterns forward-only,full-training-step] [--gpu A100-80GB]
-                                   [--json PATH]
+                                   [--engine auto|native|python] [--json PATH]
 
 The script is ``cs336_systems/nsys_profile.py`` of a student's public solution to Stanford
 CS336's assignment 2 (spring 2026; repository ``Wedsonlin/assignment2-systems``): it builds the
@@ -103,8 +103,11 @@ def _recorded(snapshot: Path) -> Dict[str, int]:
     return {"peak_allocated": int(r["peak_allocated"]), "reserved": int(r["builtin_peak_reserved"])}
 
 
-def _predicted(script: Path, ctx: int, pattern: str, autocast: bool, gpu: str, out: Path) -> Dict[str, Any]:
+def _predicted(
+    script: Path, ctx: int, pattern: str, autocast: bool, gpu: str, out: Path, engine: str = "auto"
+) -> Dict[str, Any]:
     argv = [sys.executable, "-m", "cudapool", "ab", "--simulate", "--gpu", gpu, "--allocators", "builtin"]
+    argv += ["--engine", engine]
     argv += ["--hide-output", "--json", str(out), "--", script.name, *MEDIUM, "--context_length", str(ctx)]
     argv += ["--model_name", "medium", "--memory-profiler", "pytorch", "--pattern", pattern, "--warmup-steps", "5"]
     argv += ["--autocast", "true" if autocast else "false"]
@@ -128,6 +131,7 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--ctx", default="128,256,512,1024", help="context lengths (default: all four recorded)")
     p.add_argument("--patterns", default="forward-only,full-training-step")
     p.add_argument("--gpu", default="A100-80GB")
+    p.add_argument("--engine", choices=("auto", "native", "python"), default="auto", help="ab --simulate's fake GPU")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     try:
@@ -155,9 +159,12 @@ def main(argv: List[str] | None = None) -> int:
                     flush=True,
                 )
                 rec = _recorded(snapshot)
-                pred = _predicted(script, ctx, pattern, autocast, args.gpu, work / f"{ctx}_{kind}.json")
+                pred = _predicted(script, ctx, pattern, autocast, args.gpu, work / f"{ctx}_{kind}.json", args.engine)
                 rows.append({"ctx": ctx, "kind": kind, "autocast": autocast, "recorded": rec, "predicted": pred})
-    print(f"ab --simulate --gpu {args.gpu} against the recorded snapshots (built-in allocator on a GPU)")
+    print(
+        f"ab --simulate --gpu {args.gpu} --engine {args.engine} against the recorded snapshots "
+        "(built-in allocator on a GPU)"
+    )
     print(
         f"{'run':28s} {'recorded peak alloc':>20s} {'predicted':>14s} {'diff':>9s} "
         f"{'recorded reserved':>18s} {'predicted':>14s} {'diff':>9s} {'trace s':>8s}"
@@ -171,7 +178,7 @@ def main(argv: List[str] | None = None) -> int:
             f"{r['predicted']['seconds']:8.0f}"
         )
     if args.json is not None:
-        args.json.write_text(json.dumps({"gpu": args.gpu, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"gpu": args.gpu, "engine": args.engine, "rows": rows}, indent=1))
     return 0
 
 
