@@ -127,7 +127,7 @@ typedef struct cpstandin_handle_info_s {
   X(int, fault_text, (size_t i, char *buf, size_t n))                                              \
   /* Calls of driver function `name` since the reset, failed ones included. */                     \
   X(unsigned long long, calls, (const char *name))                                                 \
-  /* Device memory in use on `device` (cuMemAlloc and cuMemCreate), in bytes. */                   \
+  /* Device memory in use on `device` (cuMemAlloc, cuMemCreate until no handle holds it). */       \
   X(size_t, used, (int device))                                                                    \
   X(size_t, live, (int what))                                                                      \
   X(int, handle_info, (unsigned long long handle, cpstandin_handle_info_t *out))                   \
@@ -145,41 +145,44 @@ CPSTANDIN_API(CPSTANDIN_DECLARE)
  * pointers and allocation handles as unsigned long long, enumerations and CUdevice as int;
  * `prop` and `desc` point at structures laid out as the reference's CUmemAllocationProp and
  * CUmemAccessDesc. */
-#define CPSTANDIN_DRIVER(X)                                                                                   \
-  X(cuInit, cuInit, (unsigned flags))                                                                         \
-  X(cuGetProcAddress, cuGetProcAddress_v2,                                                                    \
-    (const char *symbol, void **pfn, int version, unsigned long long flags, int *status))                     \
-  X(cuGetErrorName, cuGetErrorName, (int error, const char **out))                                            \
-  X(cuDeviceGetCount, cuDeviceGetCount, (int *out))                                                           \
-  X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, (int *out, int dev, int peer))                              \
-  X(cuDeviceGetAttribute, cuDeviceGetAttribute, (int *out, int attrib, int dev))                              \
-  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, (void **out, int dev))                                \
-  X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, (int dev))                                       \
-  X(cuCtxGetCurrent, cuCtxGetCurrent, (void **out))                                                           \
-  X(cuCtxSetCurrent, cuCtxSetCurrent, (void *ctx))                                                            \
-  X(cuCtxSynchronize, cuCtxSynchronize, (void))                                                               \
-  X(cuMemAlloc, cuMemAlloc_v2, (unsigned long long *out, size_t size))                                        \
-  X(cuMemFree, cuMemFree_v2, (unsigned long long ptr))                                                        \
-  X(cuMemGetInfo, cuMemGetInfo_v2, (size_t * out_free, size_t * out_total))                                   \
-  X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, (size_t * out, const void *prop, int o))    \
-  X(cuMemAddressReserve, cuMemAddressReserve,                                                                 \
-    (unsigned long long *out, size_t size, size_t align, unsigned long long addr, unsigned long long f))      \
-  X(cuMemAddressFree, cuMemAddressFree, (unsigned long long ptr, size_t size))                                \
-  X(cuMemCreate, cuMemCreate, (unsigned long long *out, size_t size, const void *prop, unsigned long long f)) \
-  X(cuMemRelease, cuMemRelease, (unsigned long long handle))                                                  \
-  X(cuMemMap, cuMemMap,                                                                                       \
-    (unsigned long long ptr, size_t size, size_t offset, unsigned long long handle, unsigned long long f))    \
-  X(cuMemUnmap, cuMemUnmap, (unsigned long long ptr, size_t size))                                            \
-  X(cuMemSetAccess, cuMemSetAccess, (unsigned long long ptr, size_t size, const void *desc, size_t count))    \
-  X(cuStreamCreate, cuStreamCreate, (void **out, unsigned flags))                                             \
-  X(cuStreamDestroy, cuStreamDestroy_v2, (void *stream))                                                      \
-  X(cuStreamGetCtx, cuStreamGetCtx, (void *stream, void **out))                                               \
-  X(cuStreamIsCapturing, cuStreamIsCapturing, (void *stream, int *out))                                       \
-  X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, (int *mode))                        \
-  X(cuEventCreate, cuEventCreate, (void **out, unsigned flags))                                               \
-  X(cuEventDestroy, cuEventDestroy_v2, (void *event))                                                         \
-  X(cuEventRecord, cuEventRecord, (void *event, void *stream))                                                \
-  X(cuEventQuery, cuEventQuery, (void *event))                                                                \
+#define CPSTANDIN_DRIVER(X)                                                                                        \
+  X(cuInit, cuInit, (unsigned flags))                                                                              \
+  X(cuGetProcAddress, cuGetProcAddress_v2,                                                                         \
+    (const char *symbol, void **pfn, int version, unsigned long long flags, int *status))                          \
+  X(cuGetErrorName, cuGetErrorName, (int error, const char **out))                                                 \
+  X(cuDeviceGetCount, cuDeviceGetCount, (int *out))                                                                \
+  X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, (int *out, int dev, int peer))                                   \
+  X(cuDeviceGetAttribute, cuDeviceGetAttribute, (int *out, int attrib, int dev))                                   \
+  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, (void **out, int dev))                                     \
+  X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, (int dev))                                            \
+  X(cuCtxGetCurrent, cuCtxGetCurrent, (void **out))                                                                \
+  X(cuCtxSetCurrent, cuCtxSetCurrent, (void *ctx))                                                                 \
+  X(cuCtxSynchronize, cuCtxSynchronize, (void))                                                                    \
+  X(cuMemAlloc, cuMemAlloc_v2, (unsigned long long *out, size_t size))                                             \
+  X(cuMemFree, cuMemFree_v2, (unsigned long long ptr))                                                             \
+  X(cuMemGetInfo, cuMemGetInfo_v2, (size_t * out_free, size_t * out_total))                                        \
+  X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, (size_t * out, const void *prop, int o))         \
+  X(cuMemAddressReserve, cuMemAddressReserve,                                                                      \
+    (unsigned long long *out, size_t size, size_t align, unsigned long long addr, unsigned long long f))           \
+  X(cuMemAddressFree, cuMemAddressFree, (unsigned long long ptr, size_t size))                                     \
+  X(cuMemCreate, cuMemCreate, (unsigned long long *out, size_t size, const void *prop, unsigned long long f))      \
+  X(cuMemRelease, cuMemRelease, (unsigned long long handle))                                                       \
+  X(cuMemMap, cuMemMap,                                                                                            \
+    (unsigned long long ptr, size_t size, size_t offset, unsigned long long handle, unsigned long long f))         \
+  X(cuMemUnmap, cuMemUnmap, (unsigned long long ptr, size_t size))                                                 \
+  X(cuMemSetAccess, cuMemSetAccess, (unsigned long long ptr, size_t size, const void *desc, size_t count))         \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle,                                                    \
+    (void *out, unsigned long long handle, int type, unsigned long long f))                                        \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, (unsigned long long *out, void *fd, int type)) \
+  X(cuStreamCreate, cuStreamCreate, (void **out, unsigned flags))                                                  \
+  X(cuStreamDestroy, cuStreamDestroy_v2, (void *stream))                                                           \
+  X(cuStreamGetCtx, cuStreamGetCtx, (void *stream, void **out))                                                    \
+  X(cuStreamIsCapturing, cuStreamIsCapturing, (void *stream, int *out))                                            \
+  X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, (int *mode))                             \
+  X(cuEventCreate, cuEventCreate, (void **out, unsigned flags))                                                    \
+  X(cuEventDestroy, cuEventDestroy_v2, (void *event))                                                              \
+  X(cuEventRecord, cuEventRecord, (void *event, void *stream))                                                     \
+  X(cuEventQuery, cuEventQuery, (void *event))                                                                     \
   X(cuEventSynchronize, cuEventSynchronize, (void *event))
 
 /* The control API and those driver functions as function pointers, found with dlsym. */

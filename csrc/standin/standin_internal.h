@@ -4,6 +4,7 @@
 #define CP_STANDIN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -253,11 +254,13 @@ typedef enum sti_fn_e {
 #define STI_MAX_FAULTS  64
 #define STI_FAULT_BYTES 256
 
-#define STI_TAG_CTX    ((uintptr_t)0xC70000000ull)
-#define STI_TAG_STREAM ((uintptr_t)0x570000000ull)
-#define STI_TAG_EVENT  ((uintptr_t)0xE70000000ull)
-#define STI_TAG_HANDLE ((uintptr_t)0x470000000ull)
-#define STI_TAG_SPAN   ((uintptr_t)0x010000000ull) /* ids run from 1 below the next tag */
+#define STI_TAG_CTX         ((uintptr_t)0xC70000000ull)
+#define STI_TAG_STREAM      ((uintptr_t)0x570000000ull)
+#define STI_TAG_EVENT       ((uintptr_t)0xE70000000ull)
+#define STI_TAG_HANDLE      ((uintptr_t)0x470000000ull)
+#define STI_HOST_PAGE_BYTES ((size_t)4096)
+#define STI_ALLOC_ALIGN     512                         /* what cuMemAlloc's addresses are aligned to at least */
+#define STI_TAG_SPAN        ((uintptr_t)0x010000000ull) /* ids run from 1 below the next tag */
 
 typedef struct sti_device_s {
   size_t capacity, used;
@@ -291,18 +294,54 @@ typedef struct sti_reservation_s {
   int live;
 } sti_reservation_t;
 
-typedef struct sti_handle_s { /* cuMemCreate */
+/* Note [Handles to one physical allocation]
+ * The reference: cuMemImportFromShareableHandle gives a new handle to the memory the descriptor
+ * names, which another handle created; no memory is created, and the memory is freed only when
+ * every handle to it, the creator's and each importer's in any process, is released (and
+ * unmapped). So an import is never charged to a device, and a creator's release may leave its
+ * memory on the device. Each process runs a stand-in of its own, so the handles to one memory
+ * are counted where every process sees them: the memfd holds one page past the memory's bytes,
+ * the tail (sti_tail_t), with a slot per process holding handles (its pid and how many). A
+ * created handle settled (released, unmapped) while other handles hold the memory leaves its
+ * charge on the device, listed in sti.lingers, until a sweep (before a charge is refused,
+ * cuMemGetInfo, cpstandin_used, after a handle settles) finds no holder left. A holder whose
+ * process has ended holds nothing, as a driver reclaims an ended process's handles.
+ * What the stand-in assumes where the reference is silent: (1) the descriptor alone does not
+ * keep the memory: an import from the descriptor of memory no handle holds any more fails with
+ * CUDA_ERROR_INVALID_HANDLE; (2) an import in the creating process is on the creator's device,
+ * an import elsewhere on the importer's current device (device numbers are per process); (3)
+ * each process's device is its own: memory created elsewhere is charged there, not here. */
+#define STI_TAIL_SLOTS ((STI_HOST_PAGE_BYTES - 16) / 8)
+#define STI_TAIL_MAGIC 0x6c696174u /* "tail" */
+typedef struct sti_tail_s {
+  uint32_t magic;
+  int32_t origin_pid, origin_device; /* the creator's process and device */
+  uint32_t unused;
+  _Atomic uint64_t slots[STI_TAIL_SLOTS]; /* pid << 32 | that process's handles to it; 0: free */
+} sti_tail_t;
+_Static_assert(sizeof(sti_tail_t) == STI_HOST_PAGE_BYTES, "the tail is one page");
+
+typedef struct sti_handle_s { /* cuMemCreate, or cuMemImportFromShareableHandle */
   size_t size;
   int device;
   int rdma;
   int released;
   unsigned maps;
-  int holds; /* memory still on the device */
+  int holds;    /* this handle's bytes still there (not settled) */
+  int imported; /* charged nothing (Note [Handles to one physical allocation]) */
   unsigned char *backing;
   int exportable;   /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or imported */
   int fd;           /* the memfd + 1 once exported or imported, else 0 */
+  sti_tail_t *tail; /* the memfd's tail, mapped, once exported or imported; else NULL */
   unsigned retains; /* cuMemRetainAllocationHandle references not released yet */
 } sti_handle_t;
+
+/* Memory created here, its handle settled, that handles elsewhere still hold: charged until then. */
+typedef struct sti_linger_s {
+  int device;
+  size_t size;
+  sti_tail_t *tail;
+} sti_linger_t;
 
 typedef struct sti_mapping_s {
   CUdeviceptr addr;
@@ -383,6 +422,7 @@ typedef struct sti_state_s {
   STI_TABLE(sti_mapping_t, mappings)
   STI_TABLE(sti_stream_t, streams)
   STI_TABLE(sti_event_t, events)
+  STI_TABLE(sti_linger_t, lingers)
 #undef STI_TABLE
 } sti_state_t;
 
@@ -427,8 +467,20 @@ CUresult sti_current_device(int *out_device);
 int sti_device_ok(int device);
 
 /* standin_mem.c */
-void sti_mem_clear(void);              /* reset: every allocation, range, handle, mapping */
-void sti_mem_drop_context(int device); /* the context's cuMemAlloc memory, at its reset */
+void sti_mem_clear(void);                                     /* reset: every allocation, range, handle, mapping */
+void sti_mem_drop_context(int device);                        /* the context's cuMemAlloc memory, at its reset */
+unsigned char *sti_backing_new(size_t size);                  /* zero-filled host bytes, or NULL */
+void sti_backing_free(unsigned char *p, size_t size, int fd); /* `fd`: a memfd + 1, or 0 */
+CUdeviceptr sti_va_take(size_t size, size_t alignment);       /* a fresh device range, or 0 */
+sti_alloc_t *sti_alloc_at(CUdeviceptr ptr, size_t bytes);     /* the allocation holding them, or NULL */
+sti_handle_t *sti_handle_of(CUmemGenericAllocationHandle h);  /* or NULL */
+CUresult sti_handle_room(void);                               /* room for one more handle */
+CUmemGenericAllocationHandle sti_handle_push(sti_handle_t h); /* after sti_handle_room */
+
+/* standin_share.c (Note [Handles to one physical allocation]) */
+void sti_mem_sweep(void);            /* lingering charges no handle holds any more, given back */
+int sti_share_drop(sti_handle_t *h); /* a settled handle's count dropped: 1 when its charge lingers */
+void sti_share_clear(void);          /* reset: this process's counts dropped, nothing lingers */
 int sti_mem_writable(int device, CUdeviceptr ptr, size_t bytes);
 void sti_mem_touch(CUdeviceptr ptr, size_t bytes, unsigned char value);
 /* The host bytes behind device address `ptr` and how many follow in the same allocation or

@@ -14,26 +14,24 @@
 
 #include "standin/standin_internal.h"
 
-#define STI_VA_LIMIT    0x300000000000ull /* device addresses run from sti.next_va's start to here */
-#define STI_VA_ALIGN    ((CUdeviceptr)2 << 20)
-#define STI_HOST_PAGE   ((size_t)4096)
-#define STI_ALLOC_ALIGN 512 /* what cuMemAlloc's addresses are aligned to at least */
+#define STI_VA_LIMIT 0x300000000000ull /* device addresses run from sti.next_va's start to here */
+#define STI_VA_ALIGN ((CUdeviceptr)2 << 20)
 
 /* Host memory behind `size` device bytes, zero-filled and reserved lazily; NULL when none. */
-static unsigned char *sti_backing_new(size_t size) {
+unsigned char *sti_backing_new(size_t size) {
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? NULL : p;
 }
 
 /* `fd`: the memfd + 1 behind shared bytes (Note [Memory shared between processes]), or 0. */
-static void sti_backing_free(unsigned char *p, size_t size, int fd) {
+void sti_backing_free(unsigned char *p, size_t size, int fd) {
   if (p != NULL) munmap(p, size);
   if (fd > 0) close(fd - 1);
 }
 
 /* A fresh device address range: never handed out before (so a stale address is never valid
  * again), with an unused gap after it. 0 when the address space is spent. */
-static CUdeviceptr sti_va_take(size_t size, size_t alignment) {
+CUdeviceptr sti_va_take(size_t size, size_t alignment) {
   if (alignment < STI_VA_ALIGN) alignment = STI_VA_ALIGN;
   const CUdeviceptr start = (sti.next_va + alignment - 1) & ~(CUdeviceptr)(alignment - 1);
   if (size > STI_VA_LIMIT || start > STI_VA_LIMIT - size - STI_VA_ALIGN) return 0;
@@ -41,14 +39,17 @@ static CUdeviceptr sti_va_take(size_t size, size_t alignment) {
   return start;
 }
 
+static int sti_fits(const sti_device_t *d, size_t size) { return size <= d->capacity && d->used <= d->capacity - size; }
+
 static int sti_charge(int device, size_t size) {
   sti_device_t *d = &sti.devices[device];
-  if (size > d->capacity || d->used > d->capacity - size) return -1;
+  if (!sti_fits(d, size) && sti.lingers_count > 0) sti_mem_sweep();
+  if (!sti_fits(d, size)) return -1;
   d->used += size;
   return 0;
 }
 
-static sti_alloc_t *sti_alloc_at(CUdeviceptr ptr, size_t bytes) {
+sti_alloc_t *sti_alloc_at(CUdeviceptr ptr, size_t bytes) {
   for (size_t i = 0; i < sti.allocs_count; i++) {
     sti_alloc_t *a = &sti.allocs[i];
     if (a->live && ptr >= a->addr && ptr - a->addr < a->size && bytes <= a->size - (ptr - a->addr)) return a;
@@ -83,19 +84,20 @@ static int sti_whole_mappings(CUdeviceptr ptr, size_t size) {
   return 1;
 }
 
-static sti_handle_t *sti_handle_of(CUmemGenericAllocationHandle h) {
+sti_handle_t *sti_handle_of(CUmemGenericAllocationHandle h) {
   if (h <= STI_TAG_HANDLE || h - STI_TAG_HANDLE > sti.handles_count) return NULL;
   return &sti.handles[h - STI_TAG_HANDLE - 1];
 }
 
-/* The handle's memory leaves the device once it is released and mapped nowhere. */
+/* The handle's bytes go once it is released and mapped nowhere; memory it created leaves the
+ * device then too, unless handles elsewhere hold it (Note [Handles to one physical allocation]). */
 static void sti_handle_settle(sti_handle_t *h) {
   if (!h->holds || !h->released || h->maps != 0) return;
-  sti.devices[h->device].used -= h->size;
   sti_backing_free(h->backing, h->size, h->fd);
   h->backing = NULL;
   h->fd = 0;
   h->holds = 0;
+  if (!sti_share_drop(h) && !h->imported) sti.devices[h->device].used -= h->size;
 }
 
 /* The byte behind device address `ptr`, NULL when nothing is mapped or allocated there. */
@@ -136,7 +138,7 @@ unsigned char *sti_mem_bytes(CUdeviceptr ptr, size_t *out_len) {
 }
 
 void sti_mem_touch(CUdeviceptr ptr, size_t bytes, unsigned char value) {
-  for (size_t off = 0; off < bytes; off += STI_HOST_PAGE) {
+  for (size_t off = 0; off < bytes; off += STI_HOST_PAGE_BYTES) {
     unsigned char *b = sti_byte_at(ptr + off);
     if (b != NULL) *b = value;
   }
@@ -159,6 +161,7 @@ void sti_mem_drop_context(int device) {
 void sti_mem_clear(void) {
   for (size_t i = 0; i < sti.allocs_count; i++)
     if (sti.allocs[i].live) sti_backing_free(sti.allocs[i].backing, sti.allocs[i].size, sti.allocs[i].fd);
+  sti_share_clear();
   for (size_t i = 0; i < sti.handles_count; i++)
     if (sti.handles[i].holds) sti_backing_free(sti.handles[i].backing, sti.handles[i].size, sti.handles[i].fd);
   free(sti.allocs);
@@ -230,6 +233,7 @@ CUresult cuMemGetInfo_v2(size_t *out_free, size_t *out_total) {
   if (r == CUDA_SUCCESS && (out_free == NULL || out_total == NULL)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = sti_current_device(&device);
   if (r == CUDA_SUCCESS) {
+    if (sti.lingers_count > 0) sti_mem_sweep();
     const sti_device_t *d = &sti.devices[device];
     *out_free = d->used < d->capacity ? d->capacity - d->used : 0;
     *out_total = d->capacity;
@@ -277,8 +281,8 @@ CUresult cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t alignment, CU
                              unsigned long long flags) {
   sti_call_t c;
   CUresult r = sti_enter(&c, STI_FN_cuMemAddressReserve);
-  if (r == CUDA_SUCCESS && (out == NULL || size == 0 || size % STI_HOST_PAGE != 0 || addr % STI_HOST_PAGE != 0 ||
-                            (alignment & (alignment - 1)) != 0 || flags != 0))
+  if (r == CUDA_SUCCESS && (out == NULL || size == 0 || size % STI_HOST_PAGE_BYTES != 0 ||
+                            addr % STI_HOST_PAGE_BYTES != 0 || (alignment & (alignment - 1)) != 0 || flags != 0))
     r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS &&
       STI_ROOM(sti.reservations, sti.reservations_count, sti.reservations_cap, sti_reservation_t) != 0)
@@ -311,16 +315,16 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return sti_leave(&c, r);
 }
 
-/* Room for one more handle of `size` bytes on `device`, its memory charged (cuMemCreate,
- * cuMemImportFromShareableHandle); sti_handle_push then adds it and gives its number. */
-static CUresult sti_handle_room(int device, size_t size) {
+/* Room for one more handle (cuMemCreate, cuMemImportFromShareableHandle); sti_handle_push then
+ * adds it and gives its number. */
+CUresult sti_handle_room(void) {
   if (sti_grow((void **)&sti.handles, &sti.handles_cap, sti.handles_count, sizeof *sti.handles) != 0 ||
-      sti.handles_count + 1 >= STI_TAG_SPAN || sti_charge(device, size) != 0)
+      sti.handles_count + 1 >= STI_TAG_SPAN)
     return CUDA_ERROR_OUT_OF_MEMORY;
   return CUDA_SUCCESS;
 }
 
-static CUmemGenericAllocationHandle sti_handle_push(sti_handle_t h) {
+CUmemGenericAllocationHandle sti_handle_push(sti_handle_t h) {
   sti.handles[sti.handles_count++] = h;
   return STI_TAG_HANDLE + sti.handles_count;
 }
@@ -334,7 +338,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmem
   if (r == CUDA_SUCCESS) r = sti_check_prop(prop);
   if (r == CUDA_SUCCESS && (size == 0 || size % sti.devices[prop->location.id].granularity != 0))
     r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) r = sti_handle_room(prop->location.id, size);
+  if (r == CUDA_SUCCESS) r = sti_handle_room();
+  if (r == CUDA_SUCCESS && sti_charge(prop->location.id, size) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
     unsigned char *backing = sti_backing_new(size);
     if (backing == NULL) {
@@ -505,129 +510,6 @@ STI_EXPORT int cpstandin_peek(unsigned long long ptr, unsigned char *out) {
   return b != NULL && out != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* ------------------------------------------------------------------------------------------
- * Memory shared between processes (Note [Memory shared between processes])
- * ---------------------------------------------------------------------------------------- */
-
-#define STI_IPC_MAGIC 0x31636970534f5043ull /* "CPOSpic1" */
-
-/* The handle's bytes: what another process needs to take the memfd. */
-typedef struct sti_ipc_wire_s {
-  uint64_t magic;
-  int32_t pid;
-  int32_t fd;
-  uint64_t size;
-} sti_ipc_wire_t;
-_Static_assert(sizeof(sti_ipc_wire_t) <= CU_IPC_HANDLE_SIZE, "the wire form fits a CUipcMemHandle");
-
-/* Move `size` bytes at `backing` into a memfd at the same host address; *fd = its descriptor + 1.
- * Only the pages written so far are copied (the rest reads as zero either way). 0, or -1. */
-static int sti_share_backing(unsigned char *backing, size_t size, int *fd) {
-  if (*fd > 0) return 0;
-  const int m = memfd_create("cudapool-standin", MFD_CLOEXEC);
-  if (m < 0) return -1;
-  if (ftruncate(m, (off_t)size) != 0) {
-    close(m);
-    return -1;
-  }
-  static const unsigned char zero[STI_HOST_PAGE];
-  for (size_t off = 0; off < size; off += STI_HOST_PAGE) {
-    const size_t n = size - off < STI_HOST_PAGE ? size - off : STI_HOST_PAGE;
-    if (memcmp(backing + off, zero, n) != 0 && pwrite(m, backing + off, n, (off_t)off) != (ssize_t)n) {
-      close(m);
-      return -1;
-    }
-  }
-  if (mmap(backing, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m, 0) == MAP_FAILED) {
-    close(m);
-    return -1;
-  }
-  *fd = m + 1;
-  return 0;
-}
-
-/* Descriptor `fd` of process `pid` (pidfd_getfd), or -1. */
-static int sti_take_fd(int pid, int fd) {
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-  const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (pidfd < 0) return -1;
-  const int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-  close(pidfd);
-  return got;
-#else
-  (void)pid, (void)fd;
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
-/* The reference: `ptr` is the base of a cuMemAlloc allocation of this process. */
-CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr ptr) {
-  sti_call_t c;
-  CUresult r = sti_enter(&c, STI_FN_cuIpcGetMemHandle);
-  sti_alloc_t *a = r == CUDA_SUCCESS ? sti_alloc_at(ptr, 1) : NULL;
-  if (r == CUDA_SUCCESS && (out == NULL || a == NULL || a->addr != ptr || a->opened)) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && sti_share_backing(a->backing, a->size, &a->fd) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS) {
-    memset(out, 0, sizeof *out);
-    const sti_ipc_wire_t w = {STI_IPC_MAGIC, (int32_t)getpid(), a->fd - 1, a->size};
-    memcpy(out->reserved, &w, sizeof w);
-  }
-  return sti_leave(&c, r);
-}
-
-/* The reference: memory of another process, mapped in the current context at a fresh address;
- * a handle of this process itself is refused (CUDA_ERROR_INVALID_CONTEXT). */
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned int flags) {
-  sti_call_t c;
-  CUresult r = sti_enter(&c, STI_FN_cuIpcOpenMemHandle);
-  sti_ipc_wire_t w;
-  memcpy(&w, handle.reserved, sizeof w);
-  int device = 0;
-  if (r == CUDA_SUCCESS && (out == NULL || (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0 ||
-                            w.magic != STI_IPC_MAGIC || w.size == 0))
-    r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && w.pid == (int32_t)getpid()) r = CUDA_ERROR_INVALID_CONTEXT;
-  if (r == CUDA_SUCCESS) r = sti_current_device(&device);
-  if (r == CUDA_SUCCESS && STI_ROOM(sti.allocs, sti.allocs_count, sti.allocs_cap, sti_alloc_t) != 0)
-    r = CUDA_ERROR_OUT_OF_MEMORY;
-  int fd = -1;
-  if (r == CUDA_SUCCESS && (fd = sti_take_fd(w.pid, w.fd)) < 0) r = CUDA_ERROR_INVALID_HANDLE;
-  unsigned char *backing = NULL;
-  if (r == CUDA_SUCCESS) {
-    void *p = mmap(NULL, w.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    else
-      backing = p;
-  }
-  const CUdeviceptr addr = r == CUDA_SUCCESS ? sti_va_take(w.size, STI_ALLOC_ALIGN) : 0;
-  if (r == CUDA_SUCCESS && addr == 0) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS) {
-    sti.allocs[sti.allocs_count++] = (sti_alloc_t){addr, w.size, device, 1, backing, fd + 1, 1};
-    *out = addr;
-  } else {
-    if (backing != NULL) munmap(backing, w.size);
-    if (fd >= 0) close(fd);
-  }
-  return sti_leave(&c, r);
-}
-
-CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
-  sti_call_t c;
-  CUresult r = sti_enter(&c, STI_FN_cuIpcCloseMemHandle);
-  sti_alloc_t *a = r == CUDA_SUCCESS ? sti_alloc_at(ptr, 1) : NULL;
-  if (r == CUDA_SUCCESS && (a == NULL || a->addr != ptr || !a->opened)) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) {
-    sti_drain_device(a->device);
-    sti_backing_free(a->backing, a->size, a->fd);
-    a->backing = NULL;
-    a->fd = 0;
-    a->live = 0;
-  }
-  return sti_leave(&c, r);
-}
-
 /* The reference: the handle of the memory mapped at `addr`, one more reference to release. */
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr) {
   sti_call_t c;
@@ -637,54 +519,6 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *ad
   if (r == CUDA_SUCCESS) {
     sti.handles[m->handle - 1].retains++;
     *out = STI_TAG_HANDLE + m->handle;
-  }
-  return sti_leave(&c, r);
-}
-
-/* The reference: a POSIX file descriptor (the caller's to close) for memory created with that
- * handle type requested. */
-CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle, int type,
-                                      unsigned long long flags) {
-  sti_call_t c;
-  CUresult r = sti_enter(&c, STI_FN_cuMemExportToShareableHandle);
-  sti_handle_t *h = r == CUDA_SUCCESS ? sti_handle_of(handle) : NULL;
-  if (r == CUDA_SUCCESS && (out == NULL || h == NULL || !h->holds || flags != 0)) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !h->exportable))
-    r = CUDA_ERROR_NOT_SUPPORTED;
-  if (r == CUDA_SUCCESS && sti_share_backing(h->backing, h->size, &h->fd) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
-  int fd = -1;
-  if (r == CUDA_SUCCESS && (fd = fcntl(h->fd - 1, F_DUPFD_CLOEXEC, 0)) < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (r == CUDA_SUCCESS) *(int *)out = fd;
-  return sti_leave(&c, r);
-}
-
-/* The reference: a new handle to the memory behind a POSIX file descriptor (passed by value in
- * the pointer); the caller keeps its descriptor. The memory is on the current context's device
- * for this process. */
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle, int type) {
-  sti_call_t c;
-  CUresult r = sti_enter(&c, STI_FN_cuMemImportFromShareableHandle);
-  const int given = (int)(intptr_t)os_handle;
-  int device = 0;
-  struct stat st;
-  if (r == CUDA_SUCCESS && (out == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
-    r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS && (fstat(given, &st) != 0 || st.st_size <= 0)) r = CUDA_ERROR_INVALID_HANDLE;
-  if (r == CUDA_SUCCESS) r = sti_current_device(&device);
-  const size_t size = r == CUDA_SUCCESS ? (size_t)st.st_size : 0;
-  if (r == CUDA_SUCCESS && size % sti.devices[device].granularity != 0) r = CUDA_ERROR_INVALID_HANDLE;
-  if (r == CUDA_SUCCESS) r = sti_handle_room(device, size);
-  if (r == CUDA_SUCCESS) {
-    const int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
-    void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (p == MAP_FAILED) {
-      if (fd >= 0) close(fd);
-      sti.devices[device].used -= size;
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-      *out = sti_handle_push(
-          (sti_handle_t){.size = size, .device = device, .holds = 1, .backing = p, .exportable = 1, .fd = fd + 1});
-    }
   }
   return sti_leave(&c, r);
 }

@@ -1,9 +1,12 @@
 /* test_cuda_standin_driver.c — the stand-in for libcuda (csrc/standin/) on its own, called as a
  * driver: each documented contract it enforces, its asynchrony, captures, faults and injection. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "standin/standin.h"
@@ -278,6 +281,125 @@ TEST(vmm_contracts) {
   finish();
 }
 
+/* ---- Handles to one physical allocation (Note [Handles to one physical allocation]) ------------ */
+
+static prop_t exportable(int device) {
+  prop_t p = pinned(device);
+  p.handle_types = 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  return p;
+}
+
+static size_t free_now(void) {
+  size_t free_bytes = 0, total = 0;
+  CHECK(sa.cuMemGetInfo(&free_bytes, &total) == OK && total == 64 * MiB);
+  return free_bytes;
+}
+
+/* An import creates no memory: it succeeds on a full device, and the memory stays on the device
+ * until its last handle, the creator's or an importer's, is released and unmapped. */
+TEST(an_import_charges_nothing_and_holds_the_memory) {
+  if (!have_standin) return;
+  fresh(2);
+  const prop_t p0 = exportable(0);
+  unsigned long long h = 0, rest = 0, in1 = 0, in2 = 0, in3 = 0, more = 0, r = 0;
+  int fd = -1;
+  CHECK(sa.cuMemCreate(&h, 60 * MiB, &p0, 0) == OK);
+  CHECK(sa.cuMemCreate(&rest, 4 * MiB, &p0, 0) == OK);
+  CHECK_EQ_U(free_now(), 0); /* the device is full */
+  CHECK(sa.cuMemExportToShareableHandle(&fd, h, 1, 0) == OK && fd >= 0);
+  CHECK(sa.cuMemImportFromShareableHandle(&in1, (void *)(intptr_t)fd, 1) == OK);
+  CHECK_EQ_U(sa.used(0), 64 * MiB);
+  cpstandin_handle_info_t info;
+  CHECK(sa.handle_info(in1, &info) == 0 && info.size == 60 * MiB && info.device == 0);
+  /* Both handles name the same bytes. */
+  const access_t a = rw(0);
+  CHECK(sa.cuMemAddressReserve(&r, 128 * MiB, 0, 0, 0) == OK);
+  CHECK(sa.cuMemMap(r, 60 * MiB, 0, h, 0) == OK && sa.cuMemMap(r + 64 * MiB, 60 * MiB, 0, in1, 0) == OK);
+  CHECK(sa.cuMemSetAccess(r, 60 * MiB, &a, 1) == OK && sa.cuMemSetAccess(r + 64 * MiB, 60 * MiB, &a, 1) == OK);
+  void *s = stream_of(0, 0);
+  unsigned char byte = 0;
+  CHECK(sa.launch((uintptr_t)s, r + 5 * MiB, 1) == 0 && sa.complete((uintptr_t)s) == 0);
+  CHECK(sa.peek(r + 69 * MiB, &byte) == 0 && byte != 0);
+  CHECK(sa.cuMemUnmap(r, 60 * MiB) == OK && sa.cuMemUnmap(r + 64 * MiB, 60 * MiB) == OK);
+  /* The creator's release leaves the memory where the import holds it. */
+  CHECK(sa.cuMemRelease(h) == OK);
+  CHECK_EQ_U(sa.used(0), 64 * MiB);
+  CHECK_EQ_U(free_now(), 0);
+  CHECK(sa.cuMemCreate(&more, 2 * MiB, &p0, 0) == OUT_OF_MEMORY);
+  CHECK(sa.cuMemImportFromShareableHandle(&in2, (void *)(intptr_t)fd, 1) == OK); /* still held */
+  CHECK(sa.cuMemRelease(in1) == OK);
+  CHECK_EQ_U(free_now(), 0);
+  CHECK(sa.cuMemRelease(in2) == OK); /* the last handle */
+  CHECK_EQ_U(sa.used(0), 4 * MiB);
+  CHECK_EQ_U(free_now(), 60 * MiB);
+  /* The descriptor alone keeps nothing (this stand-in's assumption). */
+  CHECK(sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)fd, 1) == INVALID_HANDLE);
+  close(fd);
+  /* An import in the creating process is on the creator's device, whatever is current. */
+  const prop_t p1 = exportable(1);
+  void *ctx1 = NULL;
+  CHECK(sa.cuMemCreate(&h, 2 * MiB, &p1, 0) == OK && sa.cuMemExportToShareableHandle(&fd, h, 1, 0) == OK);
+  CHECK(sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)fd, 1) == OK);
+  CHECK(sa.handle_info(in3, &info) == 0 && info.device == 1);
+  CHECK(sa.cuMemRelease(h) == OK && sa.cuMemRelease(in3) == OK);
+  CHECK_EQ_U(sa.used(1), 0);
+  close(fd);
+  /* What is not a descriptor of shared device memory is refused. */
+  const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  CHECK(null_fd >= 0 && sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)null_fd, 1) == INVALID_HANDLE);
+  CHECK(sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)-1, 1) == INVALID_HANDLE);
+  if (null_fd >= 0) close(null_fd);
+  (void)ctx1;
+  CHECK(sa.cuMemRelease(rest) == OK && sa.cuMemAddressFree(r, 128 * MiB) == OK);
+  CHECK_EQ_U(sa.used(0), 0);
+  finish();
+}
+
+/* A child process imports 8 MiB this process created and exported, then this process releases
+ * its own handle: the child's handle holds the memory until the child releases it
+ * (`child_releases`) or ends. */
+static void share_with_a_child(int child_releases) {
+  const prop_t p0 = exportable(0);
+  unsigned long long h = 0;
+  int fd = -1, up[2], down[2];
+  CHECK(sa.cuMemCreate(&h, 8 * MiB, &p0, 0) == OK && sa.cuMemExportToShareableHandle(&fd, h, 1, 0) == OK);
+  REQUIRE(pipe(up) == 0 && pipe(down) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) { /* imports, says so, waits for a word; releases and says so; waits; ends */
+    unsigned long long in = 0;
+    char c = sa.cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd, 1) == OK ? 'y' : 'n';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) != 1) _exit(3);
+    if (child_releases && (sa.cuMemRelease(in) != OK || write(up[1], "r", 1) != 1 || read(down[0], &c, 1) != 1))
+      _exit(4);
+    _exit(0);
+  }
+  char c = 0;
+  CHECK(read(up[0], &c, 1) == 1 && c == 'y');
+  CHECK(sa.cuMemRelease(h) == OK);
+  CHECK_EQ_U(sa.used(0), 8 * MiB); /* the child's handle holds it */
+  CHECK_EQ_U(free_now(), 56 * MiB);
+  CHECK(write(down[1], "g", 1) == 1);
+  if (child_releases) {
+    CHECK(read(up[0], &c, 1) == 1 && c == 'r');
+    CHECK_EQ_U(free_now(), 64 * MiB); /* the child lives on, its handle released */
+    CHECK(write(down[1], "g", 1) == 1);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_EQ_U(sa.used(0), 0); /* an ended process holds nothing */
+  close(fd);
+  for (int i = 0; i < 2; i++) close(up[i]), close(down[i]);
+}
+
+TEST(a_handle_of_another_process_holds_the_memory) {
+  if (!have_standin) return;
+  fresh(1);
+  share_with_a_child(1);
+  share_with_a_child(0);
+  finish();
+}
+
 /* ---- Streams and events: what completes when ---------------------------------------------------- */
 
 TEST(streams_and_events) {
@@ -520,6 +642,8 @@ int main(void) {
   RUN(contexts);
   RUN(plain_memory);
   RUN(vmm_contracts);
+  RUN(an_import_charges_nothing_and_holds_the_memory);
+  RUN(a_handle_of_another_process_holds_the_memory);
   RUN(streams_and_events);
   RUN(capture_rules);
   RUN(device_faults_are_sticky);
