@@ -48,7 +48,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c-lane test-c test-tsan test-release test-py deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
+.PHONY: all test test-c-lane test-c test-tsan test-release test-py test-properties deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
         lint lint-layers lint-docs lint-format lint-types format
 
 all: $(ASAN_TESTS)
@@ -310,6 +310,14 @@ lab: deps-py
 
 test-py: deps-py
 	$(PYTHON) -m pytest -q -rs tests
+
+# The property tests drawn afresh, unseeded, with CUDAPOOL_HYPOTHESIS_SCALE (default 10) times
+# their examples (tests/hyp.py): a search for new failures, not part of `make test`, whose draws
+# are seeded so that a run repeats exactly.
+PROPERTY_TESTS := tests/test_bad_input_properties.py tests/test_sim_state_machine.py \
+                  tests/test_torch_bridge.py::test_generated_bad_calls_leave_the_bridge_whole
+test-properties: deps-py
+	CUDAPOOL_HYPOTHESIS=long $(PYTHON) -m pytest -q -rs $(PROPERTY_TESTS)
 
 # ---- Lint ----------------------------------------------------------------------------------
 # lint-layers: no #include, core call or import against the layers (scripts/check_layers.py);

@@ -24,6 +24,7 @@ from cudapool.lab import replay as lab_replay
 from cudapool.lab import trace as lab_trace
 from cudapool.lab._events import EVENT
 from cudapool.sim import OutOfMemoryError, Pool
+from hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -248,7 +249,7 @@ class BadCalls(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -290,7 +291,7 @@ CONFIG_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=CONFIG_TEXT)
 def test_configuration_text_of_any_shape(text):
     """The C parser behind CUDAPOOL_CONF and enable(): a configuration, always the same one for
@@ -303,7 +304,7 @@ def test_configuration_text_of_any_shape(text):
     assert _C.parse_config(effective) == effective
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     config=st.dictionaries(
         st.sampled_from(KEYS[:-3] + ["bogus"]), st.one_of(st.sampled_from(VALUES), ANYTHING), max_size=4
@@ -334,7 +335,7 @@ def test_keyword_options_and_environment(config, env):
     pool.close()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(bad=st.text(alphabet="abcdefghij_", min_size=1, max_size=10), value=ANYTHING)
 def test_enable_refuses_bad_options_before_anything_changes(bad, value):
     """An unknown option: ValueError naming it, and cudapool is still not the allocator."""
@@ -347,7 +348,7 @@ def test_enable_refuses_bad_options_before_anything_changes(bad, value):
 # ---- Sizes and devices at the module's entry points ----------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(device=st.one_of(st.integers(min_value=-(1 << 40), max_value=1 << 40), ANYTHING))
 def test_module_functions_with_any_device(device):
     """Before enable(): the statistics of a device, or a clear error for what is not one."""
@@ -413,7 +414,7 @@ TRACE_FILES = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=TRACE_FILES, policy=st.sampled_from(["builtin", "expandable", "cudapool"]))
 def test_trace_files_of_any_bytes(content, policy):
     """cudapool replay and the lab read a trace file: a trace whose replay ends in a result

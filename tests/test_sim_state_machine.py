@@ -9,6 +9,7 @@ hypothesis = pytest.importorskip("hypothesis")
 
 from cudapool.sim import OutOfMemoryError  # noqa: E402
 from cudapool.sim import Pool as SimPool  # noqa: E402
+from hyp import examples  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
@@ -349,11 +350,6 @@ class SimPoolMachine(RuleBasedStateMachine):
 
 
 SimPoolMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    max_examples=examples(60), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_sim_pool_state_machine = SimPoolMachine.TestCase
