@@ -48,7 +48,7 @@ RELEASE_TESTS := $(addprefix build/release/,$(TEST_NAMES))
 # Object files per flavour: build/<flavour>/obj/<path>.o
 lib_objs = $(patsubst %.c,build/$(1)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all test test-c-lane test-c test-tsan test-release test-py test-properties deps-py lab bench-micro clean fuzz-corpus fuzz-smoke soak \
+.PHONY: all test test-c-lane test-c test-tsan test-release test-py test-properties deps-py lab bench-micro clean fuzz-corpus fuzz-smoke fuzz-explore soak \
         lint lint-layers lint-docs lint-format lint-types format
 
 all: $(ASAN_TESTS)
@@ -217,10 +217,16 @@ bench-micro:
 #                ASan+UBSan with the per-op invariant check; every committed input runs once.
 #                Part of test-c.
 #   fuzz-smoke:  the harnesses built with FUZZ_CC -fsanitize=fuzzer (objects in build/fuzz/):
-#                the committed corpus replayed, then FUZZ_SECONDS of fuzzing per harness from a
-#                copy of it under build/fuzz/<name>/; fails on any crash, leak or timeout.
+#                the committed corpus replayed, then FUZZ_RUNS_<name> executions per harness
+#                from seed 1, address-space randomisation off, from a copy of it under
+#                build/fuzz/<name>/: the same inputs on every run; fails on any crash, leak or
+#                timeout. Part of .ci/run.
+#   fuzz-explore: the same, FUZZ_SECONDS per harness, unseeded: a search for new inputs.
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 30
+# About 30 s each on the 2-core machine (pool 165 executions/s, config 20 000/s).
+FUZZ_RUNS_pool ?= 5000
+FUZZ_RUNS_config ?= 600000
 FUZZ_NAMES := pool config
 FUZZ_LIB_SRC := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC)
 FUZZ_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -268,9 +274,15 @@ soak: build/release/soak_pool build/asan/soak_pool
 	$(ASAN_ENV) ./build/asan/soak_pool --ops $(SOAK_ASAN_OPS) --seed $(SOAK_SEED)
 
 fuzz-smoke: $(FUZZERS)
+	@sh tests/fuzz/smoke.sh build/fuzz/fuzz_pool tests/fuzz/corpus/pool build/fuzz/pool runs:$(FUZZ_RUNS_pool) \
+	  $(wildcard tests/fuzz/pool.dict) && \
+	sh tests/fuzz/smoke.sh build/fuzz/fuzz_config tests/fuzz/corpus/config build/fuzz/config runs:$(FUZZ_RUNS_config) \
+	  $(wildcard tests/fuzz/config.dict)
+
+fuzz-explore: $(FUZZERS)
 	@for n in $(FUZZ_NAMES); do \
 	  dict=; if [ -f tests/fuzz/$$n.dict ]; then dict=tests/fuzz/$$n.dict; fi; \
-	  sh tests/fuzz/smoke.sh build/fuzz/fuzz_$$n tests/fuzz/corpus/$$n build/fuzz/$$n $(FUZZ_SECONDS) $$dict || exit 1; \
+	  sh tests/fuzz/smoke.sh build/fuzz/fuzz_$$n tests/fuzz/corpus/$$n build/fuzz/$$n seconds:$(FUZZ_SECONDS) $$dict || exit 1; \
 	done
 
 # ---- Python package ---------------------------------------------------------------------------

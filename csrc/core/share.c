@@ -19,7 +19,8 @@
  * keeps the memory alive whatever this pool does later; that the block is not reused while the
  * receiver reads it is the caller's to ensure (torch keeps the sent tensor alive until every
  * receiver has let it go). A pause of the block's region would unmap memory the receiver still
- * holds and free nothing, so it is refused while the block is shared (pause.c). */
+ * holds and free nothing, so it is refused while the block is shared (pause.c); and a block of
+ * a paused region has no memory behind it to share, so the share is refused until the resume. */
 
 /* Append the handles over [lo, hi) of page-mapped segment `seg`, found at `va` onwards. */
 static int cp_share_spans(cp_share_t *out, size_t *cap, const cp_segment_t *seg, uintptr_t lo, uintptr_t hi,
@@ -78,6 +79,12 @@ int cp_pool_share(cp_pool_t *pool, void *ptr, cp_share_t *out) {
   int rc = CP_OK;
   if (b == NULL) {
     rc = cp_set_error(CP_ERR_INVALID, "cudapool: share: %p is not a live allocation of this pool", ptr);
+  } else if (b->segment->stream->paused) {
+    const char *name = cp_region_name(b->segment->stream->tag);
+    rc = cp_set_error(CP_ERR_STATE,
+                      "cudapool: share: %p is in region \"%s\", which is paused: its memory is not on the device "
+                      "until the region is resumed (cudapool.resume)",
+                      ptr, name != NULL ? name : "?");
   } else {
     rc = cp_share_describe_locked(b, out);
     if (rc == CP_OK) b->shared = 1;

@@ -278,7 +278,7 @@ TEST(the_sender_frees_while_the_receiver_maps) {
   }
 }
 
-TEST(a_region_holding_a_shared_block_is_not_paused) {
+TEST(a_shared_block_and_a_paused_region_exclude_each_other) {
   setup("expandable_segments:True");
   uint32_t tag = 0;
   REQUIRE(cp_region_id("shared_weights", &tag) == CP_OK);
@@ -293,8 +293,17 @@ TEST(a_region_holding_a_shared_block_is_not_paused) {
   CHECK(cp_pool_pause(pool, tag, 0) == CP_ERR_STATE);
   CHECK(strstr(cp_last_error(), "shared with another process") != NULL);
   cudapool_free(w, 4 * MiB, 0, NULL); /* every receiver let it go */
+  cp_region_enter(tag);
+  REQUIRE(cpd_alloc(4 * MiB, 0, NULL, &w) == CP_OK);
+  cp_region_enter(outer);
   CHECK(cp_pool_pause(pool, tag, 0) == CP_OK);
+  /* ... and a block of a paused region is not shared: nothing is on the device behind it. */
+  CHECK(cpd_ipc_share(w, 3, handle, sizeof handle, &len, &offset) == CP_ERR_STATE);
+  CHECK(strstr(cp_last_error(), "is paused") != NULL);
+  CHECK(!cp_pool_is_shared(pool, w));
   CHECK(cp_pool_resume(pool, tag) == CP_OK);
+  CHECK(cpd_ipc_share(w, 3, handle, sizeof handle, &len, &offset) == CP_OK);
+  cudapool_free(w, 4 * MiB, 0, NULL);
   teardown();
 }
 
@@ -350,7 +359,7 @@ int main(int argc, char **argv) {
   RUN(descriptors_over_the_senders_socket);
   RUN(a_stitched_block_through_all_its_handles);
   RUN(the_sender_frees_while_the_receiver_maps);
-  RUN(a_region_holding_a_shared_block_is_not_paused);
+  RUN(a_shared_block_and_a_paused_region_exclude_each_other);
   RUN(bad_handles_and_devices_that_cannot_export_say_so);
   RUN(a_driver_that_refuses_exportable_pages_still_allocates);
   return check_summary("test_cuda_standin_ipc");

@@ -7,7 +7,8 @@
  * another process, as torch's IPC does (cp_pool_share, then the driver's export: the IPC handle of
  * a plain segment, which this process may not open itself, or a file descriptor per physical
  * allocation of page-mapped memory, imported again and released), the region's blocks included,
- * so that a pause is refused while one of them lives. Once for each policy: plain segments,
+ * so that a pause is refused while one of them lives (and a share of a block of the region is
+ * refused while the region is paused). Once for each policy: plain segments,
  * expandable segments, cudapool's default policy (page stitching).
  *
  * Overlap shows in a registry of every live block per device (a sorted array under its own
@@ -121,7 +122,7 @@ typedef struct shared_s {
   pthread_rwlock_t region_use;
   atomic_int workers_running;
   atomic_long errors, allocs, frees, ooms, records, paused_refusals, region_allocs;
-  atomic_long shares, exports, pauses_refused_shared;
+  atomic_long shares, exports, pauses_refused_shared, shares_refused_paused;
 } shared_t;
 
 static void worker_error(shared_t *sh, int id, const char *what, const void *ptr, size_t size) {
@@ -178,9 +179,15 @@ static void free_one(shared_t *sh, int id, int dev, live_t *l, uint64_t *rs) {
  * the block (a plain segment holding it, or whole handles side by side), and each piece must
  * export. A plain segment's IPC handle is refused to this very process (as the driver refuses
  * it); a page's descriptor imports here as a handle of its own, released again. */
-static void share_one(shared_t *sh, int id, int dev, void *p, size_t size) {
+static void share_one(shared_t *sh, int id, int dev, void *p, size_t size, int in_region) {
   cp_share_t d;
-  if (cp_pool_share(sh->pool[dev], p, &d) != CP_OK) {
+  const int rc = cp_pool_share(sh->pool[dev], p, &d);
+  if (rc == CP_ERR_STATE && in_region && strstr(cp_last_error(), "is paused") != NULL) {
+    atomic_fetch_add(&sh->shares_refused_paused, 1); /* the driver thread paused the region meanwhile */
+    cp_clear_error();
+    return;
+  }
+  if (rc != CP_OK) {
     worker_error(sh, id, cp_last_error(), p, size);
     return;
   }
@@ -273,7 +280,7 @@ static void *worker_main(void *arg) {
       pthread_rwlock_unlock(&sh->region_use);
     }
     if (in_region) region_bytes += size;
-    if (rng_below(&rs, in_region ? 64 : 1024) == 0) share_one(sh, id, dev, p, size);
+    if (rng_below(&rs, in_region ? 64 : 1024) == 0) share_one(sh, id, dev, p, size, in_region);
     live[n_live++] = (live_t){p, size, in_region};
   }
   while (n_live > 0) free_one(sh, id, dev, &live[--n_live], &rs);
@@ -461,17 +468,18 @@ static void run(const char *conf) {
   pthread_rwlock_destroy(&sh.region_use);
 
   const long ops = atomic_load(&sh.allocs) + atomic_load(&sh.frees) + atomic_load(&sh.ooms) + atomic_load(&sh.records) +
-                   atomic_load(&sh.paused_refusals) + atomic_load(&sh.shares);
+                   atomic_load(&sh.paused_refusals) + atomic_load(&sh.shares) + atomic_load(&sh.shares_refused_paused);
   g_total_ops += ops;
   printf(
       "test_cuda_standin_threads: %s: %d threads, %d devices x %d streams: %ld operations (%ld allocations, "
       "%ld in the region, %ld record_stream, %ld out of memory, %ld refused while paused, %ld shared in %ld "
-      "exports); driver: %ld empty_cache, %ld cap changes, %ld refusals armed, %ld checks, %ld pauses and resumes "
+      "exports, %ld refused while paused); driver: %ld empty_cache, %ld cap changes, %ld refusals armed, %ld checks, "
+      "%ld pauses and resumes "
       "(%ld refused for shared blocks); %.1f s, %.0f operations/s\n",
       conf[0] ? conf : "plain segments", THREADS, DEVICES, STREAMS, ops, atomic_load(&sh.allocs),
       atomic_load(&sh.region_allocs), atomic_load(&sh.records), atomic_load(&sh.ooms), atomic_load(&sh.paused_refusals),
-      atomic_load(&sh.shares), atomic_load(&sh.exports), c.empty_caches, c.caps, c.injected, c.checks, c.pauses,
-      atomic_load(&sh.pauses_refused_shared), seconds, (double)ops / seconds);
+      atomic_load(&sh.shares), atomic_load(&sh.exports), atomic_load(&sh.shares_refused_paused), c.empty_caches, c.caps,
+      c.injected, c.checks, c.pauses, atomic_load(&sh.pauses_refused_shared), seconds, (double)ops / seconds);
   fflush(stdout);
 }
 

@@ -10,9 +10,10 @@
  * the first window (warm-up) a window fails when its peak reserved memory is above the second
  * window's, when it makes more device calls per operation than the second (2 % allowed: a
  * window may hold one evaluation more), when it maps or reserves memory the second did not
- * need, or when its host time per operation is more than twice the second's (a creep: time per
- * operation growing with the run; the factor leaves room for a noisy machine, a creep of the
- * kind that matters grows past it).
+ * need, or when what the pool walks grows: its segments, free blocks, blocks waiting for
+ * events, stitched ranges and streams, at their most in the window, more than a quarter (and
+ * 8) above the second window's (a creep: work per operation growing with the run). Host time
+ * per operation is printed, not checked: it says as much of the machine as of the pool.
  *
  *   test_flat [--iterations N]     (default 10,000; 2,000 with the checker after every operation) */
 #include <inttypes.h>
@@ -110,8 +111,16 @@ static void step(run_t *r, void **weights, size_t tokens, int train) {
 typedef struct window_s {
   size_t peak_reserved;
   uint64_t calls, memory_calls, ops;
+  size_t held; /* the most segments + free and pending blocks + stitched ranges + streams */
   double cpu;
 } window_t;
+
+/* What the pool's operations walk or search, in entries. */
+static size_t pool_entries(cp_pool_t *pool) {
+  cp_pool_info_t in;
+  cp_pool_info(pool, &in);
+  return in.segments + in.free_blocks + in.pending_blocks + in.stitched_ranges + in.streams;
+}
 
 static uint64_t all_calls(cp_sim_t *sim) {
   uint64_t n = 0;
@@ -152,8 +161,8 @@ static void run_policy(const char *name, const char *conf) {
   memset(w, 0, sizeof w);
   printf("test_flat: %s (%s), %ld iterations, windows of %ld:\n", name, conf[0] ? conf : "defaults", g_iterations,
          per_window);
-  printf("  %-8s %14s %14s %12s %14s %12s\n", "window", "peak reserved", "device calls", "per iter", "memory calls",
-         "ns/op (cpu)");
+  printf("  %-8s %14s %14s %12s %14s %12s %12s\n", "window", "peak reserved", "device calls", "per iter",
+         "memory calls", "pool entries", "ns/op (cpu)");
   for (int k = 0; k < WINDOWS; k++) {
     cp_pool_reset_peak_stats(r.pool);
     const uint64_t calls0 = all_calls(r.sim), mem0 = memory_calls(r.sim), ops0 = r.ops;
@@ -166,6 +175,8 @@ static void run_policy(const char *name, const char *conf) {
       /* The host waits for the device now and then (a loss printed, a metric read). */
       if (rng_next(&r.rng) % 8 == 0) cp_sim_complete(r.sim, COMPUTE);
       if (rng_next(&r.rng) % 3 == 0) cp_sim_complete(r.sim, LOADER);
+      const size_t held = pool_entries(r.pool);
+      if (held > w[k].held) w[k].held = held;
     }
     w[k].cpu = cpu_s() - t0;
     w[k].ops = r.ops - ops0;
@@ -174,9 +185,9 @@ static void run_policy(const char *name, const char *conf) {
     cp_stats_t st;
     cp_pool_stats(r.pool, &st);
     w[k].peak_reserved = (size_t)st.family[CP_STAT_RESERVED_BYTES][CP_KIND_ALL].peak;
-    printf("  %-8d %10.1f MiB %14" PRIu64 " %12.1f %14" PRIu64 " %12.0f\n", k + 1,
+    printf("  %-8d %10.1f MiB %14" PRIu64 " %12.1f %14" PRIu64 " %12zu %12.0f\n", k + 1,
            (double)w[k].peak_reserved / (double)MiB, w[k].calls, (double)w[k].calls / (double)per_window,
-           w[k].memory_calls, w[k].cpu * 1e9 / (double)w[k].ops);
+           w[k].memory_calls, w[k].held, w[k].cpu * 1e9 / (double)w[k].ops);
   }
   fflush(stdout);
   /* The second window is the reference: the first holds the warm-up. */
@@ -189,7 +200,10 @@ static void run_policy(const char *name, const char *conf) {
      * the calls of one step, well under 2 %). */
     CHECK((double)w[k].calls / (double)w[k].ops <= 1.02 * (double)w[1].calls / (double)w[1].ops);
     CHECK(w[k].memory_calls <= w[1].memory_calls);
-    CHECK(w[k].cpu / (double)w[k].ops <= 2.0 * w[1].cpu / (double)w[1].ops);
+    if (w[k].held > w[1].held + w[1].held / 4 + 8)
+      fprintf(stderr, "test_flat: %s: window %d holds %zu pool entries at its most, window 2 %zu\n", name, k + 1,
+              w[k].held, w[1].held);
+    CHECK(w[k].held <= w[1].held + w[1].held / 4 + 8);
   }
 
   for (int l = 0; l < LAYERS; l++) {

@@ -20,8 +20,8 @@
 #include "fixture.h"
 
 #define CAPACITY          (256 * MiB)
-#define CHILD_DEADLINE_MS 10000
-#define HOLD_MS           300u /* how long the other thread keeps the lock */
+#define CHILD_DEADLINE_MS 60000 /* a guard against a hang: a child ends in milliseconds */
+#define HOLD_MS           300u  /* how long the other thread keeps the lock */
 
 enum { S1 = 1, S2 = 2, S3 = 3 };
 
@@ -109,17 +109,16 @@ TEST(fork_while_another_thread_holds_the_pool_lock) {
   while (cp_sim_delays_entered(sim) == 0) sleep_ms(1);
   /* The other thread is inside cp_free now, holding the pool lock and the device lock. */
   const unsigned long forks_before = cp_fork_count();
-  const long t0 = now_ms();
   pid_t pid = fork();
-  if (pid == 0) child_use_pool(pool, 1); /* the free finished before the fork: one pending block */
-  const long waited = now_ms() - t0;
+  /* The free finished before the fork: one pending block. That the child sees it is what shows
+   * that fork() waited for the free to leave the lock (no clock is read: how long it waited
+   * says as much of the machine as of the wait). */
+  if (pid == 0) child_use_pool(pool, 1);
   CHECK(pid > 0);
   if (pid > 0) CHECK_EQ_U(wait_child(pid), CHILD_OK);
   pthread_join(t, NULL);
   CHECK_EQ_U(h.rc, CP_OK);
   CHECK_EQ_U(cp_fork_count(), forks_before + 1);
-  /* fork() waited for the free to leave the lock (most of HOLD_MS). */
-  CHECK(waited >= (long)HOLD_MS / 3);
 
   /* The parent goes on as before. */
   cp_sim_complete_all(sim);

@@ -1,15 +1,19 @@
 #!/bin/sh
-# smoke.sh FUZZER CORPUS WORKDIR SECONDS [DICT]
-# Replays the committed CORPUS with the libFuzzer binary FUZZER, then fuzzes for SECONDS from a
-# copy of it in WORKDIR/corpus (new inputs land there, never in CORPUS; crash inputs land in
+# smoke.sh FUZZER CORPUS WORKDIR BUDGET [DICT]
+# Replays the committed CORPUS with the libFuzzer binary FUZZER, then fuzzes from a copy of it
+# in WORKDIR/corpus (new inputs land there, never in CORPUS; crash inputs land in
 # WORKDIR/artifacts), and prints one summary line. Non-zero exit on any crash, leak, timeout
 # or out-of-memory, and when the committed corpus replays badly.
+# BUDGET is `runs:N`: N executions from seed 1 with address-space randomisation off (the
+# harnesses' hash maps are keyed by host addresses, so the layout steers coverage): the same
+# inputs on every run and every machine, however loaded; or `seconds:S`: S seconds unseeded,
+# a search that tries new inputs each time.
 set -eu
 
 fuzzer=$1
 corpus=$2
 work=$3
-seconds=$4
+budget=$4
 dict=${5:-}
 name=$(basename "$fuzzer")
 
@@ -33,12 +37,24 @@ if ! "$fuzzer" $common -runs=0 "$corpus" >"$work/replay.log" 2>&1; then
   exit 1
 fi
 
-# Fuzz, time-boxed, from a copy of the corpus.
+# Fuzz from a copy of the corpus.
 cp "$corpus"/* "$work/corpus/"
-echo "== $name: fuzzing for ${seconds}s (new inputs in $work/corpus)"
+fixed=
+case $budget in
+  runs:*)
+    limit="-seed=1 -runs=${budget#runs:}"
+    if setarch "$(uname -m)" -R true >/dev/null 2>&1; then fixed="setarch $(uname -m) -R"; fi
+    echo "== $name: ${budget#runs:} executions from seed 1$([ -n "$fixed" ] && echo ", address-space randomisation off") (new inputs in $work/corpus)"
+    ;;
+  seconds:*)
+    limit="-max_total_time=${budget#seconds:}"
+    echo "== $name: fuzzing for ${budget#seconds:}s, unseeded (new inputs in $work/corpus)"
+    ;;
+  *) echo "fuzz-smoke: BUDGET is runs:N or seconds:S, not '$budget'" >&2; exit 1 ;;
+esac
 start=$(date +%s)
 # shellcheck disable=SC2086
-if ! "$fuzzer" $common -max_total_time="$seconds" -print_final_stats=1 "$work/corpus" >"$work/fuzz.log" 2>&1; then
+if ! $fixed "$fuzzer" $common $limit -print_final_stats=1 "$work/corpus" >"$work/fuzz.log" 2>&1; then
   tail -n 60 "$work/fuzz.log" >&2
   echo "fuzz-smoke: $name FAILED (log: $work/fuzz.log, inputs: $work/artifacts/)" >&2
   exit 1
