@@ -14,13 +14,16 @@ child interpreter pass ``profile_settings()`` into it.
 
 import os
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 LONG = os.environ.get("CUDAPOOL_HYPOTHESIS", "") == "long"
 SCALE = max(1, int(os.environ.get("CUDAPOOL_HYPOTHESIS_SCALE", "10"))) if LONG else 1
 
-settings.register_profile("cudapool-seeded", derandomize=True, database=None, print_blob=True)
-settings.register_profile("cudapool-long", derandomize=False, database=None, print_blob=True)
+# No deadline and no "too slow" check: both read the clock, which says more of a loaded machine
+# than of the test (a test's own settings may name more checks to suppress).
+_COMMON = dict(database=None, print_blob=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("cudapool-seeded", derandomize=True, **_COMMON)
+settings.register_profile("cudapool-long", derandomize=False, **_COMMON)
 settings.load_profile("cudapool-long" if LONG else "cudapool-seeded")
 
 
@@ -32,4 +35,7 @@ def examples(n: int) -> int:
 def profile_settings() -> str:
     """The keyword arguments of ``settings(...)`` that select this run's draw, as Python source
     for a test that runs Hypothesis in another interpreter."""
-    return f"derandomize={not LONG}, database=None"
+    return (
+        f"derandomize={not LONG}, database=None, deadline=None, "
+        "suppress_health_check=[__import__('hypothesis').HealthCheck.too_slow]"
+    )
