@@ -501,7 +501,8 @@ void cp_snapshot_free(cp_snapshot_t *snap);
   X(SEGMENT_FREE, "segment_free")     \
   X(SEGMENT_MAP, "segment_map")       \
   X(SEGMENT_UNMAP, "segment_unmap")   \
-  X(OOM, "oom")
+  X(OOM, "oom")                       \
+  X(ANNOTATE, "annotate")
 
 typedef enum cp_history_action_e {
 #define CP_X(id, name) CP_HIST_##id,
@@ -520,9 +521,10 @@ typedef struct cp_history_entry_s {
   uint64_t size;    /* its bytes (the block's, rounded); OOM: the bytes asked for */
   uint64_t stream;  /* the allocation stream of the block or segment; OOM: the request's */
   uint64_t context; /* the recording thread's context (cp_history_set_context) for ALLOC,
-                     * FREE_REQUESTED and OOM; 0 for the others and when none was set */
+                     * FREE_REQUESTED, OOM and ANNOTATE; 0 for the others and when none was set */
   uint32_t action;  /* cp_history_action_t */
-  uint32_t reserved;
+  uint32_t tag;     /* the recording thread's tag (cp_history_set_tag) for every action; ANNOTATE:
+                     * the annotation's; 0 when none was set */
 } cp_history_entry_t;
 
 /* Keep the last `max_entries` records (0: stop recording and drop them). Changing the size
@@ -549,6 +551,15 @@ int cp_pool_set_segment_observer(cp_pool_t *pool, cp_segment_observer_t fn, void
 /* The calling thread's context id, stored in the records it makes from now on (0: none).
  * The caller sets it before an operation and clears it after; the core never interprets it. */
 void cp_history_set_context(uint64_t context);
+/* The calling thread's tag, stored in every record it makes from now on, whatever the action
+ * (0: none): a binding's label for what the thread is doing (torch's user metadata). It stays
+ * set until the thread sets another; the core never interprets it. */
+void cp_history_set_tag(uint32_t tag);
+/* Record an ANNOTATE for the live allocation at `ptr` (its base address): its address, size and
+ * stream, `tag` as the record's tag and the thread's context. CP_ERR_INVALID (nothing recorded)
+ * when `ptr` is not the base of a live allocation of the pool; CP_OK, recording nothing, when
+ * history is off. */
+int cp_pool_history_annotate(cp_pool_t *pool, const void *ptr, uint32_t tag);
 
 /* ------------------------------------------------------------------------------------------
  * Replay of allocation traces (replay.c)

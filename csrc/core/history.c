@@ -17,7 +17,10 @@
  * on an interpreter. Points recorded: an allocation (ALLOC), a free (FREE_REQUESTED; also
  * FREE_COMPLETED when no other stream used the block, else when its events complete), a plain
  * segment reserved or given back (SEGMENT_ALLOC / SEGMENT_FREE), chunks of a page-mapped
- * segment mapped or unmapped (SEGMENT_MAP / SEGMENT_UNMAP), and a failed allocation (OOM). */
+ * segment mapped or unmapped (SEGMENT_MAP / SEGMENT_UNMAP), a failed allocation (OOM), and a
+ * binding's note on a live allocation (ANNOTATE, cp_pool_history_annotate). Every record also
+ * carries the recording thread's tag (cp_history_set_tag): a binding's label, kept for as long
+ * as the thread keeps it set (torch's user metadata). */
 
 _Static_assert((int)CP_SNAP_FREE == (int)CP_BLOCK_FREE && (int)CP_SNAP_LIVE == (int)CP_BLOCK_LIVE &&
                    (int)CP_SNAP_PENDING == (int)CP_BLOCK_PENDING && (int)CP_SNAP_UNMAPPED == (int)CP_BLOCK_UNMAPPED &&
@@ -33,8 +36,10 @@ const char *const cp_history_action_names[CP_HIST_ACTION_COUNT] = {
 };
 
 static _Thread_local uint64_t cp_history_context;
+static _Thread_local uint32_t cp_history_tag;
 
 void cp_history_set_context(uint64_t context) { cp_history_context = context; }
+void cp_history_set_tag(uint32_t tag) { cp_history_tag = tag; }
 
 /* ------------------------------------------------------------------------------------------
  * Snapshots
@@ -115,9 +120,11 @@ void cp_history_record_locked(cp_pool_t *pool, int action, uintptr_t addr, size_
   e->size = size;
   e->stream = (uint64_t)stream;
   e->context =
-      action == CP_HIST_ALLOC || action == CP_HIST_FREE_REQUESTED || action == CP_HIST_OOM ? cp_history_context : 0;
+      action == CP_HIST_ALLOC || action == CP_HIST_FREE_REQUESTED || action == CP_HIST_OOM || action == CP_HIST_ANNOTATE
+          ? cp_history_context
+          : 0;
   e->action = (uint32_t)action;
-  e->reserved = 0;
+  e->tag = cp_history_tag;
   h->head = h->head + 1 == h->capacity ? 0 : h->head + 1;
   if (h->count < h->capacity) h->count++;
 }
@@ -135,6 +142,21 @@ void cp_history_alloc_locked(cp_pool_t *pool, int rc, const void *ptr, size_t si
   } else if (rc == CP_ERR_OOM) {
     cp_history_record_locked(pool, CP_HIST_OOM, 0, size, stream);
   }
+}
+
+int cp_pool_history_annotate(cp_pool_t *pool, const void *ptr, uint32_t tag) {
+  if (pool == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_history_annotate: NULL pool");
+  pthread_mutex_lock(&pool->lock);
+  const cp_block_t *b = ptr != NULL ? cp_ptrmap_get(&pool->live, (uintptr_t)ptr) : NULL;
+  if (b != NULL && pool->history != NULL) {
+    const uint32_t own = cp_history_tag;
+    cp_history_tag = tag; /* the record carries the annotation's tag, not the thread's */
+    cp_history_record_locked(pool, CP_HIST_ANNOTATE, b->addr, b->size, b->segment->stream->handle);
+    cp_history_tag = own;
+  }
+  pthread_mutex_unlock(&pool->lock);
+  if (b == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: %p is not a live allocation of the pool", ptr);
+  return CP_OK;
 }
 
 static void cp_history_free_ring(cp_history_t *h) {

@@ -74,7 +74,7 @@ cp_pool_t *pool_or_throw(int device, const char *call) {
 }
 
 // The first byte of torch's IPC handles: 2 up to torch 2.12, 3 from 2.13 (Note [Handles for torch]).
-constexpr int kIpcVersion = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13) ? 3 : 2;
+constexpr int kIpcVersion = CP_TORCH_AT_LEAST(2, 13) ? 3 : 2;
 
 // torch's AllocatorState for cudapool: a checkpoint of the private pool (device, id).
 struct Checkpoint final : cc::AllocatorState {
@@ -186,7 +186,7 @@ int snapshot_private(void *arg, int device, unsigned long long id0, unsigned lon
   return want->first->add_pool(pool, device, id);
 }
 
-#if CP_TORCH_AT_LEAST(2, 14) // reserved_bytes_by_private_pools
+#if CP_TORCH_PRIVATE_POOL_STATS
 struct PrivateStats {
   int device;
   std::vector<std::pair<c10::MempoolId_t, cp_stats_t>> pools;
@@ -249,7 +249,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
       s.max_split_size = cfg.max_split_size == SIZE_MAX ? -1 : static_cast<int64_t>(cfg.max_split_size);
     }
     cda::DeviceStats out = device_stats(s);
-#if CP_TORCH_AT_LEAST(2, 14)
+#if CP_TORCH_PRIVATE_POOL_STATS
     PrivateStats priv{device, {}};
     (void)cpd_graph_visit(private_stats, &priv);
     for (const auto &p : priv.pools) {
@@ -348,6 +348,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     out.device_traces.resize(static_cast<size_t>(devices));
     if (include_traces) {
       for (int d = 0; d < devices; d++) add_trace(out.device_traces[static_cast<size_t>(d)], d, h);
+      out.external_annotations = annotations();
     }
     fill_config(out.config_metadata);
     return out;
@@ -474,6 +475,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     // the default ring instead (as cudapool.record_history's torch form does).
     size_t entries = alloc_trace_max_entries;
     if (entries == 0 || entries > kMaxEntries) entries = kDefaultEntries;
+    if (!enabled || clearHistory) clear_annotations(); // as torch drops its record_function annotations
     if (!enabled) {
       cpd_set_context_fns(nullptr, nullptr);
       recording.store(false, std::memory_order_relaxed);
@@ -509,7 +511,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     std::lock_guard<std::mutex> g(o.mu);
     o.oom.push_back(std::move(observer));
   }
-#if CP_TORCH_AT_LEAST(2, 14)
+#if CP_TORCH_OOM_REJECTION
   // cudapool never refuses an allocation up front (it has no out-of-memory pre-emption
   // policy): the observers are kept, and never called.
   void attachOomRejectionObserver(cc::OomRejectionObserver observer) override {
@@ -526,6 +528,40 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     }
     cpd_set_segment_observer(segment_event);
   }
+
+  // ---- labels on the history (Note [Labels] in bridge_state.h) ----
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>> &md) override { record_annotation(md); }
+  void pushCompileContext(std::string &md) override { push_compile_context(md); }
+  void popCompileContext() override { pop_compile_context(); }
+  void setUserMetadata(const std::string &metadata) override { set_user_metadata(metadata); }
+  std::string getUserMetadata() override { return user_metadata(); }
+#if CP_TORCH_ANNOTATE_MEMORY
+  bool supportsUserMetadata() override { return true; }
+  void annotateMemory(const void *ptr, const std::string &metadata) override { annotate(ptr, metadata); }
+#endif
+#if CP_TORCH_CONTEXT_FOR_POINTER
+  // The stack recorded for the live allocation whose base is `ptr` (history with contexts).
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void *ptr) override {
+    History &h = history();
+    std::lock_guard<std::mutex> g(h.mu);
+    auto it = h.live.find(const_cast<void *>(ptr));
+    return it != h.live.end() ? it->second : nullptr;
+  }
+#endif
+#if CP_TORCH_CAPTURE_MARKS
+  void markCaptureBegin(c10::DeviceIndex device) override { mark_capture(device, +1); }
+  void markCaptureEnd(c10::DeviceIndex device) override { mark_capture(device, -1); }
+#endif
+#if CP_TORCH_ALLOCATE_WITH_ADDRESS
+  c10::DataPtr allocateWithAddress(size_t size, void *addr) override {
+    (void)size;
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", addr);
+    refuse("allocateWithAddress", std::string("cudapool places every allocation itself: it cannot serve one at an "
+                                              "address the caller chooses (") +
+                                      where + "); only torch's native caching allocator does");
+  }
+#endif
 
   // Peer access for plain segments; page-mapped memory is mapped for its own device only, so
   // copies between devices go through cudaMemcpyPeerAsync (memcpyAsync), which needs none.
@@ -573,6 +609,10 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
       trace.emplace_back(trace_action(static_cast<int>(r.action)), static_cast<c10::DeviceIndex>(d), r.addr, r.size,
                          reinterpret_cast<void *>(r.stream), c10::MempoolId_t{0, 0}, 0, std::move(ctx));
       trace.back().time_.t_ = static_cast<time_t>(r.time_ns / 1000); // microseconds, as torch's
+      Label label;
+      const bool labelled = label_of(r.tag, &label);
+      trace.back().compile_context_ = labelled && !label.compile.empty() ? label.compile : "N/A"; // torch's "none"
+      if (labelled) trace.back().user_metadata_ = std::move(label.text);
     }
   }
 

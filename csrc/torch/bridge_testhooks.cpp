@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "torch/bridge_path.h"
+#include "torch/bridge_state.h" // Note [torch versions]
 
 namespace cc = c10::cuda::CUDACachingAllocator;
 
@@ -118,6 +119,20 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_storage_drop(uin
     storages.erase(it);
   }
   return 0;
+}
+
+// torch.compile's region `name` entered (push 1) or left (push 0) on this thread, as torch's
+// record_function callback tells the allocator while history records compile contexts.
+__attribute__((visibility("default"))) int cudapool_bridge_test_compile_context(int push, const char *name, char *buf,
+                                                                                size_t buf_size) {
+  return guarded(buf, buf_size, [&] {
+    std::string md(name);
+    if (push) {
+      cc::get()->pushCompileContext(md);
+    } else {
+      cc::get()->popCompileContext();
+    }
+  });
 }
 
 // recordStream with a held DataPtr (the bridge's recordStream reads the pointer and the stream).
@@ -239,6 +254,22 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_call(const char 
       std::lock_guard<std::mutex> g(mu);
       *out = oom_seen.size();
       if (!oom_seen.empty()) out[1] = oom_seen.back()[a % 4];
+    } else if (name == "recordAnnotation") { // as torch's record_function callback: a = 1 at the end
+      al->recordAnnotation({{"name", "region" + std::to_string(b)}, {"stage", a != 0 ? "END" : "START"}});
+#if CP_TORCH_CAPTURE_MARKS
+    } else if (name == "markCaptureBegin") {
+      al->markCaptureBegin(dev);
+    } else if (name == "markCaptureEnd") {
+      al->markCaptureEnd(dev);
+#endif
+#if CP_TORCH_CONTEXT_FOR_POINTER
+    } else if (name == "getContextForPointer") {
+      *out = al->getContextForPointer(reinterpret_cast<void *>(a)) != nullptr;
+#endif
+#if CP_TORCH_ALLOCATE_WITH_ADDRESS
+    } else if (name == "allocateWithAddress") {
+      (void)al->allocateWithAddress(a, reinterpret_cast<void *>(b));
+#endif
     } else if (name == "trackerEvents") { // how many events of action a (TraceEntry::Action) it saw
       std::lock_guard<std::mutex> g(mu);
       for (int act : tracker_actions) *out += act == static_cast<int>(a);
