@@ -219,7 +219,7 @@ bench-micro:
 #   fuzz-smoke:  the harnesses built with FUZZ_CC -fsanitize=fuzzer (objects in build/fuzz/):
 #                the committed corpus replayed, then FUZZ_RUNS_<name> executions per harness
 #                from seed 1, address-space randomisation off, from a copy of it under
-#                build/fuzz/<name>/: the same inputs on every run; fails on any crash, leak or
+#                build/fuzz/<name>/: as much work on a slow machine as on a fast one; fails on any crash, leak or
 #                timeout. Part of .ci/run.
 #   fuzz-explore: the same, FUZZ_SECONDS per harness, unseeded: a search for new inputs.
 FUZZ_CC ?= clang

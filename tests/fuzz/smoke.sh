@@ -5,9 +5,9 @@
 # WORKDIR/artifacts), and prints one summary line. Non-zero exit on any crash, leak, timeout
 # or out-of-memory, and when the committed corpus replays badly.
 # BUDGET is `runs:N`: N executions from seed 1 with address-space randomisation off (the
-# harnesses' hash maps are keyed by host addresses, so the layout steers coverage): the same
-# inputs on every run and every machine, however loaded; or `seconds:S`: S seconds unseeded,
-# a search that tries new inputs each time.
+# harnesses' hash maps are keyed by host addresses, so the layout steers coverage): as much
+# work however loaded the machine, nearly the same inputs each time (the environment still
+# moves a few addresses); or `seconds:S`: S seconds unseeded, a search for new inputs.
 set -eu
 
 fuzzer=$1
