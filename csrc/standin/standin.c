@@ -617,7 +617,7 @@ STI_EXPORT unsigned long long cpstandin_calls(const char *name) {
 
 STI_EXPORT size_t cpstandin_used(int device) {
   sti_lock();
-  sti_mem_sweep();
+  sti_share_sweep();
   const size_t n = sti_device_ok(device) ? sti.devices[device].used : 0;
   pthread_mutex_unlock(&sti.lock);
   return n;

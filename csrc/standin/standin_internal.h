@@ -469,7 +469,6 @@ int sti_device_ok(int device);
 /* standin_mem.c */
 void sti_mem_clear(void);                                     /* reset: every allocation, range, handle, mapping */
 void sti_mem_drop_context(int device);                        /* the context's cuMemAlloc memory, at its reset */
-unsigned char *sti_backing_new(size_t size);                  /* zero-filled host bytes, or NULL */
 void sti_backing_free(unsigned char *p, size_t size, int fd); /* `fd`: a memfd + 1, or 0 */
 CUdeviceptr sti_va_take(size_t size, size_t alignment);       /* a fresh device range, or 0 */
 sti_alloc_t *sti_alloc_at(CUdeviceptr ptr, size_t bytes);     /* the allocation holding them, or NULL */
@@ -478,7 +477,7 @@ CUresult sti_handle_room(void);                               /* room for one mo
 CUmemGenericAllocationHandle sti_handle_push(sti_handle_t h); /* after sti_handle_room */
 
 /* standin_share.c (Note [Handles to one physical allocation]) */
-void sti_mem_sweep(void);            /* lingering charges no handle holds any more, given back */
+void sti_share_sweep(void);          /* lingering charges no handle holds any more, given back */
 int sti_share_drop(sti_handle_t *h); /* a settled handle's count dropped: 1 when its charge lingers */
 void sti_share_clear(void);          /* reset: this process's counts dropped, nothing lingers */
 int sti_mem_writable(int device, CUdeviceptr ptr, size_t bytes);

@@ -18,7 +18,7 @@
 #define STI_VA_ALIGN ((CUdeviceptr)2 << 20)
 
 /* Host memory behind `size` device bytes, zero-filled and reserved lazily; NULL when none. */
-unsigned char *sti_backing_new(size_t size) {
+static unsigned char *sti_backing_new(size_t size) {
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? NULL : p;
 }
@@ -43,7 +43,7 @@ static int sti_fits(const sti_device_t *d, size_t size) { return size <= d->capa
 
 static int sti_charge(int device, size_t size) {
   sti_device_t *d = &sti.devices[device];
-  if (!sti_fits(d, size) && sti.lingers_count > 0) sti_mem_sweep();
+  if (!sti_fits(d, size)) sti_share_sweep();
   if (!sti_fits(d, size)) return -1;
   d->used += size;
   return 0;
@@ -233,7 +233,7 @@ CUresult cuMemGetInfo_v2(size_t *out_free, size_t *out_total) {
   if (r == CUDA_SUCCESS && (out_free == NULL || out_total == NULL)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = sti_current_device(&device);
   if (r == CUDA_SUCCESS) {
-    if (sti.lingers_count > 0) sti_mem_sweep();
+    sti_share_sweep();
     const sti_device_t *d = &sti.devices[device];
     *out_free = d->used < d->capacity ? d->capacity - d->used : 0;
     *out_total = d->capacity;

@@ -65,7 +65,7 @@ static int sti_tail_held(const sti_tail_t *t) {
   return 0;
 }
 
-void sti_mem_sweep(void) {
+void sti_share_sweep(void) {
   for (size_t i = 0; i < sti.lingers_count;) {
     const sti_linger_t *l = &sti.lingers[i];
     if (sti_tail_held(l->tail)) {
@@ -89,7 +89,7 @@ int sti_share_drop(sti_handle_t *h) {
     return 1;
   }
   munmap(t, sizeof(sti_tail_t));
-  if (sti.lingers_count > 0) sti_mem_sweep();
+  sti_share_sweep();
   return 0;
 }
 

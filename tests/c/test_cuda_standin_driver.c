@@ -337,7 +337,6 @@ TEST(an_import_charges_nothing_and_holds_the_memory) {
   close(fd);
   /* An import in the creating process is on the creator's device, whatever is current. */
   const prop_t p1 = exportable(1);
-  void *ctx1 = NULL;
   CHECK(sa.cuMemCreate(&h, 2 * MiB, &p1, 0) == OK && sa.cuMemExportToShareableHandle(&fd, h, 1, 0) == OK);
   CHECK(sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)fd, 1) == OK);
   CHECK(sa.handle_info(in3, &info) == 0 && info.device == 1);
@@ -349,7 +348,6 @@ TEST(an_import_charges_nothing_and_holds_the_memory) {
   CHECK(null_fd >= 0 && sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)null_fd, 1) == INVALID_HANDLE);
   CHECK(sa.cuMemImportFromShareableHandle(&in3, (void *)(intptr_t)-1, 1) == INVALID_HANDLE);
   if (null_fd >= 0) close(null_fd);
-  (void)ctx1;
   CHECK(sa.cuMemRelease(rest) == OK && sa.cuMemAddressFree(r, 128 * MiB) == OK);
   CHECK_EQ_U(sa.used(0), 0);
   finish();
