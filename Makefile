@@ -25,14 +25,14 @@ TSAN_ENV := TSAN_OPTIONS=halt_on_error=1
 TSAN_ARGS ?= --threads 8
 
 # Sources. The CUDA backend builds everywhere: it loads libcuda with dlopen at run time.
-# Layers (docs/design.md, "Repository layout"): base <- core, backend <- torch <- python. The C tests link the
+# Layers (docs/design.md, "Repository layout"): base <- core, backend <- devices <- python. The C tests link the
 # first four; the CPython binding (csrc/python) is built by setup.py only.
 BASE_SRC  := $(sort $(wildcard csrc/base/*.c))
 CORE_SRC  := $(sort $(wildcard csrc/core/*.c))
 SIM_SRC   := $(sort $(wildcard csrc/backend/sim*.c))
 CUDA_SRC  := $(sort $(wildcard csrc/backend/cuda*.c))
-TORCH_SRC := $(sort $(wildcard csrc/torch/*.c))
-LIB_SRC   := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC) $(TORCH_SRC)
+DEVICES_SRC := $(sort $(wildcard csrc/devices/*.c))
+LIB_SRC   := $(BASE_SRC) $(CORE_SRC) $(SIM_SRC) $(CUDA_SRC) $(DEVICES_SRC)
 # Libraries every C build links, whatever LDLIBS says (dlopen for the CUDA backend).
 LIB_LDLIBS := -ldl
 

@@ -1,23 +1,25 @@
 """Build of the extension modules: cudapool._C and its test hooks, cudapool._testhooks, and, when torch is
 importable at build time, the libraries cudapool._torch_oom and cudapool._torch_bridge.
 
-cudapool._C: every .c / .cpp of the layers under csrc/ (base, core, backend, torch, python). C and C++
+Each product is built from its own folders under csrc/ (product_sources below).
+
+cudapool._C: every .c / .cpp of the layers base, core, backend, devices and python. C and C++
 sources get different flags: setuptools hands every source of an Extension the same extra_compile_args,
 so C++ sources are compiled here first with their own flags and linked in as objects.
-cudapool._testhooks: csrc/python/testhooks/ only; it links nothing of the core and calls _C's functions
+cudapool._testhooks: csrc/testhooks/ only; it links nothing of the core and calls _C's functions
 through a capsule (Note [Test hooks] in csrc/python/hooks_api.h).
 
-cudapool._torch_oom: csrc/torch/oom_c10.cpp alone, compiled against the installed torch's headers and
+cudapool._torch_oom: csrc/torch_oom/ alone, compiled against the installed torch's headers and
 linked to its libc10 (rpath: torch/lib). It throws c10::OutOfMemoryError for cudapool_alloc (Note
-[Out-of-memory type] in csrc/torch/abi.h), so that torch raises torch.OutOfMemoryError; enable() loads it
+[Out-of-memory type] in csrc/devices/abi.h), so that torch raises torch.OutOfMemoryError; enable() loads it
 with ctypes and installs it only when the running torch is the one it was built for. It is built only when
 `import torch` works here: under pip's default build isolation torch is not there, so build with
 `pip install --no-build-isolation .` to have it. Without it everything works, and out of memory raises a
 RuntimeError. Set CUDAPOOL_TORCH_OOM=0 to skip it. Its build failing is a warning, not an error, unless
 warnings are errors (CUDAPOOL_WERROR=1).
 
-cudapool._torch_bridge: csrc/torch/bridge*.cpp, cudapool as torch's own CUDA allocator (a subclass of
-c10::cuda::CUDACachingAllocator::CUDAAllocator, Note [The bridge] in csrc/torch/bridge.cpp), compiled
+cudapool._torch_bridge: csrc/bridge/*.cpp, cudapool as torch's own CUDA allocator (a subclass of
+c10::cuda::CUDACachingAllocator::CUDAAllocator, Note [The bridge] in csrc/bridge/bridge.cpp), compiled
 against the installed torch's headers (C++20 for torch 2.14's) and the CUDA runtime headers of its nvidia
 wheels, linked to its libraries and to cudapool._C (by file name, found beside it: the one copy Python
 loaded). Built when a CUDA build of torch is importable here (so also only with --no-build-isolation);
@@ -89,12 +91,15 @@ class BuildExt(build_ext):
     """Compile C and C++ sources of one extension with per-language flags."""
 
     def build_extension(self, ext):
-        if getattr(ext, "links_to_c", False):
-            # Linked to the built cudapool._C by file name, found beside it at run time ($ORIGIN):
-            # the loader then maps the one copy Python has loaded (same file), not a second.
-            c_path = Path(self.get_ext_fullpath("cudapool._C"))
+        links_to = getattr(ext, "links_to", ())
+        if links_to:
+            # Linked to the built cudapool._C (and others of ours) by file name, found beside it at run
+            # time ($ORIGIN): the loader then maps the one copy Python has loaded (same file), not a second.
             ext = copy.copy(ext)
-            ext.extra_link_args = list(ext.extra_link_args or []) + [f"-L{c_path.parent}", f"-l:{c_path.name}"]
+            ext.extra_link_args = list(ext.extra_link_args or [])
+            for name in links_to:
+                path = Path(self.get_ext_fullpath(name))
+                ext.extra_link_args += [f"-L{path.parent}", f"-l:{path.name}"]
         cxx_sources = [s for s in ext.sources if Path(s).suffix in CXX_SUFFIXES]
         if not cxx_sources:
             return super().build_extension(ext)
@@ -118,26 +123,20 @@ class BuildExt(build_ext):
         return super().build_extension(c_ext)
 
 
-SOURCES = rel_glob(
-    *(
-        f"csrc/{layer}/*{suffix}"
-        for layer in ("base", "core", "backend", "torch", "python")
-        for suffix in sorted(C_SUFFIXES | CXX_SUFFIXES)
-    )
-)
-# Built on its own, against torch (torch_oom_extension); never part of _C, which must not need torch.
-TORCH_OOM_SOURCE = "csrc/torch/oom_c10.cpp"
-# Built on its own too, against torch and linked to _C (torch_bridge_extension).
-BRIDGE_SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_state.cpp", "csrc/torch/bridge_testhooks.cpp"]
-# Built on its own, against torch and its Python bindings (torch_fakecuda_extension).
-FAKECUDA_SOURCES = [
-    "csrc/torch/fakecuda_device.cpp",
-    "csrc/torch/fakecuda_kernels.cpp",
-    "csrc/torch/fakecuda_module.cpp",
-]
-SOURCES = [s for s in SOURCES if s != TORCH_OOM_SOURCE and s not in BRIDGE_SOURCES + FAKECUDA_SOURCES]
+def product_sources(*folders: str) -> list:
+    """The C and C++ sources of the folders under csrc/ that make one built product."""
+    suffixes = sorted(C_SUFFIXES | CXX_SUFFIXES)
+    return rel_glob(*(f"csrc/{folder}/*{suffix}" for folder in folders for suffix in suffixes))
+
+
+# One folder (or, for _C, the layers it is made of) per built product: docs/design.md, "Repository layout".
+SOURCES = product_sources("base", "core", "backend", "devices", "python")  # cudapool._C
+TESTHOOKS_SOURCES = product_sources("testhooks")  # cudapool._testhooks
+TORCH_OOM_SOURCES = product_sources("torch_oom")  # cudapool._torch_oom, against torch
+BRIDGE_SOURCES = product_sources("bridge")  # cudapool._torch_bridge, against torch, linked to _C
+BRIDGE_TESTHOOKS_SOURCES = product_sources("bridge_testhooks")  # its test entry points, linked to both
+FAKECUDA_SOURCES = product_sources("fakecuda")  # cudapool._torch_fakecuda, against torch and its bindings
 HEADERS = rel_glob("csrc/**/*.h", "csrc/**/*.hpp")
-TESTHOOKS_SOURCES = rel_glob("csrc/python/testhooks/*.c")
 
 
 def _torch_build_info():
@@ -208,7 +207,7 @@ def _against_torch(name: str, sources: list, torch, abi: int, lib_dirs: list, li
 
 
 def torch_bridge_extension() -> list:
-    """cudapool._torch_bridge (csrc/torch/bridge.cpp: cudapool as torch's own CUDA allocator) when a
+    """cudapool._torch_bridge (csrc/bridge/bridge.cpp: cudapool as torch's own CUDA allocator) when a
     CUDA build of torch with its headers, and the CUDA runtime headers, are here; else nothing.
     CUDAPOOL_TORCH_BRIDGE=0 skips it."""
     if os.environ.get("CUDAPOOL_TORCH_BRIDGE", "") == "0":
@@ -238,12 +237,18 @@ def torch_bridge_extension() -> list:
     ext.cxx_flags = ["-std=c++20"]
     for folder in (include, include / "torch" / "csrc" / "api" / "include", *cuda_includes):
         ext.cxx_flags += ["-isystem", str(folder)]
-    ext.links_to_c = True  # linked to cudapool._C (BuildExt), for the pools
-    return [ext]
+    ext.links_to = ("cudapool._C",)  # (BuildExt), for the pools
+    # The bridge's test entry points (tests/test_torch_bridge.py): a library of their own, never
+    # part of the bridge users load.
+    hooks = copy.copy(ext)
+    hooks.name = "cudapool._torch_bridge_testhooks"
+    hooks.sources = BRIDGE_TESTHOOKS_SOURCES
+    hooks.links_to = ("cudapool._C", "cudapool._torch_bridge")
+    return [ext, hooks]
 
 
 def torch_fakecuda_extension() -> list:
-    """cudapool._torch_fakecuda (csrc/torch/fakecuda*.cpp: the fake GPU of ab --simulate below Python)
+    """cudapool._torch_fakecuda (csrc/fakecuda/*.cpp: the fake GPU of ab --simulate below Python)
     when a CUDA build of torch with its C++ headers is importable here; else nothing (ab --simulate
     then traces with torch's fake tensors). CUDAPOOL_TORCH_FAKECUDA=0 skips it."""
     if os.environ.get("CUDAPOOL_TORCH_FAKECUDA", "") == "0":
@@ -278,7 +283,7 @@ def torch_oom_extension() -> list:
     if info is None:
         return []
     torch, include, lib, abi = info
-    ext = _against_torch("cudapool._torch_oom", [TORCH_OOM_SOURCE], torch, abi, [lib], ["c10"])
+    ext = _against_torch("cudapool._torch_oom", TORCH_OOM_SOURCES, torch, abi, [lib], ["c10"])
     ext.cxx_flags = ["-isystem", str(include)]  # torch's headers: their warnings are not ours
     return [ext]
 

@@ -1,5 +1,5 @@
 // bench_bridge.cpp — the allocation and free that torch makes through cudapool's bridge, counted:
-// the DataPtr path of csrc/torch/bridge_path.h (cpd_alloc, the DataPtr with the device's
+// the DataPtr path of csrc/bridge/bridge_path.h (cpd_alloc, the DataPtr with the device's
 // deleter, the deleter's cpd_free) on a simulated device behind the device table, without the
 // torch lookups of the current device and stream that the bridge's allocate() adds on a GPU
 // (and torch's own allocator makes too). For instruction counts (callgrind), as bench_micro's
@@ -16,11 +16,11 @@
 #include <cstring>
 #include <string>
 
-#include "torch/bridge_path.h"
+#include "bridge/bridge_path.h"
 
 extern "C" {
 #include "backend/sim.h"
-#include "torch/devices.h"
+#include "devices/devices.h"
 }
 
 namespace cudapool_bridge {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the torch bridge (csrc/torch/bridge*.cpp) against another torch than the installed one.
+"""Build the torch bridge (csrc/bridge/*.cpp) against another torch than the installed one.
 
     python3 -m pip download --no-deps torch==2.11.0 -d /tmp/wheels      # once, ~0.5 GB
     python3 scripts/check_bridge_build.py /tmp/wheels/torch-2.11.0-*.whl
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SOURCES = ["csrc/torch/bridge.cpp", "csrc/torch/bridge_state.cpp", "csrc/torch/bridge_testhooks.cpp"]
+SOURCES = sorted(str(p.relative_to(ROOT)) for folder in ("bridge", "bridge_testhooks") for p in (ROOT / "csrc" / folder).glob("*.cpp"))
 
 
 def _setup_function(name: str):

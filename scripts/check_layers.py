@@ -43,8 +43,14 @@ C_LAYERS: dict[str, set[str]] = {
     "base": {"base"},
     "core": {"base", "core"},
     "backend": {"base", "backend"},
-    "torch": {"base", "core", "backend", "torch"},
-    "python": {"base", "core", "backend", "torch", "python"},
+    "devices": {"base", "core", "backend", "devices"},
+    "python": {"base", "core", "backend", "devices", "python"},
+    # Products of their own: each folder is one built library (setup.py, product_sources).
+    "testhooks": {"base", "python", "testhooks"},
+    "torch_oom": {"base", "devices", "torch_oom"},
+    "bridge": {"base", "core", "devices", "bridge"},
+    "bridge_testhooks": {"base", "core", "devices", "bridge", "bridge_testhooks"},
+    "fakecuda": {"fakecuda"},
     # Not part of cudapool: the driver stand-in the C tests load in libcuda's place (csrc/standin/).
     "standin": {"standin"},
 }
@@ -91,30 +97,28 @@ CORE_RANKS: dict[str, int] = {
     "resume": 12,
 }
 
-# System headers a layer must not include, with the reason.
+# System headers a layer must not include, with the reason: (pattern, the layers that must not, why).
+TORCH_BUILT = {"torch_oom", "bridge", "bridge_testhooks", "fakecuda"}  # built against the installed torch
 C_FORBIDDEN: list[tuple[re.Pattern[str], set[str], str]] = [
-    (re.compile(r"^Python\.h$"), {"base", "core", "backend", "torch", "standin"}, "only the binding talks to CPython"),
-    (re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api)\.h$"), set(C_LAYERS), "the driver is loaded with dlopen"),
-]
-# The bridge's files: the library cudapool._torch_bridge is built against torch, which brings and
-# loads the CUDA runtime; they may include its headers (and only they).
-CUDA_RUNTIME_ALLOWED = {"csrc/torch/bridge.cpp", "csrc/torch/bridge_state.cpp", "csrc/torch/bridge_testhooks.cpp"}
-C_FORBIDDEN += [
     (
-        re.compile(r"^(torch|c10|ATen)/"),
-        {"base", "core", "backend", "python", "standin"},
-        "only the torch layer may use torch",
-    )
-]
-# The module cudapool._torch_fakecuda talks to Python through torch's bindings (pybind11): in one
-# file, which gives the other two Python's answers through fakecuda.h's Hooks.
-PYTHON_BINDING_ALLOWED = {"csrc/torch/fakecuda_module.cpp"}
-C_FORBIDDEN += [
+        re.compile(r"^Python\.h$"),
+        set(C_LAYERS) - {"python", "testhooks"},
+        "only the binding (and its test hooks) talk to CPython",
+    ),
+    # The bridge is built against torch, which brings and loads the CUDA runtime; every other
+    # layer loads the driver with dlopen.
+    (
+        re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api)\.h$"),
+        set(C_LAYERS) - {"bridge", "bridge_testhooks"},
+        "the driver is loaded with dlopen",
+    ),
+    (re.compile(r"^(torch|c10|ATen)/"), set(C_LAYERS) - TORCH_BUILT, "only a library built against torch uses torch"),
+    # The fake GPU is a Python module built on torch's bindings (pybind11).
     (
         re.compile(r"^(pybind11/|torch/csrc/.*python|torch/python\.h$|torch/extension\.h$)"),
-        set(C_LAYERS),
-        "only fakecuda_module.cpp binds torch's Python (PYTHON_BINDING_ALLOWED)",
-    )
+        set(C_LAYERS) - {"fakecuda"},
+        "only the fake GPU binds torch's Python",
+    ),
 ]
 
 # python/cudapool modules by rank: a module imports only modules of a lower rank.
@@ -189,10 +193,6 @@ def check_c(root: Path) -> list[str]:
             kind, name = m.groups()
             if kind == "<":
                 for pattern, layers, why in C_FORBIDDEN:
-                    if where in CUDA_RUNTIME_ALLOWED and name.startswith("cuda"):
-                        continue
-                    if where in PYTHON_BINDING_ALLOWED and not name.startswith(("cuda", "Python.h")):
-                        continue
                     if layer in layers and pattern.search(name):
                         errors.append(f"{where}:{lineno}: <{name}> in layer {layer}: {why}")
                 continue

@@ -954,7 +954,7 @@ def test_reduce_overhead_with_cudagraph_trees_matches_eager_and_the_builtin_memo
     assert ours["reserved"] <= builtin["reserved"], (ours, builtin)
 
 
-# -- CUDA IPC: tensors shared between processes (Note [Handles for torch] in csrc/torch/ipc.c) ---
+# -- CUDA IPC: tensors shared between processes (Note [Handles for torch] in csrc/devices/ipc.c) ---
 
 IPC_CHILD = """
 import torch
@@ -1165,7 +1165,7 @@ def test_graph_in_a_region_replays_after_resume(child_env):
     assert r["paused"] > 0
 
 
-# -- the bridge: torch's own allocator interface (csrc/torch/bridge.cpp) --------------------------
+# -- the bridge: torch's own allocator interface (csrc/bridge/bridge.cpp) --------------------------
 
 BRIDGE_CNN = """
 from cudapool import _torch

@@ -1,4 +1,4 @@
-"""The bridge: cudapool as torch's own allocator (csrc/torch/bridge.cpp), without a GPU.
+"""The bridge: cudapool as torch's own allocator (csrc/bridge/bridge.cpp), without a GPU.
 
 Each scenario runs in a fresh interpreter with two simulated devices behind the device table,
 cudapool enabled through the bridge. torch's C++ entry points that need no CUDA runtime
@@ -6,7 +6,7 @@ cudapool enabled through the bridge. torch's C++ entry points that need no CUDA 
 are called as torch's own code calls them; the bridge methods that torch reaches only through
 CUDA's initialisation (allocate with the current stream, recordHistory, MemPool, cacheInfo, ...)
 are called on torch's current allocator through the bridge's test hooks
-(csrc/torch/bridge_testhooks.cpp), which run the bridge's own code with the device and stream
+(csrc/bridge_testhooks/, the library cudapool._torch_bridge_testhooks), which run the bridge's own code with the device and stream
 given. GPU tests of the same features are in tests/test_gpu.py.
 """
 
@@ -37,7 +37,7 @@ with warnings.catch_warnings(record=True) as enable_warnings:
     warnings.simplefilter("always")
     cudapool.enable(policy=POLICY)
 assert _torch.allocator_path() == "bridge", _torch.allocator_path()
-br = ctypes.CDLL(_torch.torch_bridge_library_path())
+br = ctypes.CDLL(_torch._library_path("_torch_bridge_testhooks"))
 br.cudapool_bridge_test_allocate.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
 br.cudapool_bridge_test_free.argtypes = [ctypes.c_void_p]
@@ -435,7 +435,7 @@ def test_no_call_of_torchs_interface_is_left_to_a_default_that_refuses():
     if TORCH_2_14:
         assert {"setUserMetadata", "annotateMemory"} <= names, names
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    bridge = open(os.path.join(root, "csrc", "torch", "bridge.cpp"), encoding="utf-8").read()
+    bridge = open(os.path.join(root, "csrc", "bridge", "bridge.cpp"), encoding="utf-8").read()
     missing = sorted(
         n
         for n in names

@@ -12,9 +12,9 @@
 #include "python/convert.h"
 #include "python/hooks_api.h"
 #include "python/stacks.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
-#include "torch/graphs.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
+#include "devices/graphs.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state

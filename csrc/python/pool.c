@@ -34,8 +34,8 @@
 #include "python/convert.h"
 #include "python/pool.h"
 #include "python/stacks.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
 
 /* ------------------------------------------------------------------------------------------
  * Kinds, state and errors

@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "torch/abi.h"
+#include "devices/abi.h"
 
 /* Note [Stack ids]
  * A capture walks the thread's frames (innermost first, at most CPY_STACK_DEPTH) and keys them

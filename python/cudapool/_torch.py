@@ -5,7 +5,7 @@ torch is imported inside the functions only: importing cudapool never imports to
 
 Two ways in, chosen by ``enable()`` (:func:`allocator_path` says which):
 
-- **the bridge** (``"bridge"``): ``cudapool._torch_bridge`` (csrc/torch/bridge.cpp), built against
+- **the bridge** (``"bridge"``): ``cudapool._torch_bridge`` (csrc/bridge/bridge.cpp), built against
   the installed torch, is a subclass of torch's own allocator interface over the same pools;
   torch's C++ entry points (statistics, snapshots, history, OOM observers, cacheInfo, MemPool,
   raw_alloc, trace trackers) reach cudapool directly, and nothing of torch's is patched. It is
@@ -45,7 +45,7 @@ _HOOKS: Tuple[Tuple[str, str, str], ...] = (
     ("record_stream", "set_record_stream_fn", "cudapool_record_stream"),
     ("base_alloc", "set_base_alloc_fn", "cudapool_base_alloc"),
     # CUDA graphs, use_mem_pool and cudagraph trees' warm-up (Note [Graph pools] in
-    # csrc/torch/graphs.h): C++ functions with torch's signatures (csrc/torch/graph_hooks.cpp).
+    # csrc/devices/graphs.h): C++ functions with torch's signatures (csrc/devices/graph_hooks.cpp).
     ("begin_allocate_to_pool", "set_begin_allocate_to_pool", "cudapool_begin_allocate_to_pool"),
     ("end_allocate_to_pool", "set_end_allocate_to_pool_fn", "cudapool_end_allocate_to_pool"),
     ("release_pool", "set_release_pool", "cudapool_release_pool"),
@@ -590,7 +590,7 @@ def _make_allocator() -> Tuple[Any, Tuple[str, ...]]:
     return allocator, tuple(hooks)
 
 
-# -- out of memory as torch.OutOfMemoryError (Note [Out-of-memory type] in csrc/torch/abi.h) ---
+# -- out of memory as torch.OutOfMemoryError (Note [Out-of-memory type] in csrc/devices/abi.h) ---
 
 _REINSTALL = (
     "reinstall cudapool against the torch in use, without build isolation "

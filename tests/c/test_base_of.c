@@ -5,8 +5,8 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
 
 TEST(live_block_start_and_interior_give_the_segment) {
   fixture_t fx;

@@ -19,9 +19,9 @@
 #include "core/cp.h"
 #include "standin/standin.h"
 #include "standin_open.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
-#include "torch/ipc.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
+#include "devices/ipc.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -10,8 +10,8 @@
 #include "backend/sim.h"
 #include "check.h"
 #include "core/cp.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
 
 #define MiB      ((size_t)1 << 20)
 #define CAPACITY (64 * MiB)

@@ -9,9 +9,9 @@
 #include "backend/sim.h"
 #include "check.h"
 #include "core/cp.h"
-#include "torch/abi.h"
-#include "torch/devices.h"
-#include "torch/graphs.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
+#include "devices/graphs.h"
 
 #define MiB ((size_t)1 << 20)
 

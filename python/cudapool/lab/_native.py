@@ -1,5 +1,5 @@
-"""The fake GPU below Python: cudapool._torch_fakecuda (csrc/torch/fakecuda.cpp, Note [Fake
-CUDA in C++]) as the tracer of :class:`cudapool.lab.fakegpu.FakeGPU`.
+"""The fake GPU below Python: cudapool._torch_fakecuda (csrc/fakecuda/, Note [Fake
+CUDA in C++] in fakecuda_kernels.cpp) as the tracer of :class:`cudapool.lab.fakegpu.FakeGPU`.
 
 A script's CUDA tensors are ordinary torch CUDA tensors whose kernels compute only their
 outputs' metadata (torch's meta kernels, cached per shape) and whose storage comes from an

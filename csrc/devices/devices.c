@@ -1,6 +1,6 @@
 /* devices.c — the device table: the process-wide pools, one per device, created lazily.
  * Owns: the shared configuration, the choice of backend (CUDA or sim), and pool lifetimes. */
-#include "torch/devices.h"
+#include "devices/devices.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,8 +11,8 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "base/fork.h"
-#include "torch/graphs.h"
-#include "torch/ipc.h"
+#include "devices/graphs.h"
+#include "devices/ipc.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "torch/abi.h"
+#include "devices/abi.h"
 
 namespace {
 

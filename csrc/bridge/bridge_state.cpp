@@ -2,7 +2,7 @@
 // history recorder makes, the labels on the history (user metadata, compile contexts,
 // annotations), the capture marks, the out-of-memory observers, the trace trackers, and the
 // failure of an allocation as torch expects it.
-#include "torch/bridge_state.h"
+#include "bridge/bridge_state.h"
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -15,9 +15,9 @@
 #include <unordered_set>
 
 extern "C" {
-#include "torch/devices.h"
+#include "devices/devices.h"
 }
-#include "torch/graphs.h"
+#include "devices/graphs.h"
 
 namespace cudapool_bridge {
 

@@ -21,8 +21,8 @@
 #include <utility>
 
 #include "base/status.h"
-#include "torch/abi.h"
-#include "torch/graphs.h"
+#include "devices/abi.h"
+#include "devices/graphs.h"
 
 struct CUstream_st; // the driver's opaque stream, as cuda_runtime_api.h declares it
 

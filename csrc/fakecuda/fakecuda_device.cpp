@@ -11,7 +11,7 @@
 #include <mutex>
 #include <utility>
 
-#include "torch/fakecuda.h"
+#include "fakecuda/fakecuda.h"
 
 namespace cudapool_fakecuda {
 namespace {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "torch/fakecuda.h"
+#include "fakecuda/fakecuda.h"
 
 #ifndef CUDAPOOL_TORCH_VERSION
 #error "CUDAPOOL_TORCH_VERSION (the version of torch this is built against) must be defined"
@@ -112,7 +112,7 @@ py::dict counts() {
 
 PYBIND11_MODULE(_torch_fakecuda, m) {
   m.doc() =
-      "A CUDA device that is not there, below Python (Note [Fake CUDA in C++] in csrc/torch/fakecuda_kernels.cpp).";
+      "A CUDA device that is not there, below Python (Note [Fake CUDA in C++] in csrc/fakecuda/fakecuda_kernels.cpp).";
   m.attr("torch_version") = CUDAPOOL_TORCH_VERSION;
   m.def("install", &install, py::arg("devices"), py::arg("workspace_bytes"), py::arg("read"), py::arg("scratch"),
         py::arg("sdp_choice"), py::arg("scratch_ops"));

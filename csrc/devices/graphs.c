@@ -1,14 +1,14 @@
 /* graphs.c — private pools for CUDA graphs and MemPool ids (Note [Graph pools] in graphs.h).
  * Owns: the private pools, the open allocate-to-pool windows, routing into them, and their
  * release. */
-#include "torch/graphs.h"
+#include "devices/graphs.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "base/fork.h"
-#include "torch/devices.h"
+#include "devices/devices.h"
 
 typedef struct cpd_gpool_s {
   int device;

@@ -45,7 +45,7 @@
 #include <utility>
 #include <vector>
 
-#include "torch/fakecuda.h"
+#include "fakecuda/fakecuda.h"
 
 namespace cudapool_fakecuda {
 namespace {

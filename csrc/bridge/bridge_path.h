@@ -28,7 +28,7 @@
 
 extern "C" {
 #include "core/cp.h"
-#include "torch/abi.h"
+#include "devices/abi.h"
 }
 
 namespace cudapool_bridge {

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "torch/bridge_path.h"
+#include "bridge/bridge_path.h"
 
 #define CP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -143,6 +143,11 @@ cda::TraceEntry::Action trace_action(int action);
 // The segment observer (Note [Segment observer] in core/cp.h): each event to torch's trace
 // trackers, under the pool's lock, as torch's own allocator calls them under its device lock.
 void segment_event(void *ctx, int action, uintptr_t addr, size_t size, cp_stream_t stream);
+
+// allocate() with the device and stream given instead of torch's current ones: the bridge's own
+// DataPtr, its deleter this library's raw_deleter() (for callers in other libraries, whose copy
+// of the inline allocate_on would name another deleter).
+c10::DataPtr allocate_with(size_t size, int device, void *stream);
 
 } // namespace cudapool_bridge
 

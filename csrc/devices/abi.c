@@ -1,15 +1,15 @@
 /* abi.c — the C entry points torch's CUDAPluggableAllocator calls, except the allocation
  * (alloc.cpp, which throws). Owns: mapping each call onto the device table's pools, and
  * reporting the failures that a deleter cannot return. */
-#include "torch/abi.h"
+#include "devices/abi.h"
 
 #include <float.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 
-#include "torch/devices.h"
-#include "torch/graphs.h"
+#include "devices/devices.h"
+#include "devices/graphs.h"
 
 /* Note [Failures at exit]
  * The deleters torch calls cannot return an error, so a failed free or record_stream is

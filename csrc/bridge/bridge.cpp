@@ -42,13 +42,13 @@
 #include <utility>
 #include <vector>
 
-#include "torch/bridge_state.h"
+#include "bridge/bridge_state.h"
 
 extern "C" {
-#include "torch/devices.h"
-#include "torch/ipc.h"
+#include "devices/devices.h"
+#include "devices/ipc.h"
 }
-#include "torch/graphs.h"
+#include "devices/graphs.h"
 
 #ifndef CUDAPOOL_TORCH_VERSION
 #error "CUDAPOOL_TORCH_VERSION (the version of torch this is built against) must be defined"
@@ -639,6 +639,9 @@ std::shared_ptr<CudapoolAllocator> &installed() {
 }
 
 } // namespace
+
+c10::DataPtr allocate_with(size_t size, int device, void *stream) { return allocate_on(size, device, stream); }
+
 } // namespace cudapool_bridge
 
 extern "C" {

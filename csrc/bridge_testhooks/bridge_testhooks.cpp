@@ -1,5 +1,6 @@
 // bridge_testhooks.cpp — entry points for tests of the bridge (tests/test_torch_bridge.py) on a
-// machine without a GPU, part of cudapool._torch_bridge. Owns nothing of the allocator. The
+// machine without a GPU: the library cudapool._torch_bridge_testhooks, linked to the bridge and
+// never part of it. Owns nothing of the allocator. The
 // bridge's allocate() and raw_alloc() ask torch for the current device and stream, which needs
 // the CUDA runtime; these hooks take both as arguments and then run the bridge's own code
 // (bridge_path.h), and call the methods that torch's Python bindings reach only through CUDA's
@@ -22,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "torch/bridge_path.h"
-#include "torch/bridge_state.h" // Note [torch versions]
+#include "bridge/bridge_path.h"
+#include "bridge/bridge_state.h" // Note [torch versions]
 
 namespace cc = c10::cuda::CUDACachingAllocator;
 
@@ -64,7 +65,7 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_allocate(size_t 
                                                                          void **out_ptr, char *buf, size_t buf_size) {
   *out_ptr = nullptr;
   return guarded(buf, buf_size, [&] {
-    c10::DataPtr dp = cudapool_bridge::allocate_on(size, device, stream);
+    c10::DataPtr dp = cudapool_bridge::allocate_with(size, device, stream);
     *out_ptr = dp.get();
     TORCH_CHECK(dp.get() == nullptr || dp.get_context() == cudapool_bridge::context_of(dp.get(), device),
                 "the DataPtr's context is not its address with its device");
@@ -101,7 +102,7 @@ __attribute__((visibility("default"))) int cudapool_bridge_test_storage(size_t s
   *out_impl = 0;
   return guarded(buf, buf_size, [&] {
     auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), size,
-                                                      cudapool_bridge::allocate_on(size, device, stream),
+                                                      cudapool_bridge::allocate_with(size, device, stream),
                                                       /*allocator=*/nullptr, /*resizable=*/false);
     *out_impl = reinterpret_cast<uint64_t>(impl.get());
     std::lock_guard<std::mutex> g(mu);

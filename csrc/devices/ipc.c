@@ -2,7 +2,7 @@
  * returns and getIpcDevPtr opens (Note [Handles for torch]). Owns: the handle formats, the file
  * descriptors kept for receivers, and the mappings of other processes' memory. */
 #define _GNU_SOURCE /* syscall numbers of pidfd_open and pidfd_getfd */
-#include "torch/ipc.h"
+#include "devices/ipc.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,8 +16,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "torch/devices.h"
-#include "torch/graphs.h"
+#include "devices/devices.h"
+#include "devices/graphs.h"
 
 /* Note [Handles for torch]
  * torch sends a CUDA tensor to another process as the bytes of its allocator's shareIpcHandle
