@@ -26,7 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SOURCES = sorted(str(p.relative_to(ROOT)) for folder in ("bridge", "bridge_testhooks") for p in (ROOT / "csrc" / folder).glob("*.cpp"))
+SOURCES = sorted(
+    str(p.relative_to(ROOT))
+    for folder in ("bridge", "bridge_testhooks")
+    for p in (ROOT / "csrc" / folder).glob("*.cpp")
+)
 
 
 def _setup_function(name: str):

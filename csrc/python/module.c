@@ -9,12 +9,12 @@
 #include "backend/sim.h"
 #include "base/fork.h"
 #include "core/cp.h"
-#include "python/convert.h"
-#include "python/hooks_api.h"
-#include "python/stacks.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
 #include "devices/graphs.h"
+#include "python/convert.h"
+#include "python/hooks_api.h"
+#include "python/stacks.h"
 
 /* ------------------------------------------------------------------------------------------
  * Module state

@@ -31,11 +31,11 @@
 
 #include "backend/sim.h"
 #include "core/cp.h"
+#include "devices/abi.h"
+#include "devices/devices.h"
 #include "python/convert.h"
 #include "python/pool.h"
 #include "python/stacks.h"
-#include "devices/abi.h"
-#include "devices/devices.h"
 
 /* ------------------------------------------------------------------------------------------
  * Kinds, state and errors

@@ -4,9 +4,9 @@
 #include <stdint.h>
 
 #include "check.h"
-#include "fixture.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
+#include "fixture.h"
 
 TEST(live_block_start_and_interior_give_the_segment) {
   fixture_t fx;

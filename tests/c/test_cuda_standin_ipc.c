@@ -17,11 +17,11 @@
 #include "backend/cuda.h"
 #include "check.h"
 #include "core/cp.h"
-#include "standin/standin.h"
-#include "standin_open.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
 #include "devices/ipc.h"
+#include "standin/standin.h"
+#include "standin_open.h"
 
 #define MiB ((size_t)1 << 20)
 
