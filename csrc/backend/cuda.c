@@ -66,36 +66,6 @@ static pthread_mutex_t cuda_devices_lock = PTHREAD_MUTEX_INITIALIZER;
 static cuda_device_t cuda_devices[CP_MAX_DEVICES];
 
 /* ------------------------------------------------------------------------------------------
- * Error reporting
- * ---------------------------------------------------------------------------------------- */
-
-/* cuda_internal.h; the bare number also while the naming functions are not resolved yet. */
-const char *cp_cuda_why(CUresult result, char *buf, size_t buf_bytes) {
-  const char *name = NULL;
-  const char *text = NULL;
-  if (cp_cuda_fn.cuGetErrorName == NULL || cp_cuda_fn.cuGetErrorName(result, &name) != CUDA_SUCCESS) name = NULL;
-  if (cp_cuda_fn.cuGetErrorString == NULL || cp_cuda_fn.cuGetErrorString(result, &text) != CUDA_SUCCESS) text = NULL;
-  if (name != NULL && text != NULL)
-    snprintf(buf, buf_bytes, "%s (%s)", name, text);
-  else if (name != NULL)
-    snprintf(buf, buf_bytes, "%s", name);
-  else
-    snprintf(buf, buf_bytes, "CUDA error %d", (int)result);
-  return buf;
-}
-
-/* cuda_internal.h */
-int cp_cuda_fail(int status, CUresult result, const char *fmt, ...) {
-  char call[CUDA_MESSAGE_BYTES];
-  char why[CUDA_WHY_BYTES];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(call, sizeof call, fmt, ap);
-  va_end(ap);
-  return cp_set_error(status, "cudapool: %s failed: %s", call, cp_cuda_why(result, why, sizeof why));
-}
-
-/* ------------------------------------------------------------------------------------------
  * Loading
  * ---------------------------------------------------------------------------------------- */
 
@@ -225,49 +195,6 @@ int cp_cuda_load(void) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * Note [Context scope]
- * The driver works on the calling thread's current context, and PyTorch calls free without
- * setting the device, so every operation makes its device's primary context current and puts
- * the thread's previous context (or none) back before returning; when the right context is
- * already current (the usual case), neither switch happens. Putting the previous context back
- * can only fail when the driver itself is going away. Then an operation that acquired something
- * (reserve, event_create) gives it back and fails; release and event_destroy report their own
- * outcome, since the resource is gone either way and a failure would invite a second release;
- * the rest fail.
- * ---------------------------------------------------------------------------------------- */
-
-/* cuda_internal.h */
-int cp_cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope) {
-  scope->prev_ctx = NULL;
-  scope->switched = 0;
-  if (d == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: %s: no CUDA device", call);
-  if (!atomic_load_explicit(&d->live, memory_order_acquire))
-    return cp_set_error(CP_ERR_STATE,
-                        "cudapool: %s on device %d: the CUDA backend was shut "
-                        "down",
-                        call, d->ordinal);
-  CUcontext current = NULL;
-  CUresult r = cp_cuda_fn.cuCtxGetCurrent(&current);
-  if (r != CUDA_SUCCESS)
-    return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxGetCurrent (before %s on device %d)", call, d->ordinal);
-  if (current == d->ctx) return CP_OK;
-  r = cp_cuda_fn.cuCtxSetCurrent(d->ctx);
-  if (r != CUDA_SUCCESS)
-    return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(primary context of device %d) before %s", d->ordinal, call);
-  scope->prev_ctx = current;
-  scope->switched = 1;
-  return CP_OK;
-}
-
-/* cuda_internal.h */
-int cp_cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc) {
-  if (!scope->switched) return rc;
-  const CUresult r = cp_cuda_fn.cuCtxSetCurrent(scope->prev_ctx);
-  if (r == CUDA_SUCCESS || rc != CP_OK) return rc;
-  return cp_cuda_fail(CP_ERR_BACKEND, r, "cuCtxSetCurrent(previous context) after %s on device %d", call, d->ordinal);
-}
-
-/* ------------------------------------------------------------------------------------------
  * Backend entries (the operation table)
  * ---------------------------------------------------------------------------------------- */
 
@@ -276,19 +203,13 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   if (out_addr == NULL || size == 0)
     return cp_set_error(CP_ERR_INVALID, "cudapool: cuda reserve(%zu bytes): %s", size,
                         size == 0 ? "size must be > 0" : "out_addr is NULL");
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemAlloc", &scope);
+  cuda_call_t c; /* never join a capture under way */
+  int rc = cp_cuda_begin(d, "cuMemAlloc", &c);
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
-  /* Never join a capture under way (Note [Capture and contexts]). */
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode);
-  const CUresult r = cp_cuda_fn.cuMemAlloc(&ptr, size);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS) {
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
-                      "cuMemAlloc(%zu bytes) on device %d", size, d->ordinal);
-  } else if (ptr % CUDA_ALIGN_BYTES != 0) {
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemAlloc(&ptr, size), CP_ERR_OOM, "cuMemAlloc(%zu bytes) on device %d", size,
+                      d->ordinal);
+  if (rc == CP_OK && ptr % CUDA_ALIGN_BYTES != 0) {
     (void)cp_cuda_fn.cuMemFree(ptr);
     rc = cp_set_error(CP_ERR_BACKEND,
                       "cudapool: cuMemAlloc(%zu bytes) on device %d returned "
@@ -296,7 +217,7 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
                       size, d->ordinal, ptr, (unsigned long long)CUDA_ALIGN_BYTES);
   }
   const int acquired = rc == CP_OK;
-  rc = cp_cuda_leave(d, "cuMemAlloc", &scope, rc);
+  rc = cp_cuda_leave(d, "cuMemAlloc", &c.scope, rc);
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemFree(ptr); /* still in our context */
   if (rc == CP_OK) *out_addr = (uintptr_t)ptr;
   return rc;
@@ -304,16 +225,12 @@ static int cuda_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
 
 static int cuda_release(void *ctx, uintptr_t addr, size_t size) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemFree", &scope);
+  cuda_call_t c; /* never break a capture under way */
+  int rc = cp_cuda_begin(d, "cuMemFree", &c);
   if (rc != CP_OK) return rc;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemFree((CUdeviceptr)addr);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
-  (void)cp_cuda_leave(d, "cuMemFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemFree((CUdeviceptr)addr), CP_ERR_BACKEND,
+                      "cuMemFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
+  (void)cp_cuda_leave(d, "cuMemFree", &c.scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 

@@ -222,7 +222,7 @@ static inline void cp_cuda_unrelax(int relaxed, int *mode) {
 extern char cp_cuda_vmm_missing[CUDA_MESSAGE_BYTES];
 
 /* ------------------------------------------------------------------------------------------
- * Devices and context scopes (cuda.c, Note [Context scope] there)
+ * Devices (cuda.c) and context scopes (cuda_call.c, Note [Context scope] there)
  * ---------------------------------------------------------------------------------------- */
 
 /* One slot per device ordinal; the backend's ctx points at it.
@@ -255,6 +255,31 @@ int cp_cuda_enter(cuda_device_t *d, const char *call, cuda_scope_t *scope);
 /* Put the previous context back. Returns `rc` when the operation already failed (its message
  * stands), else CP_OK or the failure to restore. */
 int cp_cuda_leave(const cuda_device_t *d, const char *call, const cuda_scope_t *scope, int rc);
+
+/* One driver call that makes or gives back memory, in d's context with the thread's capture
+ * mode relaxed (cp_cuda_relax): the frame each such backend entry takes.
+ *
+ *   cuda_call_t c;
+ *   int rc = cp_cuda_begin(d, "cuMemMap", &c);   d's context current, the mode relaxed
+ *   if (rc != CP_OK) return rc;
+ *   rc = cp_cuda_result(&c, cp_cuda_fn.cuMemMap(...), CP_ERR_OOM, "cuMemMap(...) on device %d", ...);
+ *   rc = cp_cuda_leave(d, "cuMemMap", &c.scope, rc);
+ *
+ * The driver call is an argument of cp_cuda_result, so it is made before cp_cuda_result puts the
+ * mode back. cp_cuda_result: CP_OK when `r` is CUDA_SUCCESS; else the failure set (the call named
+ * by fmt) and returned: `oom_status` for CUDA_ERROR_OUT_OF_MEMORY (CP_ERR_OOM where the call makes
+ * memory, CP_ERR_BACKEND where it gives memory back), CP_ERR_BACKEND for any other error. */
+typedef struct cuda_call_s {
+  cuda_scope_t scope;
+  int mode;    /* the capture mode to put back */
+  int relaxed; /* 1 when it was exchanged */
+} cuda_call_t;
+int cp_cuda_begin(cuda_device_t *d, const char *call, cuda_call_t *c);
+int cp_cuda_result(cuda_call_t *c, CUresult r, int oom_status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 /* CP_OK when `device` names a visible device, else the last error set (cuda_vmm.c); the driver is
  * loaded. */

@@ -1,6 +1,6 @@
 /* cuda_ipc.c — the CUDA backend's IPC handles of plain segments (Note [Sharing between processes]
  * in base/backend.h): cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle, each in the
- * device's primary context (Note [Context scope] in cuda.c). */
+ * device's primary context (Note [Context scope] in cuda_call.c). */
 #include <inttypes.h>
 #include <string.h>
 
@@ -26,23 +26,19 @@ static int cuda_ipc_export(void *ctx, uintptr_t addr, void *out_handle) {
 static int cuda_ipc_open(void *ctx, const void *handle, uintptr_t *out_addr) {
   cuda_device_t *d = ctx;
   if (handle == NULL || out_addr == NULL) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda ipc_open: NULL argument");
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuIpcOpenMemHandle", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuIpcOpenMemHandle", &c);
   if (rc != CP_OK) return rc;
   CUipcMemHandle h;
   memcpy(h.reserved, handle, sizeof h.reserved);
   CUdeviceptr p = 0;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode);
-  const CUresult r = cp_cuda_fn.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r, "cuIpcOpenMemHandle on device %d",
-                      d->ordinal);
-  rc = cp_cuda_leave(d, "cuIpcOpenMemHandle", &scope, rc);
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CP_ERR_OOM,
+                      "cuIpcOpenMemHandle on device %d", d->ordinal);
+  const int acquired = rc == CP_OK;
+  rc = cp_cuda_leave(d, "cuIpcOpenMemHandle", &c.scope, rc);
   if (rc == CP_OK) {
     *out_addr = (uintptr_t)p;
-  } else if (r == CUDA_SUCCESS) {
+  } else if (acquired) {
     (void)cp_cuda_fn.cuIpcCloseMemHandle(p);
   }
   return rc;
@@ -50,16 +46,12 @@ static int cuda_ipc_open(void *ctx, const void *handle, uintptr_t *out_addr) {
 
 static int cuda_ipc_close(void *ctx, uintptr_t addr) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuIpcCloseMemHandle", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuIpcCloseMemHandle", &c);
   if (rc != CP_OK) return rc;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode);
-  const CUresult r = cp_cuda_fn.cuIpcCloseMemHandle((CUdeviceptr)addr);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuIpcCloseMemHandle(0x%" PRIxPTR ") on device %d", addr, d->ordinal);
-  return cp_cuda_leave(d, "cuIpcCloseMemHandle", &scope, rc);
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuIpcCloseMemHandle((CUdeviceptr)addr), CP_ERR_BACKEND,
+                      "cuIpcCloseMemHandle(0x%" PRIxPTR ") on device %d", addr, d->ordinal);
+  return cp_cuda_leave(d, "cuIpcCloseMemHandle", &c.scope, rc);
 }
 
 void cp_cuda_ipc_table(cp_backend_t *out) {

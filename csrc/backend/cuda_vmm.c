@@ -19,7 +19,7 @@
  * CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (asked once per device, as
  * torch's expandable segments do, so that memory handed to a NIC works): the allocation
  * properties are the same for the granularity query and for cuMemCreate. Every call runs in
- * the device's primary context (Note [Context scope] in cuda.c): one that acquires
+ * the device's primary context (Note [Context scope] in cuda_call.c): one that acquires
  * (va_reserve, page_create, page_map) gives it back when the previous context cannot be
  * restored; those that give back (va_free, page_release, page_unmap) report their own
  * outcome. Every call that changes the address space runs in the relaxed capture mode (Note
@@ -152,19 +152,15 @@ static int cuda_va_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
   if (out_addr == NULL || size == 0)
     return cp_set_error(CP_ERR_INVALID, "cudapool: cuda va_reserve(%zu bytes): %s", size,
                         size == 0 ? "size must be > 0" : "out_addr is NULL");
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemAddressReserve", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemAddressReserve", &c);
   if (rc != CP_OK) return rc;
   CUdeviceptr ptr = 0;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode);                               /* never join a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemAddressReserve(&ptr, size, 0, 0, 0); /* aligned to the granularity */
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+  /* aligned to the granularity */
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemAddressReserve(&ptr, size, 0, 0, 0), CP_ERR_OOM,
                       "cuMemAddressReserve(%zu bytes) on device %d", size, d->ordinal);
   const int acquired = rc == CP_OK;
-  rc = cp_cuda_leave(d, "cuMemAddressReserve", &scope, rc);
+  rc = cp_cuda_leave(d, "cuMemAddressReserve", &c.scope, rc);
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemAddressFree(ptr, size);
   if (rc == CP_OK) *out_addr = (uintptr_t)ptr;
   return rc;
@@ -172,17 +168,12 @@ static int cuda_va_reserve(void *ctx, size_t size, uintptr_t *out_addr) {
 
 static int cuda_va_free(void *ctx, uintptr_t addr, size_t size) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemAddressFree", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemAddressFree", &c);
   if (rc != CP_OK) return rc;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemAddressFree((CUdeviceptr)addr, size);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemAddressFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size,
-                      d->ordinal);
-  (void)cp_cuda_leave(d, "cuMemAddressFree", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemAddressFree((CUdeviceptr)addr, size), CP_ERR_BACKEND,
+                      "cuMemAddressFree(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
+  (void)cp_cuda_leave(d, "cuMemAddressFree", &c.scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
@@ -191,13 +182,11 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
   if (out_page == NULL || size == 0)
     return cp_set_error(CP_ERR_INVALID, "cudapool: cuda page_create(%zu bytes): %s", size,
                         size == 0 ? "size must be > 0" : "out_page is NULL");
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemCreate", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemCreate", &c);
   if (rc != CP_OK) return rc;
   CUmemAllocationProp prop = vmm_prop(d);
   CUmemGenericAllocationHandle handle = 0;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
   CUresult r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
   if ((r == CUDA_ERROR_NOT_PERMITTED || r == CUDA_ERROR_NOT_SUPPORTED) &&
       prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) { /* Note [Sharing pages] */
@@ -205,12 +194,9 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     r = cp_cuda_fn.cuMemCreate(&handle, size, &prop, 0);
   }
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
-                      "cuMemCreate(%zu bytes, pinned, device %d)", size, d->ordinal);
+  rc = cp_cuda_result(&c, r, CP_ERR_OOM, "cuMemCreate(%zu bytes, pinned, device %d)", size, d->ordinal);
   const int acquired = rc == CP_OK;
-  rc = cp_cuda_leave(d, "cuMemCreate", &scope, rc);
+  rc = cp_cuda_leave(d, "cuMemCreate", &c.scope, rc);
   if (rc == CP_OK && vmm_page_keep(d, handle) != CP_OK)
     rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda page_create: no host memory to keep the page's handle");
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemRelease(handle); /* once: it was never handed out */
@@ -221,64 +207,52 @@ static int cuda_page_create(void *ctx, size_t size, cp_page_t *out_page) {
 /* Note [Page handles]: the handle is handed to cuMemRelease at most once. */
 static int cuda_page_release(void *ctx, cp_page_t page) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemRelease", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemRelease", &c);
   if (rc != CP_OK) return rc; /* no driver call was made: the handle is still live */
   if (!vmm_page_forget(page)) {
     rc = cp_set_error(CP_ERR_INVALID,
                       "cudapool: cuda page_release(page 0x%" PRIxPTR
                       ") on device %d: not a live page (released already, or a failed release, which is not retried)",
                       page, d->ordinal);
-    return cp_cuda_leave(d, "cuMemRelease", &scope, rc);
+    cp_cuda_unrelax(c.relaxed, &c.mode); /* no driver call: the mode back */
+    return cp_cuda_leave(d, "cuMemRelease", &c.scope, rc);
   }
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemRelease((CUmemGenericAllocationHandle)page);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemRelease(page 0x%" PRIxPTR ") on device %d", page, d->ordinal);
-  (void)cp_cuda_leave(d, "cuMemRelease", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemRelease((CUmemGenericAllocationHandle)page), CP_ERR_BACKEND,
+                      "cuMemRelease(page 0x%" PRIxPTR ") on device %d", page, d->ordinal);
+  (void)cp_cuda_leave(d, "cuMemRelease", &c.scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
 static int cuda_page_map(void *ctx, uintptr_t addr, size_t size, cp_page_t page) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemMap", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemMap", &c);
   if (rc != CP_OK) return rc;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemMap((CUdeviceptr)addr, size, 0, (CUmemGenericAllocationHandle)page, 0);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
-                      "cuMemMap(0x%" PRIxPTR ", %zu bytes, offset 0, page 0x%" PRIxPTR ") on device %d", addr, size,
-                      page, d->ordinal);
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemMap((CUdeviceptr)addr, size, 0, (CUmemGenericAllocationHandle)page, 0),
+                      CP_ERR_OOM, "cuMemMap(0x%" PRIxPTR ", %zu bytes, offset 0, page 0x%" PRIxPTR ") on device %d",
+                      addr, size, page, d->ordinal);
   const int acquired = rc == CP_OK;
-  rc = cp_cuda_leave(d, "cuMemMap", &scope, rc);
+  rc = cp_cuda_leave(d, "cuMemMap", &c.scope, rc);
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemUnmap((CUdeviceptr)addr, size);
   return rc;
 }
 
 static int cuda_page_unmap(void *ctx, uintptr_t addr, size_t size) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemUnmap", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemUnmap", &c);
   if (rc != CP_OK) return rc;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never break a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemUnmap((CUdeviceptr)addr, size);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(CP_ERR_BACKEND, r, "cuMemUnmap(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
-  (void)cp_cuda_leave(d, "cuMemUnmap", &scope, CP_ERR_BACKEND); /* Note [Context scope] */
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemUnmap((CUdeviceptr)addr, size), CP_ERR_BACKEND,
+                      "cuMemUnmap(0x%" PRIxPTR ", %zu bytes) on device %d", addr, size, d->ordinal);
+  (void)cp_cuda_leave(d, "cuMemUnmap", &c.scope, CP_ERR_BACKEND); /* Note [Context scope] */
   return rc;
 }
 
 static int cuda_page_set_access(void *ctx, uintptr_t addr, size_t size) {
   cuda_device_t *d = ctx;
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemSetAccess", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemSetAccess", &c);
   if (rc != CP_OK) return rc;
   /* The device itself, then its peers (Note [Peers]). */
   CUmemAccessDesc desc[1 + CP_MAX_DEVICES];
@@ -289,15 +263,10 @@ static int cuda_page_set_access(void *ctx, uintptr_t addr, size_t size) {
     desc[i].location.id = i == 0 ? d->dev : d->peers[i - 1];
     desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode); /* never join a capture under way */
-  const CUresult r = cp_cuda_fn.cuMemSetAccess((CUdeviceptr)addr, size, desc, count);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
+  rc = cp_cuda_result(&c, cp_cuda_fn.cuMemSetAccess((CUdeviceptr)addr, size, desc, count), CP_ERR_OOM,
                       "cuMemSetAccess(0x%" PRIxPTR ", %zu bytes, read-write for device %d and %d peer%s)", addr, size,
                       d->ordinal, d->peer_count, d->peer_count == 1 ? "" : "s");
-  return cp_cuda_leave(d, "cuMemSetAccess", &scope, rc);
+  return cp_cuda_leave(d, "cuMemSetAccess", &c.scope, rc);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -429,20 +398,16 @@ static int cuda_page_export(void *ctx, uintptr_t addr, int *out_fd) {
 static int cuda_page_import(void *ctx, int fd, cp_page_t *out_page) {
   cuda_device_t *d = ctx;
   if (out_page == NULL || fd < 0) return cp_set_error(CP_ERR_INVALID, "cudapool: cuda page_import(fd %d)", fd);
-  cuda_scope_t scope;
-  int rc = cp_cuda_enter(d, "cuMemImportFromShareableHandle", &scope);
+  cuda_call_t c;
+  int rc = cp_cuda_begin(d, "cuMemImportFromShareableHandle", &c);
   if (rc != CP_OK) return rc;
   CUmemGenericAllocationHandle handle = 0;
-  int mode;
-  const int relaxed = cp_cuda_relax(&mode);
-  const CUresult r = cp_cuda_fn.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
-                                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  cp_cuda_unrelax(relaxed, &mode);
-  if (r != CUDA_SUCCESS)
-    rc = cp_cuda_fail(r == CUDA_ERROR_OUT_OF_MEMORY ? CP_ERR_OOM : CP_ERR_BACKEND, r,
-                      "cuMemImportFromShareableHandle(fd %d) on device %d", fd, d->ordinal);
+  rc = cp_cuda_result(&c,
+                      cp_cuda_fn.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
+                                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                      CP_ERR_OOM, "cuMemImportFromShareableHandle(fd %d) on device %d", fd, d->ordinal);
   const int acquired = rc == CP_OK;
-  rc = cp_cuda_leave(d, "cuMemImportFromShareableHandle", &scope, rc);
+  rc = cp_cuda_leave(d, "cuMemImportFromShareableHandle", &c.scope, rc);
   if (rc == CP_OK && vmm_page_keep(d, handle) != CP_OK)
     rc = cp_set_error(CP_ERR_HOST_OOM, "cudapool: cuda page_import: no host memory to keep the page's handle");
   if (acquired && rc != CP_OK) (void)cp_cuda_fn.cuMemRelease(handle);
