@@ -1,25 +1,49 @@
 #!/usr/bin/env python3
-"""Fail when an #include in csrc/ or an import in python/cudapool/ runs against the layers.
+"""Fail when an #include or a call in csrc/, or an import in python/cudapool/, runs against the layers.
 
-The layers (docs/design.md, "Repository layout"), each using only those below it, arrows one way:
+The C layers (docs/design.md, "Repository layout"), one folder of csrc/ each, each using only
+those it names, arrows one way:
 
-    python   the CPython binding            -> torch, core, backend, base
-    torch    device table, exported ABI     -> core, backend, base
-    core     the pool                       -> base
-    backend  cuda, sim                      -> base
-    base     status, fork locks, contract   -> (nothing)
-    standin  a stand-in for libcuda, built  -> (nothing)
-             as its own library for the tests
+    python            the CPython binding (cudapool._C)       -> devices, core, backend, base
+    testhooks         cudapool._testhooks, for tests          -> python, base
+    bridge            cudapool._torch_bridge: torch's         -> devices, core, base
+                      allocator interface (C++, on torch)
+    bridge_testhooks  cudapool._torch_bridge_testhooks        -> bridge, devices, core, base
+    torch_oom         cudapool._torch_oom: throws torch's     -> devices, base
+                      out-of-memory type (C++, on torch)
+    fakecuda          cudapool._torch_fakecuda: the fake GPU  -> (nothing)
+                      of `ab --simulate` (C++, on torch)
+    devices           the device table and the entry points  -> core, backend, base
+                      torch calls (the C layer of _C)
+    core              the pool                                -> base
+    backend           cuda, sim                               -> base
+    base              status, fork locks, the device          -> (nothing)
+                      contract, the pointer map
+    standin           a stand-in for libcuda, built as its    -> (nothing)
+                      own library for the C tests
 
-core and backend never include each other. Only the binding may include Python.h, and no
-layer includes a CUDA header (the driver is loaded at run time). Includes are written with
-the layer's directory ("core/cp.h"), so the layer of every quoted include is visible.
+core and backend never include each other. Only the binding (and its test hooks) may include
+Python.h, only the bridge a CUDA header (everything else loads the driver at run time), and
+only the libraries built against torch include torch's headers. Includes are written with the layer's directory
+("core/cp.h"), so the layer of every quoted include is visible.
 
-Inside csrc/core, each file has a rank (CORE_RANKS below; a header shares its .c file's): a
-file calls functions (and function-like macros) only of files of a lower rank, and includes
-core headers only of its own rank or lower. So the block layer knows no memory source, the
-sources know no ladder, and the ladder knows nothing that reads it. A core file missing from
-the table is an error.
+Inside each layer, each file has a rank (C_RANKS below: CORE_RANKS, DEVICES_RANKS, ... one
+table per layer; a header shares its .c/.cpp file's entry, a header without one is an entry of
+its own): a file calls functions (and function-like macros of headers) only of files of a lower
+rank, and includes headers of its layer only of its own rank or lower. A call is found by name:
+any function defined outside a file's own scope (not static, not in an anonymous namespace; an
+inline function of a header counts) in one file of the layer and called from another, member
+calls and names the calling file defines itself left out. A file missing from its table is an
+error, so a new one gets a place on purpose. Besides, no files of a layer may call or include
+each other in a circle, whatever their ranks. The one exception is a rule, circle_family: the
+files of ONE backend (csrc/backend/sim*, and csrc/backend/cuda* likewise) are one library that
+may call each other in a circle, as are the files of the driver stand-in (csrc/standin); two
+backends share a rank, so neither calls the other.
+
+So in the core the block layer knows no memory source, the sources know no ladder, and the
+ladder knows nothing that reads it; in csrc/devices the device table calls nothing above it
+(what it must do to the private pools and the IPC descriptors goes through hooks: Note [Hooks
+of the device table] in devices/devices.h).
 
 In python/cudapool, each module has a rank (PY_LAYERS below) and may import only modules of
 a lower rank, at module level or inside a function: that rules out import cycles too. A
@@ -95,6 +119,56 @@ CORE_RANKS: dict[str, int] = {
     "share": 11,
     "replay": 12,
     "resume": 12,
+}
+
+# The other layers by rank, on the same rules as csrc/core (a layer's table is C_RANKS[layer]).
+BASE_RANKS: dict[str, int] = {"status": 0, "backend": 0, "ptrmap": 1, "fork": 1}
+# csrc/backend: each backend is one family of files that may call each other in a circle
+# (circle_family); two backends share a rank, so neither calls the other.
+BACKEND_RANKS: dict[str, int] = {
+    **dict.fromkeys(("cuda", "cuda_internal", "cuda_copy", "cuda_ipc", "cuda_vmm"), 0),
+    **dict.fromkeys(("sim", "sim_internal", "sim_copy", "sim_vmm", "sim_work"), 0),
+}
+# csrc/devices: the device table is the floor (Note [Hooks of the device table] in
+# devices/devices.h); the private pools above it, sharing with other processes above both, the
+# entry points torch calls above all three, and their C++ faces on top.
+DEVICES_RANKS: dict[str, int] = {"devices": 0, "graphs": 1, "ipc": 2, "abi": 3, "alloc": 4, "graph_hooks": 4}
+# csrc/python: the module state, conversions and Python stacks; the Pool type; its simulated
+# methods; the module, which makes all of it.
+PYTHON_RANKS: dict[str, int] = {
+    "state": 0,
+    "convert": 0,
+    "hooks_api": 0,
+    "stacks": 0,
+    "pool": 1,
+    "pool_sim": 2,
+    "module": 3,
+}
+TESTHOOKS_RANKS: dict[str, int] = {"testhooks": 0}
+# csrc/bridge: what the bridge keeps of torch's; the hot path every tensor takes (it calls the
+# state's notes and failure); torch's allocator interface over both.
+BRIDGE_RANKS: dict[str, int] = {"bridge_state": 0, "bridge_path": 1, "bridge": 2}
+BRIDGE_TESTHOOKS_RANKS: dict[str, int] = {"bridge_testhooks": 0}
+TORCH_OOM_RANKS: dict[str, int] = {"oom_c10": 0}
+# csrc/fakecuda: the shared declarations; the fake device (allocator, guard, records); the
+# kernels that use it; the module that installs both.
+FAKECUDA_RANKS: dict[str, int] = {"fakecuda": 0, "fakecuda_device": 1, "fakecuda_kernels": 2, "fakecuda_module": 3}
+# csrc/standin: one library, the driver stand-in, whose files may call each other in a circle.
+STANDIN_RANKS: dict[str, int] = dict.fromkeys(
+    ("standin", "standin_internal", "standin_copy", "standin_mem", "standin_share", "standin_stream"), 0
+)
+C_RANKS: dict[str, dict[str, int]] = {
+    "base": BASE_RANKS,
+    "core": CORE_RANKS,
+    "backend": BACKEND_RANKS,
+    "devices": DEVICES_RANKS,
+    "python": PYTHON_RANKS,
+    "testhooks": TESTHOOKS_RANKS,
+    "bridge": BRIDGE_RANKS,
+    "bridge_testhooks": BRIDGE_TESTHOOKS_RANKS,
+    "torch_oom": TORCH_OOM_RANKS,
+    "fakecuda": FAKECUDA_RANKS,
+    "standin": STANDIN_RANKS,
 }
 
 # System headers a layer must not include, with the reason: (pattern, the layers that must not, why).
@@ -218,69 +292,166 @@ def _strip_c(text: str) -> str:
     return re.sub(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', blank, text, flags=re.S)
 
 
-C_DEFINITION = re.compile(r"^(static\s+inline\s+)?[A-Za-z_][\w \t\*]*?\b(cp_\w+)\s*\([^;{]*\)\s*\{", re.M)
-C_STATIC = re.compile(r"^static\b")
-C_MACRO = re.compile(r"^\s*#\s*define\s+(CP_\w+)\(", re.M)
-C_PROTOTYPE = re.compile(r"^[A-Za-z_][\w \t\*]*?\b(cp_\w+)\s*\([^;{]*\)\s*;", re.M)
-C_CALL = re.compile(r"\b(cp_\w+|CP_[A-Z0-9_]+)\s*\(")
+# A function defined at the top level of a file (C, or C++ in a namespace): its return type on
+# the same line, from the first column, then the name (not qualified: no member of a class) and
+# its parameters, maybe over several lines, then the body.
+C_DEFINITION = re.compile(
+    r"^(?:static\s+)?(?:inline\s+)?(?!(?:return|if|for|while|switch|else|do|case|sizeof)\b)"
+    r"[A-Za-z_][\w \t\*&:<>,]*?(?<![\w:])(?<!::)([A-Za-z_]\w*)\s*\([^;{]*\)\s*(?:const\s*)?(?:noexcept\s*)?\{",
+    re.M,
+)
+# Any function body, members of classes included (indented): what a file defines itself.
+C_ANY_DEFINITION = re.compile(r"^[ \t]*[A-Za-z_][\w \t\*&:<>,]*?\b([A-Za-z_]\w*)\s*\([^;{]*\)\s*(?:const\s*)?\{", re.M)
+C_PROTOTYPE = re.compile(r"^[A-Za-z_][\w \t\*&:<>,]*?\b([A-Za-z_]\w*)\s*\([^;{]*\)\s*(?:noexcept\s*)?;", re.M)
+C_MACRO = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)\(", re.M)
+C_CALL = re.compile(r"(?<![\w.])(?<!->)([A-Za-z_]\w*)\s*\(")
+C_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "defined", "alignof", "_Alignof", "decltype"}
+ANON_NAMESPACE = re.compile(r"\bnamespace\s*\{")
 
 
-def check_core_calls(root: Path) -> list[str]:
-    """Calls and includes inside csrc/core against CORE_RANKS."""
-    core = root / "csrc" / "core"
+def _file_local_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) of every anonymous namespace of C++ `text` (comments blanked)."""
+    spans = []
+    for m in ANON_NAMESPACE.finditer(text):
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        spans.append((m.start(), i))
+    return spans
+
+
+def circle_family(layer: str, stem: str) -> str | None:
+    """The files that may call (and include) each other in a circle: those of one backend (csrc/
+    backend/sim*.c among themselves, cuda*.c among themselves; the family is the name before the
+    first "_") and the driver stand-in (csrc/standin, one library). None: no circle allowed."""
+    if layer == "backend":
+        return stem.split("_")[0]
+    if layer == "standin":
+        return "standin"
+    return None
+
+
+def check_c_ranks(root: Path) -> list[str]:
+    """Calls and includes between the files of each layer of csrc/ against its rank table."""
     errors: list[str] = []
-    files = sorted(p for p in core.iterdir() if p.suffix in {".c", ".h"})
+    for layer in C_LAYERS:
+        if (root / "csrc" / layer).is_dir():
+            errors += _check_layer_ranks(root, layer)
+    return errors
+
+
+def _check_layer_ranks(root: Path, layer: str) -> list[str]:
+    ranks = C_RANKS[layer]
+    table = f"{layer.upper()}_RANKS"
+    folder = root / "csrc" / layer
+    errors: list[str] = []
+    files = sorted(p for p in folder.iterdir() if p.suffix in {".c", ".h", ".cpp", ".hpp"})
     owner: dict[str, str] = {}  # function or macro -> the stem that defines it
     texts: dict[Path, str] = {}
     raws: dict[Path, str] = {}
     for path in files:
-        if path.stem not in CORE_RANKS:
-            errors.append(f"{path.relative_to(root).as_posix()}: not in CORE_RANKS of scripts/check_layers.py")
+        if path.stem not in ranks:
+            errors.append(f"{path.relative_to(root).as_posix()}: not in {table} of scripts/check_layers.py")
             continue
         raws[path] = path.read_text(encoding="utf-8")
         text = _strip_c(raws[path])
         texts[path] = text
+        local = _file_local_spans(text)
+        header = path.suffix in {".h", ".hpp"}
         for m in C_DEFINITION.finditer(text):
-            line = m.group(0)
-            if C_STATIC.match(line) and not (m.group(1) and path.suffix == ".h"):
+            static = m.group(0).startswith("static")
+            if (static and not (header and "inline" in m.group(0).split("(")[0])) or any(
+                a <= m.start() <= b for a, b in local
+            ):
                 continue  # file-local: no other file can call it
-            owner[m.group(2)] = path.stem
-        if path.suffix == ".h":
+            owner.setdefault(m.group(1), path.stem)
+        if header:
             for m in C_MACRO.finditer(text):
-                owner[m.group(1)] = path.stem
+                owner.setdefault(m.group(1), path.stem)
+    edges: dict[tuple[str, str], str] = {}  # (from stem, to stem) -> where, the first time
     for path, text in texts.items():
-        stem, rank = path.stem, CORE_RANKS[path.stem]
+        stem, rank = path.stem, ranks[path.stem]
+        family = circle_family(layer, stem)
         where = path.relative_to(root).as_posix()
         for m in INCLUDE_ANY.finditer(raws[path]):
             name = m.group(1)
-            if not name.startswith("core/"):
+            if not name.startswith(layer + "/"):
                 continue
             target = Path(name).stem
-            if target in CORE_RANKS and CORE_RANKS[target] > rank:
-                lineno = raws[path].count("\n", 0, m.start()) + 1
+            if target == stem or target not in ranks:
+                continue
+            lineno = raws[path].count("\n", 0, m.start()) + 1
+            if family is not None and circle_family(layer, target) == family:
+                continue
+            edges.setdefault((stem, target), f"{where}:{lineno}")
+            if ranks[target] > rank:
                 errors.append(
-                    f'{where}:{lineno}: {stem} (rank {rank}) includes "{name}" (rank {CORE_RANKS[target]}): '
+                    f'{where}:{lineno}: {stem} (rank {rank}) includes "{name}" (rank {ranks[target]}): '
                     "an include runs back up"
                 )
-        # Where a function is declared or defined, its name is not a call.
-        named = {m.start(2) for m in C_DEFINITION.finditer(text)} | {m.start(1) for m in C_PROTOTYPE.finditer(text)}
+        # Where a function is declared or defined, its name is not a call; nor is a call of a
+        # function the file defines itself (its own, or a member of one of its classes).
+        named = {m.start(1) for m in C_ANY_DEFINITION.finditer(text)} | {m.start(1) for m in C_PROTOTYPE.finditer(text)}
+        own = {m.group(1) for m in C_ANY_DEFINITION.finditer(text)} | {m.group(1) for m in C_MACRO.finditer(text)}
         seen: set[tuple[int, str]] = set()
         for m in C_CALL.finditer(text):
-            if m.start(1) in named:
-                continue
             name = m.group(1)
+            if m.start(1) in named or name in own or name in C_KEYWORDS:
+                continue
             target = owner.get(name)
-            if target is None or target == stem or CORE_RANKS[target] < rank:
+            if target is None or target == stem:
+                continue
+            if family is not None and circle_family(layer, target) == family:
                 continue
             lineno = text.count("\n", 0, m.start()) + 1
-            if (lineno, name) in seen:
+            edges.setdefault((stem, target), f"{where}:{lineno}")
+            if ranks[target] < rank or (lineno, name) in seen:
                 continue
             seen.add((lineno, name))
             errors.append(
-                f"{where}:{lineno}: {stem} (rank {rank}) calls {name} of {target} (rank {CORE_RANKS[target]}): "
-                "a call runs back up (or across) the core's ranks"
+                f"{where}:{lineno}: {stem} (rank {rank}) calls {name} of {target} (rank {ranks[target]}): "
+                f"a call runs back up (or across) the ranks of csrc/{layer}"
             )
+    for circle in _circles(edges):
+        steps = " -> ".join(f"{a} ({edges[(a, b)]})" for a, b in zip(circle, circle[1:] + circle[:1]))
+        errors.append(f"csrc/{layer}: files call or include each other in a circle: {steps} -> {circle[0]}")
     return errors
+
+
+def _circles(edges: dict[tuple[str, str], str]) -> list[list[str]]:
+    """One circle through each group of files that reach each other (a path, first file not
+    repeated), found by walking the graph of `edges`."""
+    succ: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        succ.setdefault(a, []).append(b)
+    found: list[list[str]] = []
+    covered: set[str] = set()
+    for start in sorted(succ):
+        if start in covered:
+            continue
+        # The shortest way back to `start`, breadth first.
+        back: dict[str, str] = {}
+        queue, i = [start], 0
+        while i < len(queue):
+            node = queue[i]
+            i += 1
+            for nxt in succ.get(node, []):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(back[path[-1]])
+                    circle = path[::-1]
+                    found.append(circle)
+                    covered.update(circle)
+                    queue = []
+                    break
+                if nxt not in back:
+                    back[nxt] = node
+                    queue.append(nxt)
+    return found
 
 
 def _module_names(pkg: Path) -> dict[str, Path]:
@@ -382,13 +553,13 @@ def check_sizes(root: Path, package: str = "cudapool") -> list[str]:
 
 def main(argv: list[str]) -> int:
     root = Path(argv[1]).resolve() if len(argv) > 1 else Path(__file__).resolve().parent.parent
-    errors = check_c(root) + check_core_calls(root) + check_python(root) + check_sizes(root)
+    errors = check_c(root) + check_c_ranks(root) + check_python(root) + check_sizes(root)
     for line in errors:
         print(line)
     if errors:
         print(f"check_layers: {len(errors)} violation(s)", file=sys.stderr)
         return 1
-    print("check_layers: includes, core calls and imports follow the layers; no file is over its size")
+    print("check_layers: includes, calls and imports follow the layers and the ranks; no file is over its size")
     return 0
 
 

@@ -157,9 +157,39 @@ def append(path: Path, text: str) -> None:
             "void cp_zz_probe(cp_pool_t *pool, cp_block_t *b) { cp_block_end_use_locked(pool, b); }\n",
             "stream (rank 3) calls cp_block_end_use_locked of block (rank 6)",
         ),
+        # the device table calling up into the private pools (Note [Hooks of the device table])
+        (
+            "csrc/devices/devices.c",
+            "int cpd_zz_probe(void);\nint cpd_zz_probe(void) { return cpd_graph_pools_exist(); }\n",
+            "devices (rank 0) calls cpd_graph_pools_exist of graphs (rank 1)",
+        ),
+        # the private pools calling up into the entry points
+        (
+            "csrc/devices/graphs.c",
+            'void cpd_zz_probe(void);\nvoid cpd_zz_probe(void) { cpd_report("x"); }\n',
+            "graphs (rank 1) calls cpd_report of abi (rank 3)",
+        ),
+        # one backend calling another: the circle of a backend's own files stops at its edge
+        (
+            "csrc/backend/sim_work.c",
+            "int cp_zz_probe(int *n);\nint cp_zz_probe(int *n) { return cp_cuda_device_count(n); }\n",
+            "sim_work (rank 0) calls cp_cuda_device_count of cuda_vmm (rank 0)",
+        ),
+        # C++ in a namespace: the bridge's state calling up into the bridge
+        (
+            "csrc/bridge/bridge_state.cpp",
+            "namespace cudapool_bridge {\nvoid zz_probe();\nvoid zz_probe() { (void)allocate_with(0, 0, nullptr); }\n}\n",
+            "bridge_state (rank 0) calls allocate_with of bridge (rank 2)",
+        ),
+        # the binding's state calling up into the Pool type
+        (
+            "csrc/python/state.c",
+            "PyObject *cpy_zz_probe(cpy_state *st);\nPyObject *cpy_zz_probe(cpy_state *st) { return cpy_pool_for_device(st, 0); }\n",
+            "state (rank 0) calls cpy_pool_for_device of pool (rank 1)",
+        ),
     ],
 )
-def test_a_core_call_back_up_fails(tree: Path, file: str, text: str, expect: str) -> None:
+def test_a_call_back_up_the_ranks_fails(tree: Path, file: str, text: str, expect: str) -> None:
     append(tree / file, text)
     result = run_checker(tree)
     assert result.returncode == 1
@@ -178,11 +208,66 @@ def test_a_core_include_back_up_fails(tree: Path) -> None:
     assert 'block (rank 6) includes "core/drain.h" (rank 9)' in result.stdout, result.stdout
 
 
-def test_a_core_file_without_a_rank_fails(tree: Path) -> None:
-    (tree / "csrc/core/newsource.c").write_text('#include "core/block.h"\n', encoding="utf-8")
+def test_a_call_back_and_forth_is_a_circle(tree: Path) -> None:
+    append(
+        tree / "csrc/devices/devices.c",
+        "int cpd_zz_probe(void);\nint cpd_zz_probe(void) { return cpd_graph_pools_exist(); }\n",
+    )
     result = run_checker(tree)
     assert result.returncode == 1
-    assert "csrc/core/newsource.c: not in CORE_RANKS" in result.stdout, result.stdout
+    assert (
+        "csrc/devices: files call or include each other in a circle: devices (csrc/devices/devices.c:" in result.stdout
+    )
+    assert "-> graphs (csrc/devices/graphs.c:" in result.stdout, result.stdout
+
+
+def test_files_of_one_rank_including_each_other_are_a_circle(tree: Path) -> None:
+    add_line(tree / "csrc/python/convert.h", '#include "python/stacks.h"')
+    add_line(tree / "csrc/python/stacks.h", '#include "python/convert.h"')
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert "csrc/python: files call or include each other in a circle: convert (csrc/python/convert.h:" in result.stdout
+    assert "-> stacks (csrc/python/stacks.h:" in result.stdout, result.stdout
+
+
+def test_the_files_of_one_backend_may_call_each_other(tree: Path) -> None:
+    # sim.c calls sim_work.c and standin_mem.c calls standin_stream.c; here each calls back:
+    # a backend's files, and the stand-in's, are one library each.
+    append(
+        tree / "csrc/backend/sim_work.c",
+        "void cp_zz_probe(cp_sim_t *s);\nvoid cp_zz_probe(cp_sim_t *s) { cp_sim_complete_all(s); }\n",
+    )
+    append(
+        tree / "csrc/standin/standin_stream.c",
+        "void sti_zz_probe(void);\nvoid sti_zz_probe(void) { sti_mem_clear(); }\n",
+    )
+    result = run_checker(tree)
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_member_call_or_an_own_definition_is_no_call_of_another_file(tree: Path) -> None:
+    append(
+        tree / "csrc/bridge/bridge_state.cpp",
+        "namespace cudapool_bridge {\nnamespace {\nstruct Zz {\n  int allocate_with(int x) { return x; }\n};\n"
+        "int zz_probe(Zz &z, Zz *p) { return z.allocate_with(1) + p->allocate_with(2); }\n}\n}\n",
+    )
+    assert run_checker(tree).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "file, table",
+    [
+        ("csrc/core/newsource.c", "CORE_RANKS"),
+        ("csrc/devices/newtable.c", "DEVICES_RANKS"),
+        ("csrc/bridge/bridge_new.cpp", "BRIDGE_RANKS"),
+        ("csrc/standin/standin_new.c", "STANDIN_RANKS"),
+    ],
+)
+def test_a_file_without_a_rank_fails_in_every_layer(tree: Path, file: str, table: str) -> None:
+    (tree / file).write_text("", encoding="utf-8")
+    result = run_checker(tree)
+    assert result.returncode == 1
+    assert f"{file}: not in {table} of scripts/check_layers.py" in result.stdout, result.stdout
 
 
 def test_a_file_over_its_size_fails(tree: Path) -> None:

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "bridge/bridge_path.h"
 #include "bridge/bridge_state.h"
 
 extern "C" {

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <ctime>
 #include <exception>
@@ -15,12 +16,16 @@
 #include <unordered_set>
 
 extern "C" {
+#include "devices/abi.h"
 #include "devices/devices.h"
 }
 #include "devices/graphs.h"
 
 namespace cudapool_bridge {
 
+// The hot path's (bridge_path.h) flag and, below, what it calls (note_alloc, note_free, fail):
+// defined here, where what they touch is kept. This file does not include the hot path: the
+// path calls the state, never the other way.
 std::atomic<bool> recording{false};
 
 History &history() {

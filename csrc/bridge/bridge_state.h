@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "bridge/bridge_path.h"
+extern "C" {
+#include "core/cp.h"
+}
 
 #define CP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))

@@ -11,8 +11,6 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "base/fork.h"
-#include "devices/graphs.h"
-#include "devices/ipc.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the
@@ -36,6 +34,10 @@ static size_t cpd_event_log_cap = CPD_DEFAULT_EVENT_LOG;
 static double cpd_fractions[CP_MAX_DEVICES];           /* set through cpd_set_memory_fraction */
 static unsigned char cpd_fraction_set[CP_MAX_DEVICES]; /* 1 where cpd_fractions[d] holds one */
 static pthread_once_t cpd_fork_once = PTHREAD_ONCE_INIT;
+/* Note [Hooks of the device table] (devices.h): added under the lock; read up to the count, which
+ * is published after its slot. */
+static const cpd_table_hooks_t *cpd_hooks[CPD_TABLE_HOOKS_MAX];
+static atomic_int cpd_hook_count;
 
 static void cpd_register_for_fork(void) { cp_fork_register_outer(&cpd_lock); }
 
@@ -46,6 +48,18 @@ void cpd_fork_register_table(void) { pthread_once(&cpd_fork_once, cpd_register_f
 static void cpd_table_lock(void) {
   cpd_fork_register_table();
   pthread_mutex_lock(&cpd_lock);
+}
+
+void cpd_table_hooks_add(const cpd_table_hooks_t *hooks) {
+  cpd_table_lock();
+  const int n = atomic_load_explicit(&cpd_hook_count, memory_order_relaxed);
+  if (n == CPD_TABLE_HOOKS_MAX) {
+    fprintf(stderr, "cudapool: more than %d sets of device table hooks\n", CPD_TABLE_HOOKS_MAX);
+    abort();
+  }
+  cpd_hooks[n] = hooks;
+  atomic_store_explicit(&cpd_hook_count, n + 1, memory_order_release);
+  pthread_mutex_unlock(&cpd_lock);
 }
 
 static void cpd_config_locked(cp_config_t *out) {
@@ -213,12 +227,6 @@ double cpd_memory_fraction(int device) {
 
 static _Atomic(cp_segment_observer_t) cpd_segment_observer;
 
-static int cpd_observe_visit(void *arg, int device, unsigned long long id0, unsigned long long id1, cp_pool_t *pool) {
-  (void)arg, (void)id0, (void)id1;
-  cpd_observe_pool(pool, device);
-  return CP_OK;
-}
-
 void cpd_observe_pool(cp_pool_t *pool, int device) {
   cp_segment_observer_t fn = atomic_load_explicit(&cpd_segment_observer, memory_order_acquire);
   if (fn != NULL) (void)cp_pool_set_segment_observer(pool, fn, (void *)(intptr_t)device);
@@ -231,9 +239,14 @@ void cpd_set_segment_observer(cp_segment_observer_t fn) {
     cp_pool_t *pool = atomic_load_explicit(&cpd_pools[d], memory_order_relaxed);
     if (pool != NULL) (void)cp_pool_set_segment_observer(pool, fn, (void *)(intptr_t)d);
   }
+  /* Read under the lock that hooks are added under: a pool made after this call by a file that
+   * added its hooks later loads the observer stored above. */
+  const int hooks = atomic_load_explicit(&cpd_hook_count, memory_order_relaxed);
   pthread_mutex_unlock(&cpd_lock);
   /* Private pools made before: they get it here (the graph lock is inner to the table's). */
-  (void)cpd_graph_visit(cpd_observe_visit, NULL);
+  for (int i = 0; i < hooks; i++) {
+    if (cpd_hooks[i]->observe_pools != NULL) cpd_hooks[i]->observe_pools();
+  }
 }
 
 int cpd_set_history(size_t max_entries) {
@@ -285,9 +298,14 @@ size_t cpd_event_log(void) {
 }
 
 void cpd_shutdown(void) {
-  cpd_ipc_sweep(1); /* descriptors kept for receivers of shared blocks */
+  const int hooks = atomic_load_explicit(&cpd_hook_count, memory_order_acquire);
+  for (int i = 0; i < hooks; i++) { /* descriptors kept for receivers of shared blocks */
+    if (cpd_hooks[i]->shutdown_first != NULL) cpd_hooks[i]->shutdown_first();
+  }
   cpd_table_lock();
-  cpd_graphs_shutdown(); /* private pools first: they use the devices' backends */
+  for (int i = 0; i < hooks; i++) { /* private pools first: they use the devices' backends */
+    if (cpd_hooks[i]->shutdown_locked != NULL) cpd_hooks[i]->shutdown_locked();
+  }
   for (int d = 0; d < CP_MAX_DEVICES; d++) {
     cp_pool_t *pool = atomic_exchange_explicit(&cpd_pools[d], NULL, memory_order_acq_rel);
     if (pool != NULL) cp_pool_destroy(pool);

@@ -52,6 +52,26 @@ size_t cpd_event_log(void);
 void cpd_set_segment_observer(cp_segment_observer_t fn);
 void cpd_observe_pool(cp_pool_t *pool, int device);
 
+/* Note [Hooks of the device table]
+ * The table is the floor of csrc/devices: graphs.c and ipc.c call it (for a device's pool, the
+ * configuration, the segment observer), so it calls neither of them by name, or the files would
+ * call each other in a circle. What it must still do to what they own (give a new segment
+ * observer to the private pools; at shutdown close the descriptors kept for IPC receivers, then
+ * destroy the private pools, which use the devices' backends, before the devices' own pools) it
+ * does through hooks that each of them adds once, at its first use: before its first private
+ * pool or kept descriptor exists, so nothing they own escapes the hooks. Hooks are never
+ * removed (cpd_shutdown keeps them: a file with nothing left to tear down does nothing). Any
+ * member may be NULL; hooks of one kind run in the order they were added. */
+typedef struct cpd_table_hooks_s {
+  void (*shutdown_first)(void);  /* cpd_shutdown, before it takes the table lock */
+  void (*shutdown_locked)(void); /* cpd_shutdown, under the table lock, before the pools go */
+  void (*observe_pools)(void);   /* cpd_set_segment_observer, after the table's pools: cpd_observe_pool on each */
+} cpd_table_hooks_t;
+/* Add `hooks` (which must outlive the process: a static). Takes the table lock: call it with no
+ * lock of csrc/devices held. At most CPD_TABLE_HOOKS_MAX sets; one more aborts. */
+#define CPD_TABLE_HOOKS_MAX 4
+void cpd_table_hooks_add(const cpd_table_hooks_t *hooks);
+
 /* Register the table's lock with the fork handlers (Note [Locks across fork]) unless it is
  * already; it takes no lock. Locks nested inside the table's register after calling this. */
 void cpd_fork_register_table(void);

@@ -36,19 +36,16 @@ typedef struct cpd_window_s {
  * called before taking it), and cpd_shutdown takes it with the table's held. `open[d]` and
  * `pool_count` are written under it and read without it on the allocation and free paths. */
 static pthread_mutex_t cpd_graph_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t cpd_graph_fork_once = PTHREAD_ONCE_INIT;
+static pthread_once_t cpd_graph_once = PTHREAD_ONCE_INIT;
 static cpd_gpool_t *cpd_gpools;      /* oldest first */
 static cpd_window_t *cpd_windows;    /* oldest first */
 atomic_int cpd_open[CP_MAX_DEVICES]; /* windows open per device (graphs.h) */
 static atomic_int cpd_pool_total;
 
-static void cpd_graph_register_for_fork(void) {
-  cpd_fork_register_table(); /* the table's lock first: it is the outer one */
-  cp_fork_register_outer(&cpd_graph_lock);
-}
+static void cpd_graph_first_use(void);
 
 static void cpd_graph_lock_take(void) {
-  pthread_once(&cpd_graph_fork_once, cpd_graph_register_for_fork);
+  pthread_once(&cpd_graph_once, cpd_graph_first_use);
   pthread_mutex_lock(&cpd_graph_lock);
 }
 
@@ -515,7 +512,8 @@ int cpd_graph_pause(int device, uint32_t tag, int backup) {
 
 int cpd_graph_resume(int device, uint32_t tag) { return cpd_graph_pause_resume(device, tag, 0, 0); }
 
-void cpd_graphs_shutdown(void) {
+/* Destroy every private pool and close every window (the device table's shutdown). */
+static void cpd_graphs_shutdown(void) {
   cpd_graph_lock_take();
   for (cpd_window_t *w = cpd_windows, *next; w != NULL; w = next) {
     next = w->next;
@@ -532,4 +530,22 @@ void cpd_graphs_shutdown(void) {
   for (int d = 0; d < CP_MAX_DEVICES; d++) atomic_store_explicit(&cpd_open[d], 0, memory_order_relaxed);
   atomic_store_explicit(&cpd_pool_total, 0, memory_order_relaxed);
   cpd_graph_unlock();
+}
+
+static void cpd_graphs_observe(void) {
+  cpd_graph_lock_take();
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) cpd_observe_pool(gp->pool, gp->device);
+  cpd_graph_unlock();
+}
+
+static const cpd_table_hooks_t cpd_graph_hooks = {NULL, cpd_graphs_shutdown, cpd_graphs_observe};
+
+/* Before the graph lock is first taken, so before any private pool exists: the fork handlers
+ * learn the lock, and the device table the hooks by which it reaches the private pools (Note
+ * [Hooks of the device table] in devices.h). No lock of the file is held here, so taking the
+ * table's (outer to the graph lock) is in order. */
+static void cpd_graph_first_use(void) {
+  cpd_fork_register_table(); /* the table's lock first: it is the outer one */
+  cp_fork_register_outer(&cpd_graph_lock);
+  cpd_table_hooks_add(&cpd_graph_hooks);
 }

@@ -122,9 +122,6 @@ int cpd_graph_live_blocks(int device, unsigned long long id0, unsigned long long
 int cpd_graph_pause(int device, uint32_t tag, int backup);
 int cpd_graph_resume(int device, uint32_t tag);
 
-/* Destroy every private pool and close every window (the device table's shutdown). */
-void cpd_graphs_shutdown(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -100,7 +100,9 @@ static int cpd_ipc_still_shared(void *ptr) {
   return cpd_graph_pools_exist() && cpd_graph_is_shared(ptr);
 }
 
-void cpd_ipc_sweep(int all) {
+/* Close the descriptors kept for receivers of blocks no longer shared (each cpd_ipc_share does);
+ * at shutdown, all of them. */
+static void cpd_ipc_sweep(int all) {
   pthread_mutex_lock(&cpd_ipc_lock);
   for (cpd_kept_t **link = &cpd_kept; *link != NULL;) {
     cpd_kept_t *k = *link;
@@ -113,6 +115,15 @@ void cpd_ipc_sweep(int all) {
   }
   pthread_mutex_unlock(&cpd_ipc_lock);
 }
+
+static void cpd_ipc_sweep_all(void) { cpd_ipc_sweep(1); }
+
+static const cpd_table_hooks_t cpd_ipc_hooks = {cpd_ipc_sweep_all, NULL, NULL};
+static pthread_once_t cpd_ipc_once = PTHREAD_ONCE_INIT;
+
+/* Before the first descriptor is kept: the device table's shutdown closes them all, through a
+ * hook (Note [Hooks of the device table] in devices.h). */
+static void cpd_ipc_first_use(void) { cpd_table_hooks_add(&cpd_ipc_hooks); }
 
 /* cp_pool_share on the pool holding live `ptr` (any device's, private pools included), with
  * that pool's device and backend. */
@@ -168,6 +179,7 @@ static int cpd_ipc_share_paged(const cp_backend_t *be, int device, const cp_shar
 int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len, size_t *out_offset) {
   if (buf == NULL || out_len == NULL || out_offset == NULL || cap < 2)
     return cp_set_error(CP_ERR_INVALID, "cudapool: share: NULL argument");
+  pthread_once(&cpd_ipc_once, cpd_ipc_first_use);
   cpd_ipc_sweep(0);
   int device = -1;
   cp_backend_t be;

@@ -20,8 +20,4 @@ int cpd_ipc_share(void *ptr, int version, char *buf, size_t cap, size_t *out_len
 int cpd_ipc_open(const char *handle, size_t len, int device, void **out_ptr, void **out_token);
 int cpd_ipc_close(void *token);
 
-/* Descriptors kept for receivers of blocks that are no longer shared are closed (also done by
- * each cpd_ipc_share); at shutdown, all of them. */
-void cpd_ipc_sweep(int all);
-
 #endif /* CPD_IPC_H */

@@ -1,6 +1,6 @@
-/* module.c — the module cudapool._C: its functions, its state and its definition.
+/* module.c — the module cudapool._C: its functions and its definition (its state: state.c).
  * Owns: configuration parsing, the process-wide device table's Python face, module init. */
-#include "python/module.h"
+#include "python/state.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -14,28 +14,12 @@
 #include "devices/graphs.h"
 #include "python/convert.h"
 #include "python/hooks_api.h"
+#include "python/pool.h"
 #include "python/stacks.h"
 
 /* ------------------------------------------------------------------------------------------
- * Module state
+ * Adding to the module
  * ---------------------------------------------------------------------------------------- */
-
-cpy_state *cpy_state_of_module(PyObject *module) { return (cpy_state *)PyModule_GetState(module); }
-
-cpy_state *cpy_state_of_type(PyTypeObject *type) {
-#if PY_VERSION_HEX >= 0x030B0000
-  PyObject *module = PyType_GetModuleByDef(type, &cpy_module_def);
-  return module != NULL ? cpy_state_of_module(module) : NULL;
-#else
-  for (PyTypeObject *t = type; t != NULL; t = t->tp_base) {
-    if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) continue;
-    PyObject *module = ((PyHeapTypeObject *)t)->ht_module;
-    if (module != NULL && PyModule_GetDef(module) == &cpy_module_def) return cpy_state_of_module(module);
-  }
-  PyErr_Format(PyExc_TypeError, "%s is not a cudapool._C type", type->tp_name);
-  return NULL;
-#endif
-}
 
 static int module_add_ref(PyObject *module, const char *name, PyObject *value) {
 #if PY_VERSION_HEX >= 0x030A0000

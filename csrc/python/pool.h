@@ -3,7 +3,7 @@
 #ifndef CPY_POOL_H
 #define CPY_POOL_H
 
-#include "python/module.h"
+#include "python/state.h"
 
 #include "backend/sim.h"
 #include "core/cp.h"
@@ -15,6 +15,15 @@ typedef struct pool_object_s {
   size_t capacity;          /* simulated pool: the device's capacity */
   cp_replay_t *replay;      /* simulated pool: the replay under way, or NULL; destroyed before pool */
 } PoolObject;
+
+/* The pool-handle type, cudapool._C.Pool. */
+extern PyType_Spec cpy_pool_spec;
+/* Make cpy_pool_spec's method table; before the type is made. -1 with an exception. */
+int cpy_pool_spec_prepare(void);
+
+/* A new Pool handle naming device `device` (0 <= device < CP_MAX_DEVICES) of the
+ * process-wide table. */
+PyObject *cpy_pool_for_device(cpy_state *st, int device);
 
 /* A cudapool error for `status` (the last error's text), as the module raises them. */
 PyObject *cpy_pool_raise_status(PyObject *op, int status);

@@ -3,9 +3,10 @@
 #ifndef CPY_STACKS_H
 #define CPY_STACKS_H
 
-#include <stdint.h>
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 
-#include "python/module.h"
+#include <stdint.h>
 
 /* The id of the calling thread's Python stack (1, 2, ...), or 0: capture is off, the thread
  * does not hold the GIL (it is not running Python: an autograd worker, say), or it has no

@@ -1,7 +1,8 @@
-/* module.h — what the files of the binding (module cudapool._C) share: the module state, the
- * module definition, and the pool-handle type's spec and constructor. */
-#ifndef CPY_MODULE_H
-#define CPY_MODULE_H
+/* state.h — what every file of the binding (module cudapool._C) shares: the module state, the
+ * way from a module or a type to it, and the cast of a keyword method. The floor of csrc/python:
+ * module.c, above all its files, defines the module. */
+#ifndef CPY_STATE_H
+#define CPY_STATE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,6 +13,7 @@ typedef struct cpy_state_s {
   PyTypeObject *pool_type; /* cudapool._C.Pool */
 } cpy_state;
 
+/* The module's definition (module.c). */
 extern struct PyModuleDef cpy_module_def;
 
 /* The state of the module `module` (cudapool._C). */
@@ -22,16 +24,7 @@ cpy_state *cpy_state_of_module(PyObject *module);
  * NULL with TypeError set when there is none. */
 cpy_state *cpy_state_of_type(PyTypeObject *type);
 
-/* The pool-handle type, cudapool._C.Pool (pool.c). */
-extern PyType_Spec cpy_pool_spec;
-/* Make cpy_pool_spec's method table (pool.c); before the type is made. -1 with an exception. */
-int cpy_pool_spec_prepare(void);
-
-/* A new Pool handle naming device `device` (0 <= device < CP_MAX_DEVICES) of the
- * process-wide table. */
-PyObject *cpy_pool_for_device(cpy_state *st, int device);
-
 /* A PyCFunction for a METH_VARARGS | METH_KEYWORDS implementation. */
 #define CPY_METH_KW(fn) ((PyCFunction)(void (*)(void))(fn))
 
-#endif /* CPY_MODULE_H */
+#endif /* CPY_STATE_H */
