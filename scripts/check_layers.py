@@ -126,7 +126,7 @@ BASE_RANKS: dict[str, int] = {"status": 0, "backend": 0, "ptrmap": 1, "fork": 1}
 # csrc/backend: each backend is one family of files that may call each other in a circle
 # (circle_family); two backends share a rank, so neither calls the other.
 BACKEND_RANKS: dict[str, int] = {
-    **dict.fromkeys(("cuda", "cuda_internal", "cuda_copy", "cuda_ipc", "cuda_vmm"), 0),
+    **dict.fromkeys(("cuda", "cuda_internal", "cuda_call", "cuda_copy", "cuda_ipc", "cuda_vmm"), 0),
     **dict.fromkeys(("sim", "sim_internal", "sim_copy", "sim_vmm", "sim_work"), 0),
 }
 # csrc/devices: the device table is the floor (Note [Hooks of the device table] in
