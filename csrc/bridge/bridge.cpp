@@ -436,7 +436,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     cp_restore_release(&r);
     return delta;
   }
-  // CUDA IPC (Note [Handles for torch] in torch/ipc.c): torch's own format for plain segments,
+  // CUDA IPC (Note [Handles for torch] in devices/ipc.c): torch's own format for plain segments,
   // cudapool's for page-mapped memory; each handle is opened once per process, as torch does
   // (the driver refuses a second cuIpcOpenMemHandle of one handle).
   cc::ShareableHandle shareIpcHandle(void *ptr) override {
@@ -455,8 +455,8 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     }
     // The device torch's receiver made current (its guard of the sender's device); a handle of a
     // type cudapool does not open is refused before the CUDA runtime is asked.
-    const bool known = handle.size() >= 2 && (handle[1] == 'c' || handle[1] == 'p');
-    const int device = known ? static_cast<int>(c10::cuda::current_device()) : 0;
+    const bool ours = cpd_ipc_handle_is_ours(handle.data(), handle.size()) != 0;
+    const int device = ours ? static_cast<int>(c10::cuda::current_device()) : 0;
     void *base = nullptr, *token = nullptr;
     if (cpd_ipc_open(handle.data(), handle.size(), device, &base, &token) != CP_OK) fail_call("getIpcDevPtr");
     std::shared_ptr<void> open(base, [token](void *) {

@@ -427,10 +427,14 @@ static int cpd_ipc_open_paged(const cp_backend_t *be, const char *p, size_t len,
   return CP_OK;
 }
 
+int cpd_ipc_handle_is_ours(const char *handle, size_t len) {
+  return handle != NULL && len >= 2 && (handle[1] == 'c' || handle[1] == 'p');
+}
+
 int cpd_ipc_open(const char *handle, size_t len, int device, void **out_ptr, void **out_token) {
   if (handle == NULL || out_ptr == NULL || out_token == NULL || len < 2)
     return cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: an empty handle");
-  if (handle[1] != 'c' && handle[1] != 'p') {
+  if (!cpd_ipc_handle_is_ours(handle, len)) {
     return cp_set_error(CP_ERR_INVALID,
                         "cudapool: open a shared tensor: a handle of type '%c', which cudapool does not know (torch's "
                         "expandable segments: 'e'; open it with torch's own allocator)",
