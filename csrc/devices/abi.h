@@ -96,14 +96,11 @@ typedef struct cpd_alloc_throw_s {
 } cpd_alloc_throw_t;
 
 #ifdef __cplusplus
-}
-#endif
-
-#ifdef __cplusplus
-/* The one throw of a failed cpd_alloc (alloc.cpp): its message (cpd_alloc_error_message), and
- * the exception out of memory or any other failure calls for (Note [Out-of-memory type]);
- * `how` NULL: cudapool_alloc's ways. */
+/* The one throw of a failed cpd_alloc (alloc.cpp; C linkage, as every includer sees it, but
+ * only C++ can call it): its message (cpd_alloc_error_message), and the exception out of
+ * memory or any other failure calls for (Note [Out-of-memory type]); `how` NULL: cudapool_alloc's. */
 [[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device, const cpd_alloc_throw_t *how);
+}
 #endif
 
 #endif /* CP_ABI_H */

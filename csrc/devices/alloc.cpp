@@ -34,7 +34,8 @@ void *alloc_or_throw(size_t size, int device, void *stream, int *status) {
 
 } // namespace
 
-[[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device, const cpd_alloc_throw_t *how) {
+extern "C" [[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device,
+                                                    const cpd_alloc_throw_t *how) {
   const cpd_alloc_throw_t none = {nullptr, nullptr, nullptr};
   if (how == nullptr) how = &none;
   char buf[4096];

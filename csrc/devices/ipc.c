@@ -94,9 +94,8 @@ static void cpd_kept_free(cpd_kept_t *k) {
 
 /* Whether `ptr` is still a shared block of some pool (a pool that went is not looked at). */
 static int cpd_ipc_still_shared(void *ptr) {
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
-    if (cp_pool_is_shared(cpd_pool_if_created(d), ptr)) return 1;
-  }
+  cp_pool_t *pool;
+  if (cpd_owner(ptr, &pool) >= 0) return cp_pool_is_shared(pool, ptr);
   return cpd_graph_pools_exist() && cpd_graph_is_shared(ptr);
 }
 
@@ -117,13 +116,12 @@ void cpd_ipc_sweep(int all) {
 /* cp_pool_share on the pool holding live `ptr` (any device's, private pools included), with
  * that pool's device and backend. */
 static int cpd_ipc_share_block(void *ptr, cp_share_t *sh, int *out_device, cp_backend_t *out_be) {
-  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) {
-      *out_device = d;
-      cp_pool_backend(pool, out_be);
-      return cp_pool_share(pool, ptr, sh);
-    }
+  cp_pool_t *pool;
+  const int device = cpd_owner(ptr, &pool);
+  if (device >= 0) {
+    *out_device = device;
+    cp_pool_backend(pool, out_be);
+    return cp_pool_share(pool, ptr, sh);
   }
   int handled = 0;
   if (ptr != NULL && cpd_graph_pools_exist()) {

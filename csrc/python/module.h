@@ -27,6 +27,10 @@ extern PyType_Spec cpy_pool_spec;
 /* Make cpy_pool_spec's method table (pool.c); before the type is made. -1 with an exception. */
 int cpy_pool_spec_prepare(void);
 
+/* {pool block state: torch's block state, or None where torch shows no memory} (Note [Torch's
+ * segments] in core/cp.h): the module's TORCH_BLOCK_STATES (pool.c). */
+PyObject *cpy_pool_torch_block_states(void);
+
 /* A new Pool handle naming device `device` (0 <= device < CP_MAX_DEVICES) of the
  * process-wide table. */
 PyObject *cpy_pool_for_device(cpy_state *st, int device);
