@@ -35,7 +35,7 @@ void *alloc_or_throw(size_t size, int device, void *stream, int *status) {
 } // namespace
 
 extern "C" [[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device,
-                                                    const cpd_alloc_throw_t *how) {
+                                                     const cpd_alloc_throw_t *how) {
   const cpd_alloc_throw_t none = {nullptr, nullptr, nullptr};
   if (how == nullptr) how = &none;
   char buf[4096];

@@ -328,8 +328,7 @@ static PyObject *snapshot_segment(const cp_snapshot_t *snap, const cp_snapshot_s
   }
   for (size_t k = 0; k < s->block_count; k++) {
     const cp_snapshot_block_t *b = &snap->blocks[s->first_block + k];
-    const char *state =
-        b->state >= 0 && (size_t)b->state < SNAP_STATE_COUNT ? snap_state_names[b->state] : "unknown";
+    const char *state = b->state >= 0 && (size_t)b->state < SNAP_STATE_COUNT ? snap_state_names[b->state] : "unknown";
     PyObject *t = Py_BuildValue("(KKKs)", (unsigned long long)b->addr, (unsigned long long)b->size,
                                 (unsigned long long)b->requested, state);
     if (t == NULL) {

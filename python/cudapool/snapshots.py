@@ -114,7 +114,9 @@ def _alloc_frames(records: Sequence[HistoryRecord]) -> Dict[int, int]:
     return last
 
 
-def _segment_record(raw: Dict[str, Any], device: int, run: Sequence[int], blocks: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _segment_record(
+    raw: Dict[str, Any], device: int, run: Sequence[int], blocks: List[Dict[str, Any]]
+) -> Dict[str, Any]:
     _first, _count, total, allocated, active, requested = run
     return {
         "device": device,
