@@ -72,7 +72,7 @@ C_LAYERS: dict[str, set[str]] = {
     # Products of their own: each folder is one built library (setup.py, product_sources).
     "testhooks": {"base", "python", "testhooks"},
     "torch_oom": {"base", "devices", "torch_oom"},
-    "bridge": {"base", "core", "devices", "bridge"},
+    "bridge": {"base", "core", "devices", "torch_oom", "bridge"},  # torch_oom: its header-only throw
     "bridge_testhooks": {"base", "core", "devices", "bridge", "bridge_testhooks"},
     "fakecuda": {"fakecuda"},
     # Not part of cudapool: the driver stand-in the C tests load in libcuda's place (csrc/standin/).

@@ -128,14 +128,17 @@ struct SnapshotBuilder {
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> *live = nullptr;
   bool block_frames = false;
 
-  // One pool's segments. A page-mapped segment (a large address range mapped in pieces)
-  // becomes one segment per stretch of memory, as torch shows an expandable segment: blocks
-  // with no memory behind them (unmapped, being mapped) are left out.
+  // One pool's segments, cut as torch shows them (Note [Torch's segments] in core/cp.h).
   int add_pool(cp_pool_t *pool, int device, c10::MempoolId_t owner) {
     cp_snapshot_t snap;
     if (cp_pool_snapshot(pool, &snap) != CP_OK) return CP_ERR_HOST_OOM;
     try {
-      for (size_t i = 0; i < snap.segment_count; i++) add_segment(snap, snap.segments[i], device, owner);
+      for (size_t i = 0; i < snap.segment_count; i++) {
+        cp_snapshot_run_t run;
+        for (size_t pos = 0; cp_snapshot_next_run(&snap, &snap.segments[i], &pos, &run);) {
+          add_segment(snap, snap.segments[i], run, device, owner);
+        }
+      }
     } catch (...) {
       cp_snapshot_free(&snap);
       throw;
@@ -144,38 +147,33 @@ struct SnapshotBuilder {
     return CP_OK;
   }
 
-  void add_segment(const cp_snapshot_t &snap, const cp_snapshot_segment_t &seg, int device, c10::MempoolId_t owner) {
-    cda::SegmentInfo *open = nullptr;
-    for (size_t b = 0; b < seg.block_count; b++) {
-      const cp_snapshot_block_t &blk = snap.blocks[seg.first_block + b];
-      if (blk.state == CP_SNAP_UNMAPPED || blk.state == CP_SNAP_MAPPING) {
-        open = nullptr;
-        continue;
-      }
-      if (open == nullptr) {
-        segments.emplace_back();
-        open = &segments.back();
-        open->device = static_cast<c10::DeviceIndex>(device);
-        open->address = blk.addr;
-        open->stream = reinterpret_cast<void *>(seg.stream);
-        open->is_large = seg.kind == CP_KIND_LARGE;
-        open->is_expandable = seg.page_mapped != 0;
-        open->owner_private_pool_id = owner;
-      }
+  void add_segment(const cp_snapshot_t &snap, const cp_snapshot_segment_t &seg, const cp_snapshot_run_t &run,
+                   int device, c10::MempoolId_t owner) {
+    segments.emplace_back();
+    cda::SegmentInfo &out = segments.back();
+    out.device = static_cast<c10::DeviceIndex>(device);
+    out.address = run.addr;
+    out.stream = reinterpret_cast<void *>(seg.stream);
+    out.is_large = seg.kind == CP_KIND_LARGE;
+    out.is_expandable = seg.page_mapped != 0;
+    out.owner_private_pool_id = owner;
+    out.total_size = run.total_size;
+    out.requested_size = run.requested_size;
+    out.allocated_size = run.allocated_size;
+    out.active_size = run.active_size;
+    for (size_t b = 0; b < run.block_count; b++) {
+      const cp_snapshot_block_t &blk = snap.blocks[run.first_block + b];
+      const int state = cp_snapshot_torch_state(blk.state);
       cda::BlockInfo info;
       info.size = blk.size;
       info.requested_size = blk.requested;
-      info.allocated = blk.state == CP_SNAP_LIVE || blk.state == CP_SNAP_LENT;
-      info.active = info.allocated || blk.state == CP_SNAP_PENDING;
+      info.allocated = state == CP_TORCH_ALLOCATED;
+      info.active = state != CP_TORCH_INACTIVE;
       if (info.allocated && block_frames && live != nullptr) {
         auto it = live->find(reinterpret_cast<void *>(blk.addr));
         if (it != live->end()) info.context_when_allocated = it->second;
       }
-      open->total_size += blk.size;
-      open->requested_size += blk.requested;
-      if (info.allocated) open->allocated_size += blk.size;
-      if (info.active) open->active_size += blk.size;
-      open->blocks.push_back(std::move(info));
+      out.blocks.push_back(std::move(info));
     }
   }
 };
@@ -437,7 +435,7 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     cp_restore_release(&r);
     return delta;
   }
-  // CUDA IPC (Note [Handles for torch] in torch/ipc.c): torch's own format for plain segments,
+  // CUDA IPC (Note [Handles for torch] in devices/ipc.c): torch's own format for plain segments,
   // cudapool's for page-mapped memory; each handle is opened once per process, as torch does
   // (the driver refuses a second cuIpcOpenMemHandle of one handle).
   cc::ShareableHandle shareIpcHandle(void *ptr) override {
@@ -456,8 +454,8 @@ class CudapoolAllocator final : public cc::CUDAAllocator {
     }
     // The device torch's receiver made current (its guard of the sender's device); a handle of a
     // type cudapool does not open is refused before the CUDA runtime is asked.
-    const bool known = handle.size() >= 2 && (handle[1] == 'c' || handle[1] == 'p');
-    const int device = known ? static_cast<int>(c10::cuda::current_device()) : 0;
+    const bool ours = cpd_ipc_handle_is_ours(handle.data(), handle.size()) != 0;
+    const int device = ours ? static_cast<int>(c10::cuda::current_device()) : 0;
     void *base = nullptr, *token = nullptr;
     if (cpd_ipc_open(handle.data(), handle.size(), device, &base, &token) != CP_OK) fail_call("getIpcDevPtr");
     std::shared_ptr<void> open(base, [token](void *) {

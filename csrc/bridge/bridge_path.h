@@ -37,9 +37,9 @@ namespace cudapool_bridge {
 extern std::atomic<bool> recording;
 void note_alloc(void *ptr) noexcept;
 void note_free(void *ptr) noexcept;
-// A failed allocation: tell torch's out-of-memory observers, then throw what torch expects
-// (c10::OutOfMemoryError for CP_ERR_OOM, c10::Error otherwise). Defined by the bridge (and by
-// the benchmark, which never fails).
+// A failed allocation: cpd_throw_alloc_failure with torch's out-of-memory observers told and
+// torch's types thrown (c10::OutOfMemoryError for CP_ERR_OOM, c10::Error otherwise). Defined by
+// the bridge (and by the benchmark, which never fails).
 [[noreturn]] void fail(int status, size_t size, int device);
 
 // The device bits of a context (Note [The bridge's data pointers]).

@@ -20,6 +20,7 @@ extern "C" {
 #include "devices/devices.h"
 }
 #include "devices/graphs.h"
+#include "torch_oom/oom_c10.h"
 
 namespace cudapool_bridge {
 
@@ -343,27 +344,33 @@ void note_free(void *ptr) noexcept {
   }
 }
 
-[[noreturn]] void fail(int status, size_t size, int device) {
-  char buf[4096];
-  cpd_alloc_error_message(status, size, device, buf, sizeof buf);
-  pending.reset();
-  if (status != CP_ERR_OOM) TORCH_CHECK(false, buf);
-  // torch's observers get (device, bytes asked for after rounding, the memory allowed, the
-  // device's free memory), with no lock held: they may take the GIL.
+namespace {
+
+// torch's observers get (device, bytes asked for after rounding, the memory allowed, the
+// device's free memory), with no lock held: they may take the GIL.
+void tell_oom_observers(size_t size, int device) {
   std::vector<cc::OutOfMemoryObserver> oom;
   {
     Observers &o = observers();
     std::lock_guard<std::mutex> g(o.mu);
     oom = o.oom;
   }
-  if (!oom.empty()) {
-    cp_oom_info_t info{};
-    cp_pool_t *pool = cpd_pool_if_created(device);
-    if (pool != nullptr) cp_pool_last_oom(pool, &info);
-    const size_t allowed = info.memory_cap != 0 ? info.memory_cap : info.device_total;
-    for (const auto &obs : oom) obs(device, info.rounded != 0 ? info.rounded : size, allowed, info.device_free);
-  }
-  TORCH_CHECK_WITH(OutOfMemoryError, false, buf);
+  if (oom.empty()) return;
+  cp_oom_info_t info{};
+  cp_pool_t *pool = cpd_pool_if_created(device);
+  if (pool != nullptr) cp_pool_last_oom(pool, &info);
+  const size_t allowed = info.memory_cap != 0 ? info.memory_cap : info.device_total;
+  for (const auto &obs : oom) obs(device, info.rounded != 0 ? info.rounded : size, allowed, info.device_free);
+}
+
+[[noreturn]] void throw_error(const char *message) { TORCH_CHECK(false, message); }
+
+} // namespace
+
+[[noreturn]] void fail(int status, size_t size, int device) {
+  pending.reset();
+  static const cpd_alloc_throw_t how = {tell_oom_observers, cudapool_torch_oom::throw_oom, throw_error};
+  cpd_throw_alloc_failure(status, size, device, &how);
 }
 
 } // namespace cudapool_bridge

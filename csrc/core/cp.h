@@ -492,6 +492,25 @@ typedef struct cp_snapshot_s {
 int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out);
 void cp_snapshot_free(cp_snapshot_t *snap);
 
+/* Note [Torch's segments]
+ * torch's snapshot knows three block states and shows an expandable segment as one segment per
+ * stretch of memory behind it. So a segment is cut into runs, each one of torch's segments: the
+ * blocks with no memory behind them (UNMAPPED, MAPPING) are left out and end a run. The bridge
+ * (torch's SnapshotInfo) and the binding (Pool.snapshot()'s "runs") both cut here. */
+enum { CP_TORCH_NO_MEMORY = -1, CP_TORCH_INACTIVE, CP_TORCH_ALLOCATED, CP_TORCH_PENDING };
+/* torch's state of a block in CP_SNAP_* state `state`: ALLOCATED (live, lent), PENDING, INACTIVE. */
+int cp_snapshot_torch_state(int state);
+typedef struct cp_snapshot_run_s {
+  size_t first_block, block_count; /* snap->blocks[first_block .. first_block + block_count) */
+  uintptr_t addr;                  /* its first block's */
+  size_t total_size;               /* sums over its blocks: all, ALLOCATED ones, active ones */
+  size_t allocated_size, active_size, requested_size;
+} cp_snapshot_run_t;
+/* The next run of `seg` (of `snap`) from its block *pos on (0: the first): 1, *out and *pos
+ * past it; 0 when none is left. */
+int cp_snapshot_next_run(const cp_snapshot_t *snap, const cp_snapshot_segment_t *seg, size_t *pos,
+                         cp_snapshot_run_t *out);
+
 /* History actions, named as torch's trace entries name them. */
 #define CP_HISTORY_ACTIONS(X)         \
   X(ALLOC, "alloc")                   \

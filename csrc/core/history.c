@@ -105,6 +105,43 @@ int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out) {
   return CP_OK;
 }
 
+int cp_snapshot_torch_state(int state) {
+  switch (state) {
+    case CP_SNAP_LIVE:
+    case CP_SNAP_LENT: return CP_TORCH_ALLOCATED;
+    case CP_SNAP_PENDING: return CP_TORCH_PENDING;
+    case CP_SNAP_UNMAPPED:
+    case CP_SNAP_MAPPING: return CP_TORCH_NO_MEMORY;
+    default: return CP_TORCH_INACTIVE;
+  }
+}
+
+int cp_snapshot_next_run(const cp_snapshot_t *snap, const cp_snapshot_segment_t *seg, size_t *pos,
+                         cp_snapshot_run_t *out) {
+  const cp_snapshot_block_t *blocks = snap->blocks + seg->first_block;
+  size_t i = *pos;
+  while (i < seg->block_count && cp_snapshot_torch_state(blocks[i].state) == CP_TORCH_NO_MEMORY) i++;
+  if (i == seg->block_count) {
+    *pos = i;
+    return 0;
+  }
+  memset(out, 0, sizeof *out);
+  out->first_block = seg->first_block + i;
+  out->addr = blocks[i].addr;
+  for (; i < seg->block_count; i++) {
+    const int state = cp_snapshot_torch_state(blocks[i].state);
+    if (state == CP_TORCH_NO_MEMORY) break;
+    out->block_count++;
+    out->total_size += blocks[i].size;
+    if (state == CP_TORCH_INACTIVE) continue;
+    out->active_size += blocks[i].size;
+    out->requested_size += blocks[i].requested;
+    if (state == CP_TORCH_ALLOCATED) out->allocated_size += blocks[i].size;
+  }
+  *pos = i;
+  return 1;
+}
+
 /* ------------------------------------------------------------------------------------------
  * History
  * ---------------------------------------------------------------------------------------- */

@@ -125,9 +125,10 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
  * The ladder
  * ---------------------------------------------------------------------------------------- */
 
-/* Note [The OOM ladder] for page-mapped pools: best fit; memory of the stream waiting to go
- * back; stitching (large requests); growth; on OOM wait for pending frees, give back plain
- * free segments and unmap free chunks, then all of it once more. */
+/* Note [The OOM ladder of page-mapped pools]
+ * Best fit; memory of the stream waiting to go back; stitching (large requests); growth; on
+ * OOM wait for pending frees, give back plain free segments and unmap free chunks, then all
+ * of it once more (the plain pools' steps: Note [The OOM ladder]). */
 static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
                                  void **out_ptr) {
   /* While a capture is under way: no event polled, no memory given back (Note [Capture in
@@ -232,13 +233,6 @@ void cp_pool_destroy(cp_pool_t *pool) {
   free(pool);
 }
 
-/* Note [The OOM ladder]
- * 1. best fit in the (stream, kind) index, after reclaiming frees whose events completed;
- * 2. garbage collection (when configured): give back free segments above the threshold;
- * 3. grow: reserve a new segment from the backend (within the cap);
- * 4. retry (counted in num_alloc_retries): wait for every pending free, give back every
- *    wholly free segment, then best fit and grow once more;
- * 5. fail (counted in num_ooms) with a report of where the memory is. */
 /* The state that serves region `tag` (> 0) on `stream`: NULL with *rc set when there is none
  * (no host memory), or when the region is paused. */
 static CP_COLD cp_stream_state_t *cp_region_state_locked(cp_pool_t *pool, cp_stream_t stream, uint32_t tag, int *rc) {
@@ -251,6 +245,13 @@ static CP_COLD cp_stream_state_t *cp_region_state_locked(cp_pool_t *pool, cp_str
   return st;
 }
 
+/* Note [The OOM ladder]
+ * 1. best fit in the (stream, kind) index, after reclaiming frees whose events completed;
+ * 2. garbage collection (when configured): give back free segments above the threshold;
+ * 3. grow: reserve a new segment from the backend (within the cap);
+ * 4. retry (counted in num_alloc_retries): wait for every pending free, give back every
+ *    wholly free segment, then best fit and grow once more;
+ * 5. fail (counted in num_ooms) with a report of where the memory is. */
 static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream, uint32_t tag, void **out_ptr) {
   if (pool == NULL || out_ptr == NULL) return cp_set_error(CP_ERR_INVALID, "cp_alloc: NULL argument");
   if (size == 0) {

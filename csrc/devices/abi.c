@@ -89,15 +89,6 @@ int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size
                   cp_status_name(status), cp_last_error());
 }
 
-/* The device other than `except` whose pool holds `ptr` as a live allocation, or -1. */
-static int cpd_owner_of(void *ptr, int except) {
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = d != except ? cpd_pool_if_created(d) : NULL;
-    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) return d;
-  }
-  return -1;
-}
-
 /* Note [Pointers cudapool does not own]
  * A tensor's memory may come from elsewhere: a DLPack import, another allocator. The
  * built-in allocator ignores record_stream on such memory, and so does cudapool: a
@@ -115,13 +106,12 @@ void cpd_foreign_calls(unsigned long long *out_frees, unsigned long long *out_re
   *out_record_streams = atomic_load_explicit(&cpd_foreign_record_streams, memory_order_relaxed);
 }
 
-/* 1 when no pool's segment holds `ptr`. */
-static int cpd_is_foreign(const void *ptr) {
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    if (pool != NULL && cp_pool_base_of(pool, ptr, NULL, NULL) != CP_PTR_FOREIGN) return 0;
-  }
-  return !cpd_graph_pools_exist() || cpd_graph_base_of(ptr, NULL, NULL) == CP_PTR_FOREIGN;
+/* Where `ptr` lies among every pool, device and private (Note [Pointer owners] in devices.h):
+ * cp_pool_base_of's answer from the pool whose segments hold it, CP_PTR_FOREIGN when none does. */
+static int cpd_where(const void *ptr, void **out_base, size_t *out_size) {
+  const int kind = cpd_owner_segment(ptr, NULL, out_base, out_size);
+  if (kind != CP_PTR_FOREIGN || ptr == NULL || !cpd_graph_pools_exist()) return kind;
+  return cpd_graph_base_of(ptr, out_base, out_size);
 }
 
 /* Note [Frees that do not match]
@@ -162,13 +152,13 @@ static void cpd_release(void *ptr, const size_t *size_or_null, int device) {
   }
   if (rc == CP_OK) return;
   /* A deleter cannot report failure to torch: say it loudly and leave the pool as it is. */
-  int owner = rc == CP_ERR_INVALID ? cpd_owner_of(ptr, device) : -1;
-  if (owner >= 0) {
+  const int owner = rc == CP_ERR_INVALID ? cpd_owner(ptr, NULL) : -1;
+  if (owner >= 0 && owner != device) {
     cpd_report(
         "cudapool: free(%p, %zu bytes, device %d) failed: the pointer is a live allocation of device %d, "
         "not of device %d: not freed\n",
         ptr, size, device, owner, device);
-  } else if (rc == CP_ERR_INVALID && cpd_is_foreign(ptr)) {
+  } else if (rc == CP_ERR_INVALID && cpd_where(ptr, NULL, NULL) == CP_PTR_FOREIGN) {
     atomic_fetch_add_explicit(&cpd_foreign_frees, 1, memory_order_relaxed);
   } else {
     cpd_report("cudapool: free(%p, %zu bytes, device %d) failed: %s\n", ptr, size, device, cp_last_error());
@@ -195,21 +185,15 @@ void cpd_free(void *ptr, int device) {
 }
 
 int cpd_device_of(const void *ptr) {
-  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    if (pool != NULL && cp_pool_lookup(pool, (void *)ptr, NULL)) return d;
-  }
-  int device = -1;
-  if (ptr != NULL && cpd_graph_pools_exist()) (void)cpd_graph_device_of(ptr, &device);
+  int device = cpd_owner(ptr, NULL);
+  if (device < 0 && ptr != NULL && cpd_graph_pools_exist()) (void)cpd_graph_device_of(ptr, &device);
   return device;
 }
 
 void cudapool_record_stream(void *ptr, void *stream) {
   if (ptr == NULL) return;
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    if (pool != NULL && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
-  }
+  cp_pool_t *pool;
+  if (cpd_owner(ptr, &pool) >= 0 && cp_record_stream(pool, ptr, (cp_stream_t)stream) == CP_OK) return;
   if (cpd_graph_pools_exist()) {
     int handled;
     int rc = cpd_graph_record_stream(ptr, stream, &handled);
@@ -218,7 +202,7 @@ void cudapool_record_stream(void *ptr, void *stream) {
       return;
     }
   }
-  if (cpd_is_foreign(ptr)) {
+  if (cpd_where(ptr, NULL, NULL) == CP_PTR_FOREIGN) {
     atomic_fetch_add_explicit(&cpd_foreign_record_streams, 1, memory_order_relaxed);
     return;
   }
@@ -226,18 +210,9 @@ void cudapool_record_stream(void *ptr, void *stream) {
 }
 
 void *cudapool_base_alloc(void *ptr, size_t *size) {
-  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    void *base;
-    size_t bytes;
-    if (pool != NULL && cp_pool_base_of(pool, ptr, &base, &bytes) == CP_PTR_LIVE) {
-      if (size != NULL) *size = bytes;
-      return base;
-    }
-  }
   void *base;
   size_t bytes;
-  if (ptr != NULL && cpd_graph_pools_exist() && cpd_graph_base_of(ptr, &base, &bytes) == CP_PTR_LIVE) {
+  if (cpd_where(ptr, &base, &bytes) == CP_PTR_LIVE) {
     if (size != NULL) *size = bytes;
     return base;
   }

@@ -85,7 +85,21 @@ cpd_oom_thrower_t cpd_oom_thrower(void);
  * "cudapool: ..." otherwise. */
 int cpd_alloc_error_message(int status, size_t size, int device, char *buf, size_t buf_size);
 
+/* How cpd_throw_alloc_failure throws, for a caller built against torch (the bridge); every
+ * field may be NULL. oom_seen: told of an out-of-memory failure after its message is made,
+ * before the throw. oom: throws torch's out-of-memory type (NULL: the registered thrower, else
+ * the fallback). other: throws every other failure (NULL: a std::runtime_error). */
+typedef struct cpd_alloc_throw_s {
+  void (*oom_seen)(size_t size, int device);
+  cpd_oom_thrower_t oom;
+  cpd_oom_thrower_t other;
+} cpd_alloc_throw_t;
+
 #ifdef __cplusplus
+/* The one throw of a failed cpd_alloc (alloc.cpp; C linkage, as every includer sees it, but
+ * only C++ can call it): its message (cpd_alloc_error_message), and the exception out of
+ * memory or any other failure calls for (Note [Out-of-memory type]); `how` NULL: cudapool_alloc's. */
+[[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device, const cpd_alloc_throw_t *how);
 }
 #endif
 

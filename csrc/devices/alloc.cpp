@@ -24,26 +24,31 @@ class OutOfMemory : public std::runtime_error {
   explicit OutOfMemory(const std::string &what) : std::runtime_error(what) {}
 };
 
-[[noreturn]] void throw_for(int status, size_t size, int device) {
-  char buf[4096];
-  cpd_alloc_error_message(status, size, device, buf, sizeof buf);
-  if (status == CP_ERR_OOM) {
-    cpd_oom_thrower_t thrower = cpd_oom_thrower();
-    if (thrower != nullptr) thrower(buf); // throws c10::OutOfMemoryError
-    throw OutOfMemory(buf);
-  }
-  throw std::runtime_error(buf);
-}
-
 // The allocation; *status is its result (CP_OK, or what was thrown for).
 void *alloc_or_throw(size_t size, int device, void *stream, int *status) {
   void *ptr = nullptr;
   *status = cpd_alloc(size, device, stream, &ptr);
-  if (*status != CP_OK) throw_for(*status, size, device);
+  if (*status != CP_OK) cpd_throw_alloc_failure(*status, size, device, nullptr);
   return ptr;
 }
 
 } // namespace
+
+extern "C" [[noreturn]] void cpd_throw_alloc_failure(int status, size_t size, int device,
+                                                     const cpd_alloc_throw_t *how) {
+  const cpd_alloc_throw_t none = {nullptr, nullptr, nullptr};
+  if (how == nullptr) how = &none;
+  char buf[4096];
+  cpd_alloc_error_message(status, size, device, buf, sizeof buf);
+  if (status != CP_ERR_OOM) {
+    if (how->other != nullptr) how->other(buf);
+    throw std::runtime_error(buf);
+  }
+  if (how->oom_seen != nullptr) how->oom_seen(size, device);
+  cpd_oom_thrower_t thrower = how->oom != nullptr ? how->oom : cpd_oom_thrower();
+  if (thrower != nullptr) thrower(buf); // throws c10::OutOfMemoryError
+  throw OutOfMemory(buf);
+}
 
 extern "C" void *cudapool_alloc(size_t size, int device, void *stream) {
   int status;

@@ -203,6 +203,29 @@ cp_pool_t *cpd_pool_if_created(int device) {
   return atomic_load_explicit(&cpd_pools[device], memory_order_acquire);
 }
 
+int cpd_owner(const void *ptr, cp_pool_t **out_pool) {
+  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    if (pool != NULL && cp_pool_lookup(pool, (void *)ptr, NULL)) {
+      if (out_pool != NULL) *out_pool = pool;
+      return d;
+    }
+  }
+  return -1;
+}
+
+int cpd_owner_segment(const void *ptr, int *out_device, void **out_base, size_t *out_size) {
+  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
+    cp_pool_t *pool = cpd_pool_if_created(d);
+    const int kind = pool != NULL ? cp_pool_base_of(pool, ptr, out_base, out_size) : CP_PTR_FOREIGN;
+    if (kind != CP_PTR_FOREIGN) {
+      if (out_device != NULL) *out_device = d;
+      return kind;
+    }
+  }
+  return CP_PTR_FOREIGN;
+}
+
 void cpd_note_memory_fraction(int device, double fraction) {
   if (device < 0 || device >= CP_MAX_DEVICES) return;
   cpd_table_lock();

@@ -27,6 +27,22 @@ int cpd_pool(int device, cp_pool_t **out_pool);
 cp_pool_t *cpd_pool_if_created(int device);
 int cpd_device_count(int *out_count);
 
+/* Note [Pointer owners]
+ * Which device pool holds a pointer is asked in two ways, each answered here only: a free,
+ * record_stream, share or device_of takes a live allocation's first byte (cp_pool_lookup);
+ * base_alloc and the test for memory cudapool does not own take any address, inside a live
+ * allocation or only inside a segment (cp_pool_base_of). A pointer is in at most one pool's
+ * segments. These look at the device pools only (which live until cpd_shutdown, so the pool
+ * handed back stays valid); the private pools of graphs.h, which may go at any free, are
+ * asked under the graph lock there (cpd_graph_device_of, cpd_graph_base_of).
+ * cpd_owner: the device whose pool holds `ptr` as a live allocation, with that pool in
+ * *out_pool (unless NULL); -1 when none does (NULL included). */
+int cpd_owner(const void *ptr, cp_pool_t **out_pool);
+/* Where `ptr` lies among the device pools: the CP_PTR_* of the pool whose segments hold it
+ * (cp_pool_base_of, with *out_base and *out_size), its device in *out_device (each unless
+ * NULL); CP_PTR_FOREIGN when none does. */
+int cpd_owner_segment(const void *ptr, int *out_device, void **out_base, size_t *out_size);
+
 /* The memory fraction of `device` as torch's get_per_process_memory_fraction reports it: the
  * last one cpd_set_memory_fraction set (0 included), else the configuration's memory_fraction,
  * else 1.0 (no fraction). cpd_note_memory_fraction records a fraction that was set. */

@@ -350,71 +350,64 @@ int cpd_graph_live_blocks(int device, unsigned long long id0, unsigned long long
 
 int cpd_graph_pools_exist(void) { return atomic_load_explicit(&cpd_pool_total, memory_order_relaxed) != 0; }
 
+/* The private pool holding `ptr` as a live allocation (of `device`'s pools only, unless it is
+ * -1), or NULL: the private pools' half of Note [Pointer owners] in devices.h. */
+static cpd_gpool_t *cpd_gpool_owner_locked(const void *ptr, int device) {
+  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
+    if ((device < 0 || gp->device == device) && cp_pool_lookup(gp->pool, (void *)ptr, NULL)) return gp;
+  }
+  return NULL;
+}
+
 int cpd_graph_free(void *ptr, const size_t *size, int device, int *out_handled) {
-  *out_handled = 0;
   int rc = CP_OK;
   cpd_graph_lock_take();
-  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
-    if (gp->device == device && cp_pool_lookup(gp->pool, ptr, NULL)) {
-      *out_handled = 1;
-      rc = size == NULL ? cp_free(gp->pool, ptr) : cp_free_sized(gp->pool, ptr, *size);
-      if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
-      break;
-    }
+  cpd_gpool_t *gp = device >= 0 ? cpd_gpool_owner_locked(ptr, device) : NULL;
+  *out_handled = gp != NULL;
+  if (gp != NULL) {
+    rc = size == NULL ? cp_free(gp->pool, ptr) : cp_free_sized(gp->pool, ptr, *size);
+    if (rc == CP_OK) rc = cpd_gpool_maybe_destroy_locked(gp);
   }
   cpd_graph_unlock();
   return rc;
 }
 
 int cpd_graph_device_of(const void *ptr, int *out_device) {
-  int found = 0;
   cpd_graph_lock_take();
-  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && !found; gp = gp->next) {
-    if (cp_pool_lookup(gp->pool, (void *)ptr, NULL)) {
-      *out_device = gp->device;
-      found = 1;
-    }
-  }
+  const cpd_gpool_t *gp = cpd_gpool_owner_locked(ptr, -1);
+  if (gp != NULL) *out_device = gp->device;
   cpd_graph_unlock();
-  return found;
+  return gp != NULL;
 }
 
 int cpd_graph_record_stream(void *ptr, void *stream, int *out_handled) {
-  *out_handled = 0;
   int rc = CP_OK;
   cpd_graph_lock_take();
-  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
-    if (cp_pool_lookup(gp->pool, ptr, NULL)) {
-      *out_handled = 1;
-      rc = cp_record_stream(gp->pool, ptr, (cp_stream_t)stream);
-      break;
-    }
-  }
+  cpd_gpool_t *gp = cpd_gpool_owner_locked(ptr, -1);
+  *out_handled = gp != NULL;
+  if (gp != NULL) rc = cp_record_stream(gp->pool, ptr, (cp_stream_t)stream);
   cpd_graph_unlock();
   return rc;
 }
 
 int cpd_graph_share(void *ptr, cp_share_t *out, int *out_device, cp_backend_t *out_backend, int *out_handled) {
-  *out_handled = 0;
   int rc = CP_OK;
   cpd_graph_lock_take();
-  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL; gp = gp->next) {
-    if (cp_pool_lookup(gp->pool, ptr, NULL)) {
-      *out_handled = 1;
-      *out_device = gp->device;
-      cp_pool_backend(gp->pool, out_backend);
-      rc = cp_pool_share(gp->pool, ptr, out);
-      break;
-    }
+  cpd_gpool_t *gp = cpd_gpool_owner_locked(ptr, -1);
+  *out_handled = gp != NULL;
+  if (gp != NULL) {
+    *out_device = gp->device;
+    cp_pool_backend(gp->pool, out_backend);
+    rc = cp_pool_share(gp->pool, ptr, out);
   }
   cpd_graph_unlock();
   return rc;
 }
 
 int cpd_graph_is_shared(const void *ptr) {
-  int shared = 0;
   cpd_graph_lock_take();
-  for (cpd_gpool_t *gp = cpd_gpools; gp != NULL && !shared; gp = gp->next) shared = cp_pool_is_shared(gp->pool, ptr);
+  const cpd_gpool_t *gp = cpd_gpool_owner_locked(ptr, -1);
+  const int shared = gp != NULL && cp_pool_is_shared(gp->pool, ptr);
   cpd_graph_unlock();
   return shared;
 }

@@ -94,9 +94,8 @@ static void cpd_kept_free(cpd_kept_t *k) {
 
 /* Whether `ptr` is still a shared block of some pool (a pool that went is not looked at). */
 static int cpd_ipc_still_shared(void *ptr) {
-  for (int d = 0; d < CP_MAX_DEVICES; d++) {
-    if (cp_pool_is_shared(cpd_pool_if_created(d), ptr)) return 1;
-  }
+  cp_pool_t *pool;
+  if (cpd_owner(ptr, &pool) >= 0) return cp_pool_is_shared(pool, ptr);
   return cpd_graph_pools_exist() && cpd_graph_is_shared(ptr);
 }
 
@@ -128,13 +127,12 @@ static void cpd_ipc_first_use(void) { cpd_table_hooks_add(&cpd_ipc_hooks); }
 /* cp_pool_share on the pool holding live `ptr` (any device's, private pools included), with
  * that pool's device and backend. */
 static int cpd_ipc_share_block(void *ptr, cp_share_t *sh, int *out_device, cp_backend_t *out_be) {
-  for (int d = 0; ptr != NULL && d < CP_MAX_DEVICES; d++) {
-    cp_pool_t *pool = cpd_pool_if_created(d);
-    if (pool != NULL && cp_pool_lookup(pool, ptr, NULL)) {
-      *out_device = d;
-      cp_pool_backend(pool, out_be);
-      return cp_pool_share(pool, ptr, sh);
-    }
+  cp_pool_t *pool;
+  const int device = cpd_owner(ptr, &pool);
+  if (device >= 0) {
+    *out_device = device;
+    cp_pool_backend(pool, out_be);
+    return cp_pool_share(pool, ptr, sh);
   }
   int handled = 0;
   if (ptr != NULL && cpd_graph_pools_exist()) {
@@ -439,10 +437,14 @@ static int cpd_ipc_open_paged(const cp_backend_t *be, const char *p, size_t len,
   return CP_OK;
 }
 
+int cpd_ipc_handle_is_ours(const char *handle, size_t len) {
+  return handle != NULL && len >= 2 && (handle[1] == 'c' || handle[1] == 'p');
+}
+
 int cpd_ipc_open(const char *handle, size_t len, int device, void **out_ptr, void **out_token) {
   if (handle == NULL || out_ptr == NULL || out_token == NULL || len < 2)
     return cp_set_error(CP_ERR_INVALID, "cudapool: open a shared tensor: an empty handle");
-  if (handle[1] != 'c' && handle[1] != 'p') {
+  if (!cpd_ipc_handle_is_ours(handle, len)) {
     return cp_set_error(CP_ERR_INVALID,
                         "cudapool: open a shared tensor: a handle of type '%c', which cudapool does not know (torch's "
                         "expandable segments: 'e'; open it with torch's own allocator)",

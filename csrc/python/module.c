@@ -426,6 +426,7 @@ static int module_exec(PyObject *module) {
   if (module_add_new(module, "STAT_FAMILIES", cpy_str_tuple(cp_stat_family_names, CP_STAT_FAMILY_COUNT)) < 0) {
     return -1;
   }
+  if (module_add_new(module, "TORCH_BLOCK_STATES", cpy_pool_torch_block_states()) < 0) return -1;
   if (module_add_new(module, "POOL_KINDS", cpy_str_tuple(cp_pool_kind_names, CP_KIND_COUNT)) < 0) return -1;
   if (module_add_new(module, "STAT_METRICS", cpy_str_tuple(cpy_stat_metric_names, 4)) < 0) return -1;
 

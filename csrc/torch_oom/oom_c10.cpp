@@ -9,7 +9,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <exception>
-#include <string>
+
+#include "torch_oom/oom_c10.h"
 
 #ifndef CUDAPOOL_TORCH_VERSION
 #error "CUDAPOOL_TORCH_VERSION (the version of torch this is built against) must be defined"
@@ -20,10 +21,8 @@ extern "C" {
 // The torch version whose headers and libc10 this library was built against.
 const char *cudapool_torch_oom_torch_version(void) { return CUDAPOOL_TORCH_VERSION; }
 
-// The thrower. No backtrace is captured (torch shows what_without_backtrace() anyway, and an
-// allocation that fails inside a search over convolution engines may fail many times): the
-// exception's what() is the message itself.
-[[noreturn]] void cudapool_torch_oom_throw(const char *message) { throw c10::OutOfMemoryError(std::string(message)); }
+// The thrower (oom_c10.h).
+[[noreturn]] void cudapool_torch_oom_throw(const char *message) { cudapool_torch_oom::throw_oom(message); }
 
 // For tests: call `alloc` (cudapool_alloc) and say which C++ type it threw, as torch's catch
 // sites would see it. Returns 0 (nothing thrown; *out_ptr is the pointer), 1

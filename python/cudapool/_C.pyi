@@ -9,6 +9,7 @@ _P = TypeVar("_P", bound="Pool")
 __version__: str
 STAT_FAMILIES: Tuple[str, ...]
 POOL_KINDS: Tuple[str, ...]
+TORCH_BLOCK_STATES: Dict[str, Optional[str]]
 STAT_METRICS: Tuple[str, ...]
 STAT_COUNTERS: Tuple[str, ...]
 SIM_CALLS: Tuple[str, ...]

@@ -52,17 +52,10 @@ __all__ = [
 # (seq, time_ns, action, addr, size, stream, stack_id)
 HistoryRecord = Tuple[int, int, str, int, int, int, int]
 
-# The pool's block states -> torch's; None: not memory (left out of the segments).
-BLOCK_STATES: Dict[str, Optional[str]] = {
-    "live": "active_allocated",
-    "pending": "active_pending_free",
-    "free": "inactive",
-    "unmapping": "inactive",
-    "draining": "inactive",  # retired free memory, unmapped once its stream's work is done
-    "lent": "active_allocated",  # in use through a stitched range (page_stitching)
-    "unmapped": None,
-    "mapping": None,
-}
+# The pool's block states -> torch's; None: not memory (left out of the segments). The C layer
+# says it (Note [Torch's segments] in csrc/core/cp.h), and cuts ``Pool.snapshot()``'s segments
+# into torch's by it (their ``runs``).
+BLOCK_STATES: Dict[str, Optional[str]] = dict(_C.TORCH_BLOCK_STATES)
 
 DEFAULT_MAX_ENTRIES = 100_000
 
@@ -121,14 +114,14 @@ def _alloc_frames(records: Sequence[HistoryRecord]) -> Dict[int, int]:
     return last
 
 
-def _segment_record(raw: Dict[str, Any], device: int, blocks: List[Dict[str, Any]]) -> Dict[str, Any]:
-    allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
-    active = sum(b["size"] for b in blocks if b["state"] != "inactive")
-    requested = sum(b["requested_size"] for b in blocks if b["state"] != "inactive")
+def _segment_record(
+    raw: Dict[str, Any], device: int, run: Sequence[int], blocks: List[Dict[str, Any]]
+) -> Dict[str, Any]:
+    _first, _count, total, allocated, active, requested = run
     return {
         "device": device,
         "address": blocks[0]["address"],
-        "total_size": sum(b["size"] for b in blocks),
+        "total_size": total,
         "stream": raw["stream"],
         "segment_type": raw["kind"],
         "segment_pool_id": (0, 0),
@@ -147,32 +140,27 @@ def _segment_record(raw: Dict[str, Any], device: int, blocks: List[Dict[str, Any
 def segments_of(
     raw_segments: Sequence[Dict[str, Any]], device: int, alloc_stacks: Dict[int, int]
 ) -> List[Dict[str, Any]]:
-    """``Pool.snapshot()``'s segments as torch's: page-mapped segments become one segment per
-    contiguous mapped range."""
+    """``Pool.snapshot()``'s segments as torch's, one per run the pool cut them into:
+    page-mapped segments become one segment per contiguous mapped range."""
     cache: Dict[int, List[Dict[str, Any]]] = {}
     out: List[Dict[str, Any]] = []
     for raw in raw_segments:
         first = len(out)
-        run: List[Dict[str, Any]] = []
-        for addr, size, requested, state in raw["blocks"]:
-            torch_state = BLOCK_STATES.get(state)
-            if torch_state is None:
-                if run:
-                    out.append(_segment_record(raw, device, run))
-                    run = []
-                continue
-            frames = stack_frames(alloc_stacks.get(addr, 0), cache) if torch_state != "inactive" else []
-            run.append(
-                {
-                    "address": addr,
-                    "size": size,
-                    "requested_size": requested if torch_state != "inactive" else 0,
-                    "state": torch_state,
-                    "frames": frames,
-                }
-            )
-        if run:
-            out.append(_segment_record(raw, device, run))
+        for run in raw["runs"]:
+            blocks = []
+            for addr, size, requested, state in raw["blocks"][run[0] : run[0] + run[1]]:
+                torch_state = BLOCK_STATES[state]
+                active = torch_state != "inactive"
+                blocks.append(
+                    {
+                        "address": addr,
+                        "size": size,
+                        "requested_size": requested if active else 0,
+                        "state": torch_state,
+                        "frames": stack_frames(alloc_stacks.get(addr, 0), cache) if active else [],
+                    }
+                )
+            out.append(_segment_record(raw, device, run, blocks))
         if raw["page_mapped"]:
             for seg in out[first:]:
                 seg["page_segment_address"] = raw["address"]
