@@ -60,7 +60,6 @@ C_LAYERS: dict[str, set[str]] = {
 CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
-    "cp_share": 0,
     "sizes": 1,
     "region": 1,
     "config": 2,
