@@ -13,11 +13,8 @@
 #include "backend/sim.h"
 #include "check.h"
 #include "core/cp.h"
+#include "fixture.h"
 #include "standin/standin.h"
-
-#define KiB ((size_t)1024)
-#define MiB ((size_t)1024 * 1024)
-#define GiB ((size_t)1024 * 1024 * 1024)
 
 #define CUR(s, fam, kind)  ((s).family[CP_STAT_##fam][CP_KIND_##kind].current)
 #define PEAK(s, fam, kind) ((s).family[CP_STAT_##fam][CP_KIND_##kind].peak)
@@ -49,6 +46,9 @@ typedef struct cf_fixture_s {
   uintptr_t streams[CF_STREAMS]; /* CUDA: the stream of each number, 0 until first used */
 } cf_fixture_t;
 
+/* The simulated device's fixture (fixture.h) of `fx`. */
+static inline fixture_t cf_sim_fixture(const cf_fixture_t *fx) { return (fixture_t){fx->sim, fx->backend, fx->pool}; }
+
 static inline int cf_skip_on_cuda(const char *name, const char *why) {
   if (!g_cuda) return 0;
   printf("  %s: skipped on the CUDA backend: %s\n", name, why);
@@ -58,17 +58,21 @@ static inline int cf_skip_on_cuda(const char *name, const char *why) {
 
 static inline int cf_open(cf_fixture_t *fx, size_t capacity, const char *conf) {
   memset(fx, 0, sizeof *fx);
+  if (!g_cuda) {
+    fixture_t f;
+    const int rc = fx_open(&f, capacity, conf);
+    fx->sim = f.sim;
+    fx->backend = f.backend;
+    fx->pool = f.pool;
+    return rc;
+  }
   cp_config_t cfg;
   cp_config_default(&cfg);
-  if (cp_config_parse(&cfg, conf) != CP_OK) return -1;
-  if (!g_cuda) {
-    if (cp_sim_create(capacity, 0, &fx->sim) != CP_OK) return -1;
-    cp_sim_backend(fx->sim, &fx->backend);
-  } else {
-    cp_cuda_shutdown();
-    g_sa.reset();
-    if (g_sa.set_devices(1, capacity) != 0 || cp_cuda_backend(0, &fx->backend) != CP_OK) return -1;
-  }
+  cp_cuda_shutdown();
+  g_sa.reset();
+  if (cp_config_parse(&cfg, conf) != CP_OK || g_sa.set_devices(1, capacity) != 0 ||
+      cp_cuda_backend(0, &fx->backend) != CP_OK)
+    return -1;
   if (cp_pool_create(&cfg, &fx->backend, &fx->pool) != CP_OK) {
     fprintf(stderr, "pool (%s): %s\n", conf, cp_last_error());
     return -1;
@@ -133,7 +137,7 @@ static inline void cf_complete_all(cf_fixture_t *fx) {
 /* No device fault so far; they are printed. */
 static inline void cf_no_faults(cf_fixture_t *fx) {
   if (!g_cuda) {
-    CHECK_EQ_U(cp_sim_print_device_faults(fx->sim, stderr), 0);
+    fx_no_faults(fx->sim);
     return;
   }
   char text[256];
@@ -144,21 +148,16 @@ static inline void cf_no_faults(cf_fixture_t *fx) {
 
 /* The pool is whole, and destroying it gives everything back to the device. */
 static inline void cf_close(cf_fixture_t *fx) {
+  if (!g_cuda) {
+    fixture_t f = cf_sim_fixture(fx);
+    fx_close(&f);
+    return;
+  }
   CHECK_EQ_U(cp_pool_check(fx->pool, stderr), 0);
   cf_no_faults(fx);
   cf_complete_all(fx); /* destroying a pool unmaps everything at once: its caller waits first */
   cp_pool_destroy(fx->pool);
   cf_no_faults(fx);
-  if (!g_cuda) {
-    CHECK_EQ_U(cp_sim_reserved_bytes(fx->sim), 0);
-    CHECK_EQ_U(cp_sim_live_reservations(fx->sim), 0);
-    CHECK_EQ_U(cp_sim_live_events(fx->sim), 0);
-    CHECK_EQ_U(cp_sim_vmm_ranges(fx->sim), 0);
-    CHECK_EQ_U(cp_sim_vmm_pages(fx->sim), 0);
-    CHECK_EQ_U(cp_sim_vmm_mappings(fx->sim), 0);
-    cp_sim_destroy(fx->sim);
-    return;
-  }
   for (size_t i = 0; i < CF_STREAMS; i++)
     if (fx->streams[i] != 0) CHECK(g_sa.cuStreamDestroy((void *)fx->streams[i]) == 0);
   CHECK_EQ_U(g_sa.used(0), 0);
@@ -169,31 +168,30 @@ static inline void cf_close(cf_fixture_t *fx) {
   CHECK_EQ_U(g_sa.live(CPSTANDIN_LIVE_CONTEXTS), 0);
 }
 
+/* fixture.h's stats_of and info_of, which read the pool alone, on either backend. */
 static inline cp_stats_t cf_stats(cf_fixture_t *fx) {
-  cp_stats_t s;
-  cp_pool_stats(fx->pool, &s);
-  return s;
+  fixture_t f = cf_sim_fixture(fx);
+  return stats_of(&f);
 }
 
 static inline cp_pool_info_t cf_info(cf_fixture_t *fx) {
-  cp_pool_info_t i;
-  cp_pool_info(fx->pool, &i);
-  return i;
+  fixture_t f = cf_sim_fixture(fx);
+  return info_of(&f);
 }
 
-/* An allocation on the stream the case calls `s` that must succeed (a failure is recorded
- * with the pool's message). */
+/* An allocation on the stream the case calls `s` that must succeed (fixture.h's must_alloc). */
 static inline void *cf_must_alloc(cf_fixture_t *fx, size_t size, cp_stream_t s) {
+  if (!g_cuda) {
+    fixture_t f = cf_sim_fixture(fx);
+    return must_alloc(&f, size, s);
+  }
   const cp_stream_t stream = cf_stream(fx, s);
   void *p = NULL;
   int rc = cp_alloc(fx->pool, size, stream, &p);
   if (rc != CP_OK) fprintf(stderr, "alloc(%zu) failed: %s\n", size, cp_last_error());
   CHECK(rc == CP_OK);
   CHECK(p != NULL);
-  /* Handing memory to this stream while another stream's queued work touches it is a fault
-   * (the sim says so here; the stand-in when that memory is unmapped or launched on). */
-  if (!g_cuda && p != NULL && size > 0) CHECK_EQ_U(cp_sim_check_handoff(fx->sim, stream, (uintptr_t)p, size), 0);
-  return p;
+  return p; /* a handoff under other streams' work faults when that memory is unmapped */
 }
 
 /* cf_open with the pool kind of this pass; `paged_extra` is added for page-mapped pools. */
