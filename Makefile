@@ -93,6 +93,7 @@ $(ASAN_TESTS): build/asan/%: build/asan/obj/tests/c/%.o $(call lib_objs,asan)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(ASAN_CFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(LIB_LDLIBS)
 
+ifeq ($(T),)
 test-c: $(ASAN_TESTS)
 	@test -n "$(TEST_NAMES)" || { echo "test-c: no tests/c/test_*.c found" >&2; exit 1; }
 	@for t in $(ASAN_TESTS); do \
@@ -101,6 +102,15 @@ test-c: $(ASAN_TESTS)
 	done
 	@$(MAKE) --no-print-directory test-c-standin
 	@$(MAKE) --no-print-directory fuzz-corpus
+else
+# make test-c T=NAME: build/asan/NAME alone, against the stand-in when test-c-standin runs it
+# (docs/testing.md, "Running one test").
+test-c:
+	@test -f tests/c/$(T).c || { echo "test-c: no tests/c/$(T).c (T names a test: T=test_pool)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory build/asan/$(T) $(if $(filter $(T),$(STANDIN_TESTS)),build/asan/libcudapool-standin.so)
+	@echo "== build/asan/$(T)"
+	@$(ASAN_ENV) $(if $(filter $(T),$(STANDIN_TESTS)),$(call standin_driver,asan)) ./build/asan/$(T)
+endif
 
 # ---- ThreadSanitizer: the threaded stress test ----------------------------------------------
 build/tsan/obj/%.o: %.c $(HEADERS) Makefile

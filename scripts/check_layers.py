@@ -84,7 +84,6 @@ C_LAYERS: dict[str, set[str]] = {
 CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
-    "cp_share": 0,
     "sizes": 1,
     "region": 1,
     "config": 2,
@@ -107,6 +106,7 @@ CORE_RANKS: dict[str, int] = {
     "stitch": 8,
     # 9: stream-ordered release of what the sources retire; the checker of all of it
     "drain": 9,
+    "stitch_alloc": 9,  # a request served by stitching: it makes the ranges stitch.c keeps
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life
     "pool": 10,

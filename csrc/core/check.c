@@ -1,5 +1,8 @@
 /* check.c — the invariant checker: walks the whole pool and counts what is wrong.
- * Owns: the equations of core/types.h, stream.h and state.h, recomputed from the blocks themselves. */
+ * Owns: the equations of core/types.h, stream.h and state.h, recomputed from the blocks themselves:
+ * one function per structure (a segment, its blocks, the segment lists, paused regions, the free
+ * index, stitched ranges, draining memory, the live map and streams, the stats), each adding what
+ * it counts to one cp_walk_t that the later ones compare with the pool's counts. */
 #include <stdlib.h>
 
 #include "core/check.h"
@@ -37,165 +40,224 @@ static size_t cp_check_stat(FILE *out, const char *name, int kind, const cp_stat
   return v;
 }
 
-size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
-  size_t v = 0;
-  const cp_config_t *cfg = &pool->cfg;
-  cp_tally_t t[CP_KIND_COUNT] = {{0}};
-  size_t pending_blocks = 0, pending_bytes = 0, pending_events = 0, oversize_live = 0, oversize_segs = 0;
-  size_t nseg = 0, npaged = 0, space = 0, lent_bytes = 0, draining_bytes = 0, paused_total = 0;
+/* What the walk counts, for the checks that compare it with the pool's counts. */
+typedef struct cp_walk_s {
+  cp_tally_t t[CP_KIND_COUNT];
+  size_t pending_blocks, pending_bytes, pending_events, oversize_live, oversize_segs;
+  size_t nseg, npaged, space, lent_bytes, draining_bytes, paused_total;
+} cp_walk_t;
 
-  /* Segments are tiled exactly by their blocks. */
-  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
-    nseg++;
-    int k = seg->kind;
-    if (k != CP_KIND_SMALL && k != CP_KIND_LARGE) {
-      CP_VIOLATION("segment %#lx: bad kind %d", (unsigned long)seg->addr, k);
+/* A segment's figures: page-mapped (chunks, mapped and paused bytes) or plain. */
+static size_t cp_check_segment_figures(const cp_pool_t *pool, const cp_segment_t *seg, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  const int k = seg->kind;
+  if (seg->paged) {
+    w->npaged++;
+    w->space += seg->size;
+    w->t[k].reserved += (int64_t)(seg->mapped - seg->paused);
+    size_t spans = 0;
+    for (size_t i = 0; i < seg->span_count; i++) spans += seg->spans[i].size;
+    if (spans != seg->paused || seg->paused > seg->mapped || (seg->paused != 0 && !seg->stream->paused))
+      CP_VIOLATION("segment %#lx: %zu bytes paused in %zu stretches of %zu bytes (%zu mapped, stream %s)",
+                   (unsigned long)seg->addr, seg->paused, seg->span_count, spans, seg->mapped,
+                   seg->stream->paused ? "paused" : "not paused");
+    w->paused_total += seg->paused;
+    if (seg->chunk == 0 || seg->size % seg->chunk != 0 || seg->size < 2 * seg->chunk)
+      CP_VIOLATION("segment %#lx: %zu bytes are not whole chunks of %zu", (unsigned long)seg->addr, seg->size,
+                   seg->chunk);
+  } else {
+    w->t[k].segments++;
+    w->t[k].reserved += (int64_t)seg->size;
+    if (seg->size >= pool->cfg.max_split_size) w->oversize_segs++;
+    if (seg->mapped != 0 || seg->chunk != 0)
+      CP_VIOLATION("segment %#lx: plain but has mapped bytes or a chunk", (unsigned long)seg->addr);
+  }
+  return v;
+}
+
+/* A segment's own fields; *out_walk: its blocks can be walked (a known kind, a head at its start). */
+static size_t cp_check_segment(const cp_pool_t *pool, const cp_segment_t *seg, cp_walk_t *w, FILE *out,
+                               bool *out_walk) {
+  size_t v = 0;
+  *out_walk = false;
+  w->nseg++;
+  if (seg->kind != CP_KIND_SMALL && seg->kind != CP_KIND_LARGE) {
+    CP_VIOLATION("segment %#lx: bad kind %d", (unsigned long)seg->addr, seg->kind);
+    return v;
+  }
+  if (seg->next != NULL && seg->next->prev != seg)
+    CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
+  v += cp_check_segment_figures(pool, seg, w, out);
+  if (seg->head == NULL || seg->head->addr != seg->addr || seg->head->prev != NULL) {
+    CP_VIOLATION("segment %#lx: head block does not start it", (unsigned long)seg->addr);
+    return v;
+  }
+  if (seg->addr % 512 != 0) CP_VIOLATION("segment %#lx: not 512-aligned", (unsigned long)seg->addr);
+  *out_walk = true;
+  return v;
+}
+
+/* A block that is unmapped, or whose mapping is changing: in no index and no live map. */
+static size_t cp_check_unmapped_block(cp_pool_t *pool, const cp_segment_t *seg, cp_block_t *b, FILE *out) {
+  size_t v = 0;
+  if (!seg->paged) {
+    CP_VIOLATION("block %#lx: state %d in a plain segment", (unsigned long)b->addr, b->state);
+  } else if (seg->chunk != 0 && ((b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)) {
+    CP_VIOLATION("block %#lx: (un)mapped range of %zu bytes is not whole chunks", (unsigned long)b->addr, b->size);
+  }
+  if (cp_index_contains(&seg->stream->index[seg->kind], b))
+    CP_VIOLATION("block %#lx: unmapped or changing mapping but in the index", (unsigned long)b->addr);
+  if (cp_ptrmap_get(&pool->live, b->addr) == b)
+    CP_VIOLATION("block %#lx: unmapped or changing mapping but in the live map", (unsigned long)b->addr);
+  if (b->state == CP_BLOCK_UNMAPPED && b->next != NULL && b->next->state == CP_BLOCK_UNMAPPED)
+    CP_VIOLATION("block %#lx: two unmapped neighbours not merged", (unsigned long)b->addr);
+  return v;
+}
+
+/* A FREE block: merged with its free neighbours, in its stream's index, not in the live map. */
+static size_t cp_check_free_block(cp_pool_t *pool, const cp_segment_t *seg, cp_block_t *b, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  const int k = seg->kind;
+  w->t[k].free_blocks++;
+  if (b->next != NULL && b->next->state == CP_BLOCK_FREE)
+    CP_VIOLATION("block %#lx: two free neighbours not merged", (unsigned long)b->addr);
+  if (!cp_index_contains(&seg->stream->index[k], b))
+    CP_VIOLATION("block %#lx: free but not in its stream's index", (unsigned long)b->addr);
+  if (cp_ptrmap_get(&pool->live, b->addr) == b)
+    CP_VIOLATION("block %#lx: free but in the live map", (unsigned long)b->addr);
+  if (cp_block_is_split(b)) {
+    w->t[k].inactive_split++;
+    w->t[k].inactive_split_bytes += (int64_t)b->size;
+  }
+  return v;
+}
+
+/* A block in use: LIVE (in the live map) or PENDING (on other streams' events, not in it). */
+static size_t cp_check_used_block(cp_pool_t *pool, const cp_segment_t *seg, cp_block_t *b, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  cp_tally_t *t = &w->t[seg->kind];
+  t->active++;
+  t->active_bytes += (int64_t)b->size;
+  t->requested += (int64_t)b->requested;
+  if (b->state == CP_BLOCK_LIVE) {
+    t->live++;
+    t->live_bytes += (int64_t)b->size;
+    if (b->size >= pool->cfg.max_split_size) w->oversize_live++;
+    if (b->requested == 0 || b->requested > b->size)
+      CP_VIOLATION("block %#lx: requested %zu does not fit size %zu", (unsigned long)b->addr, b->requested, b->size);
+    if (cp_ptrmap_get(&pool->live, b->addr) != b)
+      CP_VIOLATION("block %#lx: live but not in the live map", (unsigned long)b->addr);
+    return v;
+  }
+  w->pending_blocks++;
+  w->pending_bytes += b->size;
+  w->pending_events += b->pending_events;
+  if (b->pending_events == 0) CP_VIOLATION("block %#lx: pending with no event", (unsigned long)b->addr);
+  if (cp_ptrmap_get(&pool->live, b->addr) == b)
+    CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
+  return v;
+}
+
+/* Bytes handed elsewhere: DRAINING (whole handles waiting for their stream's drain event) or
+ * LENT (to a stitched range). */
+static size_t cp_check_away_block(cp_pool_t *pool, const cp_segment_t *seg, cp_block_t *b, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  const bool listed = cp_index_contains(&seg->stream->index[seg->kind], b) || cp_ptrmap_get(&pool->live, b->addr) == b;
+  if (b->state == CP_BLOCK_LENT) {
+    w->lent_bytes += b->size;
+    if (!seg->paged || !pool->stitch)
+      CP_VIOLATION("block %#lx: lent outside a stitching page-mapped segment", (unsigned long)b->addr);
+    if (listed) CP_VIOLATION("block %#lx: lent but in the index or the live map", (unsigned long)b->addr);
+    return v;
+  }
+  w->draining_bytes += b->size;
+  if (!seg->paged || (b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)
+    CP_VIOLATION("block %#lx: draining but not whole chunks of a page-mapped segment", (unsigned long)b->addr);
+  else if (!cp_expand_handle_edge(seg, b->addr) || !cp_expand_handle_edge(seg, b->addr + b->size))
+    CP_VIOLATION("block %#lx: draining but not whole handles", (unsigned long)b->addr);
+  /* A stream being reaped without an event (cp_drain_release_now_locked: its work was
+   * waited for) holds DRAINING blocks while the lock is dropped for each unmap. */
+  if (!seg->stream->draining && !seg->stream->reaping)
+    CP_VIOLATION("block %#lx: draining but its stream has no drain event", (unsigned long)b->addr);
+  if (listed) CP_VIOLATION("block %#lx: draining but in the index or the live map", (unsigned long)b->addr);
+  return v;
+}
+
+/* Where a block lies: right after the one before it, in its segment, whole granules, aligned. */
+static size_t cp_check_block_place(const cp_pool_t *pool, const cp_segment_t *seg, const cp_block_t *b,
+                                   uintptr_t expect_addr, FILE *out) {
+  size_t v = 0;
+  const size_t granule = pool->cfg.granule;
+  /* The backend gives 512-aligned segments; blocks start at multiples of the granule in
+   * them, so a granule below 512 (256 is allowed) gives blocks that are only that aligned. */
+  const size_t block_align = granule < 512 ? granule : 512;
+  if (b->segment != seg) CP_VIOLATION("block %#lx: wrong segment", (unsigned long)b->addr);
+  if (b->addr != expect_addr)
+    CP_VIOLATION("block %#lx: expected at %#lx (gap or overlap)", (unsigned long)b->addr, (unsigned long)expect_addr);
+  if (b->size == 0 || b->size % granule != 0)
+    CP_VIOLATION("block %#lx: size %zu is not a positive multiple of the granule", (unsigned long)b->addr, b->size);
+  if (b->addr % block_align != 0) CP_VIOLATION("block %#lx: not %zu-aligned", (unsigned long)b->addr, block_align);
+  if (b->next != NULL && b->next->prev != b) CP_VIOLATION("block %#lx: broken back link", (unsigned long)b->addr);
+  return v;
+}
+
+/* Segments are tiled exactly by their blocks, each of them in a state its segment allows. */
+static size_t cp_check_blocks(cp_pool_t *pool, const cp_segment_t *seg, cp_walk_t *w, FILE *out) {
+  size_t v = 0, blocks = 0, mapped = 0;
+  uintptr_t expect_addr = seg->addr;
+  const cp_block_t *tail = NULL;
+  for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
+    if (++blocks > seg->size / pool->cfg.granule + 1) {
+      CP_VIOLATION("segment %#lx: block list does not end", (unsigned long)seg->addr);
+      break;
+    }
+    v += cp_check_block_place(pool, seg, b, expect_addr, out);
+    expect_addr = b->addr + b->size;
+    tail = b;
+    if (b->state >= CP_BLOCK_UNMAPPED && b->state <= CP_BLOCK_UNMAPPING) {
+      v += cp_check_unmapped_block(pool, seg, b, out);
       continue;
     }
-    if (seg->next != NULL && seg->next->prev != seg)
-      CP_VIOLATION("segment list: broken back link at %#lx", (unsigned long)seg->addr);
-    if (seg->paged) {
-      npaged++;
-      space += seg->size;
-      t[k].reserved += (int64_t)(seg->mapped - seg->paused);
-      size_t spans = 0;
-      for (size_t i = 0; i < seg->span_count; i++) spans += seg->spans[i].size;
-      if (spans != seg->paused || seg->paused > seg->mapped || (seg->paused != 0 && !seg->stream->paused))
-        CP_VIOLATION("segment %#lx: %zu bytes paused in %zu stretches of %zu bytes (%zu mapped, stream %s)",
-                     (unsigned long)seg->addr, seg->paused, seg->span_count, spans, seg->mapped,
-                     seg->stream->paused ? "paused" : "not paused");
-      paused_total += seg->paused;
-      if (seg->chunk == 0 || seg->size % seg->chunk != 0 || seg->size < 2 * seg->chunk)
-        CP_VIOLATION("segment %#lx: %zu bytes are not whole chunks of %zu", (unsigned long)seg->addr, seg->size,
-                     seg->chunk);
-    } else {
-      t[k].segments++;
-      t[k].reserved += (int64_t)seg->size;
-      if (seg->size >= cfg->max_split_size) oversize_segs++;
-      if (seg->mapped != 0 || seg->chunk != 0)
-        CP_VIOLATION("segment %#lx: plain but has mapped bytes or a chunk", (unsigned long)seg->addr);
-    }
-    if (seg->head == NULL || seg->head->addr != seg->addr || seg->head->prev != NULL) {
-      CP_VIOLATION("segment %#lx: head block does not start it", (unsigned long)seg->addr);
-      continue;
-    }
-    /* The backend gives 512-aligned segments; blocks start at multiples of the granule in
-     * them, so a granule below 512 (256 is allowed) gives blocks that are only that aligned. */
-    const size_t block_align = cfg->granule < 512 ? cfg->granule : 512;
-    if (seg->addr % 512 != 0) CP_VIOLATION("segment %#lx: not 512-aligned", (unsigned long)seg->addr);
-    uintptr_t expect_addr = seg->addr;
-    size_t blocks = 0, mapped = 0;
-    const cp_block_t *tail = NULL;
-    for (cp_block_t *b = seg->head; b != NULL; b = b->next) {
-      if (++blocks > seg->size / cfg->granule + 1) {
-        CP_VIOLATION("segment %#lx: block list does not end", (unsigned long)seg->addr);
-        break;
-      }
-      if (b->segment != seg) CP_VIOLATION("block %#lx: wrong segment", (unsigned long)b->addr);
-      if (b->addr != expect_addr)
-        CP_VIOLATION("block %#lx: expected at %#lx (gap or overlap)", (unsigned long)b->addr,
-                     (unsigned long)expect_addr);
-      if (b->size == 0 || b->size % cfg->granule != 0)
-        CP_VIOLATION("block %#lx: size %zu is not a positive multiple of the granule", (unsigned long)b->addr, b->size);
-      if (b->addr % block_align != 0) CP_VIOLATION("block %#lx: not %zu-aligned", (unsigned long)b->addr, block_align);
-      if (b->next != NULL && b->next->prev != b) CP_VIOLATION("block %#lx: broken back link", (unsigned long)b->addr);
-      expect_addr = b->addr + b->size;
-      tail = b;
-      if (b->state >= CP_BLOCK_UNMAPPED && b->state <= CP_BLOCK_UNMAPPING) {
-        if (!seg->paged) {
-          CP_VIOLATION("block %#lx: state %d in a plain segment", (unsigned long)b->addr, b->state);
-        } else if (seg->chunk != 0 && ((b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)) {
-          CP_VIOLATION("block %#lx: (un)mapped range of %zu bytes is not whole chunks", (unsigned long)b->addr,
-                       b->size);
-        }
-        if (cp_index_contains(&seg->stream->index[k], b))
-          CP_VIOLATION("block %#lx: unmapped or changing mapping but in the index", (unsigned long)b->addr);
-        if (cp_ptrmap_get(&pool->live, b->addr) == b)
-          CP_VIOLATION("block %#lx: unmapped or changing mapping but in the live map", (unsigned long)b->addr);
-        if (b->state == CP_BLOCK_UNMAPPED && b->next != NULL && b->next->state == CP_BLOCK_UNMAPPED)
-          CP_VIOLATION("block %#lx: two unmapped neighbours not merged", (unsigned long)b->addr);
-        continue;
-      }
-      mapped += b->size;
-      switch (b->state) {
-        case CP_BLOCK_FREE:
-          t[k].free_blocks++;
-          if (b->next != NULL && b->next->state == CP_BLOCK_FREE)
-            CP_VIOLATION("block %#lx: two free neighbours not merged", (unsigned long)b->addr);
-          if (!cp_index_contains(&seg->stream->index[k], b))
-            CP_VIOLATION("block %#lx: free but not in its stream's index", (unsigned long)b->addr);
-          if (cp_ptrmap_get(&pool->live, b->addr) == b)
-            CP_VIOLATION("block %#lx: free but in the live map", (unsigned long)b->addr);
-          if (cp_block_is_split(b)) {
-            t[k].inactive_split++;
-            t[k].inactive_split_bytes += (int64_t)b->size;
-          }
-          break;
-        case CP_BLOCK_LIVE:
-          t[k].live++;
-          t[k].live_bytes += (int64_t)b->size;
-          t[k].active++;
-          t[k].active_bytes += (int64_t)b->size;
-          t[k].requested += (int64_t)b->requested;
-          if (b->size >= cfg->max_split_size) oversize_live++;
-          if (b->requested == 0 || b->requested > b->size)
-            CP_VIOLATION("block %#lx: requested %zu does not fit size %zu", (unsigned long)b->addr, b->requested,
-                         b->size);
-          if (cp_ptrmap_get(&pool->live, b->addr) != b)
-            CP_VIOLATION("block %#lx: live but not in the live map", (unsigned long)b->addr);
-          break;
-        case CP_BLOCK_PENDING:
-          pending_blocks++;
-          pending_bytes += b->size;
-          pending_events += b->pending_events;
-          t[k].active++;
-          t[k].active_bytes += (int64_t)b->size;
-          t[k].requested += (int64_t)b->requested;
-          if (b->pending_events == 0) CP_VIOLATION("block %#lx: pending with no event", (unsigned long)b->addr);
-          if (cp_ptrmap_get(&pool->live, b->addr) == b)
-            CP_VIOLATION("block %#lx: pending but in the live map", (unsigned long)b->addr);
-          break;
-        case CP_BLOCK_DRAINING:
-          draining_bytes += b->size;
-          if (!seg->paged || (b->addr - seg->addr) % seg->chunk != 0 || b->size % seg->chunk != 0)
-            CP_VIOLATION("block %#lx: draining but not whole chunks of a page-mapped segment", (unsigned long)b->addr);
-          else if (!cp_expand_handle_edge(seg, b->addr) || !cp_expand_handle_edge(seg, b->addr + b->size))
-            CP_VIOLATION("block %#lx: draining but not whole handles", (unsigned long)b->addr);
-          /* A stream being reaped without an event (cp_drain_release_now_locked: its work was
-           * waited for) holds DRAINING blocks while the lock is dropped for each unmap. */
-          if (!seg->stream->draining && !seg->stream->reaping)
-            CP_VIOLATION("block %#lx: draining but its stream has no drain event", (unsigned long)b->addr);
-          if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)
-            CP_VIOLATION("block %#lx: draining but in the index or the live map", (unsigned long)b->addr);
-          break;
-        case CP_BLOCK_LENT:
-          lent_bytes += b->size;
-          if (!seg->paged || !pool->stitch)
-            CP_VIOLATION("block %#lx: lent outside a stitching page-mapped segment", (unsigned long)b->addr);
-          if (cp_index_contains(&seg->stream->index[k], b) || cp_ptrmap_get(&pool->live, b->addr) == b)
-            CP_VIOLATION("block %#lx: lent but in the index or the live map", (unsigned long)b->addr);
-          break;
-        default: CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
-      }
-    }
-    if (expect_addr != seg->addr + seg->size)
-      CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr,
-                   (size_t)(expect_addr - seg->addr), seg->size);
-    if (seg->paged) {
-      if (mapped != seg->mapped)
-        CP_VIOLATION("segment %#lx: %zu bytes mapped, its blocks hold %zu", (unsigned long)seg->addr, seg->mapped,
-                     mapped);
-      if (tail == NULL || tail->state != CP_BLOCK_UNMAPPED || tail->size < seg->chunk)
-        CP_VIOLATION("segment %#lx: its last chunk is not unmapped", (unsigned long)seg->addr);
+    mapped += b->size;
+    switch (b->state) {
+      case CP_BLOCK_FREE: v += cp_check_free_block(pool, seg, b, w, out); break;
+      case CP_BLOCK_LIVE:
+      case CP_BLOCK_PENDING: v += cp_check_used_block(pool, seg, b, w, out); break;
+      case CP_BLOCK_DRAINING:
+      case CP_BLOCK_LENT: v += cp_check_away_block(pool, seg, b, w, out); break;
+      default: CP_VIOLATION("block %#lx: bad state %d", (unsigned long)b->addr, b->state);
     }
   }
-  if (nseg != pool->segment_count) CP_VIOLATION("segments: %zu in the list, count says %zu", nseg, pool->segment_count);
-  if (npaged != pool->paged_segments || space != pool->address_space)
-    CP_VIOLATION("page-mapped segments: %zu (%zu bytes of address space), counts say %zu (%zu)", npaged, space,
+  if (expect_addr != seg->addr + seg->size)
+    CP_VIOLATION("segment %#lx: blocks cover %zu of %zu bytes", (unsigned long)seg->addr,
+                 (size_t)(expect_addr - seg->addr), seg->size);
+  if (seg->paged && mapped != seg->mapped)
+    CP_VIOLATION("segment %#lx: %zu bytes mapped, its blocks hold %zu", (unsigned long)seg->addr, seg->mapped, mapped);
+  if (seg->paged && (tail == NULL || tail->state != CP_BLOCK_UNMAPPED || tail->size < seg->chunk))
+    CP_VIOLATION("segment %#lx: its last chunk is not unmapped", (unsigned long)seg->addr);
+  return v;
+}
+
+/* Every segment and its blocks, then the segment counts. */
+static size_t cp_check_segments(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
+    bool walk = false;
+    v += cp_check_segment(pool, seg, w, out, &walk);
+    if (walk) v += cp_check_blocks(pool, seg, w, out);
+  }
+  if (w->nseg != pool->segment_count)
+    CP_VIOLATION("segments: %zu in the list, count says %zu", w->nseg, pool->segment_count);
+  if (w->npaged != pool->paged_segments || w->space != pool->address_space)
+    CP_VIOLATION("page-mapped segments: %zu (%zu bytes of address space), counts say %zu (%zu)", w->npaged, w->space,
                  pool->paged_segments, pool->address_space);
-  if (npaged != 0 && !pool->paged) CP_VIOLATION("page-mapped segments in a pool that is not page-mapped");
-  /* Paused regions (pause.c): each state's paused bytes are its segments', and the pool's theirs. */
-  size_t states_paused = 0, backups = 0;
+  if (w->npaged != 0 && !pool->paged) CP_VIOLATION("page-mapped segments in a pool that is not page-mapped");
+  return v;
+}
+
+/* Paused regions (pause.c): each state's paused bytes are its segments', and the pool's theirs. */
+static size_t cp_check_paused(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0, states_paused = 0, backups = 0;
   for (size_t i = 0; i < pool->streams.count; i++) {
     const cp_stream_state_t *st = pool->streams.list[i];
     size_t mine = 0, copied = 0;
@@ -210,12 +272,15 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     states_paused += st->paused_bytes;
     backups += st->backup_bytes;
   }
-  if (states_paused != pool->paused_bytes || paused_total != pool->paused_bytes || backups != pool->backup_bytes)
+  if (states_paused != pool->paused_bytes || w->paused_total != pool->paused_bytes || backups != pool->backup_bytes)
     CP_VIOLATION("paused: the pool counts %zu bytes paused and %zu backed up, its streams %zu and %zu",
                  pool->paused_bytes, pool->backup_bytes, states_paused, backups);
+  return v;
+}
 
-  /* The free-segment list holds exactly the wholly free segments. */
-  size_t wholly_free = 0, listed = 0;
+/* The free-segment list holds exactly the wholly free segments. */
+static size_t cp_check_free_segments(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0, wholly_free = 0, listed = 0;
   for (cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next) {
     bool is_free = seg->head != NULL && cp_segment_is_free(seg);
     wholly_free += is_free;
@@ -223,14 +288,17 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
       CP_VIOLATION("segment %#lx: %s but %s the free-segment list", (unsigned long)seg->addr,
                    is_free ? "wholly free" : "in use", seg->in_free_list ? "on" : "not on");
   }
-  for (cp_segment_t *seg = pool->free_segments_head; seg != NULL && listed <= nseg; seg = seg->free_next) listed++;
+  for (cp_segment_t *seg = pool->free_segments_head; seg != NULL && listed <= w->nseg; seg = seg->free_next) listed++;
   if (listed != wholly_free || pool->free_segment_count != wholly_free)
     CP_VIOLATION("free-segment list: %zu listed, count says %zu, %zu segments are wholly free", listed,
                  pool->free_segment_count, wholly_free);
+  return v;
+}
 
-  /* Index <=> free blocks: each free block is in its index (above), and the indexes hold no
-   * more nodes than there are free blocks. */
-  size_t index_nodes[CP_KIND_COUNT] = {0};
+/* Index <=> free blocks: each free block is in its index (cp_check_free_block), and the
+ * indexes hold no more nodes than there are free blocks. */
+static size_t cp_check_free_index(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0, index_nodes[CP_KIND_COUNT] = {0};
   for (size_t i = 0; i < pool->streams.count; i++) {
     cp_stream_state_t *st = pool->streams.list[i];
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
@@ -239,22 +307,46 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     }
   }
   for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
-    if ((int64_t)index_nodes[k] != t[k].free_blocks)
+    if ((int64_t)index_nodes[k] != w->t[k].free_blocks)
       CP_VIOLATION("index: %zu %s nodes for %lld free blocks", index_nodes[k], cp_pool_kind_names[k],
-                   (long long)t[k].free_blocks);
+                   (long long)w->t[k].free_blocks);
   }
+  return v;
+}
 
-  /* Stitched ranges: their blocks in use hold exactly the LENT bytes, and count as large. */
+/* Stitched ranges: their blocks in use hold exactly the LENT bytes, and count as large. */
+static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
   size_t s_live = 0, s_live_bytes = 0, s_active = 0, s_active_bytes = 0, s_requested = 0, s_lent = 0;
   v += cp_stitch_check_locked(pool, out, &s_live, &s_live_bytes, &s_active, &s_active_bytes, &s_requested, &s_lent);
-  if (s_lent + pool->stitch_inflight != lent_bytes)
+  if (s_lent + pool->stitch_inflight != w->lent_bytes)
     CP_VIOLATION("stitched: blocks in use hold %zu bytes, ranges being stitched %zu, segments lend %zu", s_lent,
-                 pool->stitch_inflight, lent_bytes);
+                 pool->stitch_inflight, w->lent_bytes);
   if (pool->stitched != NULL && !pool->stitch) CP_VIOLATION("stitched ranges in a pool that does not stitch");
-  /* Stream-ordered release (drain.c): the counts match the blocks, ranges and streams. */
-  if (draining_bytes != pool->draining_bytes)
-    CP_VIOLATION("draining: blocks hold %zu bytes, the count says %zu", draining_bytes, pool->draining_bytes);
-  size_t retired = 0, draining_streams = 0;
+  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
+    const cp_block_t *b = s->head;
+    if (b == NULL) continue;
+    if (b->state == CP_BLOCK_PENDING) {
+      w->pending_blocks++;
+      w->pending_bytes += b->size;
+      w->pending_events += b->pending_events;
+    }
+    if (b->state == CP_BLOCK_LIVE && b->size >= pool->cfg.max_split_size) w->oversize_live++;
+  }
+  cp_tally_t *large = &w->t[CP_KIND_LARGE];
+  large->live += (int64_t)s_live;
+  large->live_bytes += (int64_t)s_live_bytes;
+  large->active += (int64_t)s_active;
+  large->active_bytes += (int64_t)s_active_bytes;
+  large->requested += (int64_t)s_requested;
+  return v;
+}
+
+/* Stream-ordered release (drain.c): the counts match the blocks, ranges and streams. */
+static size_t cp_check_draining(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0, retired = 0, draining_streams = 0, stream_draining = 0;
+  if (w->draining_bytes != pool->draining_bytes)
+    CP_VIOLATION("draining: blocks hold %zu bytes, the count says %zu", w->draining_bytes, pool->draining_bytes);
   for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
     retired += s->retired;
     if (s->trim_only && !s->retired)
@@ -263,7 +355,6 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
       CP_VIOLATION("stitched: range %#lx retired but %s", (unsigned long)s->addr,
                    !s->broken ? "still serving" : "its stream has no drain event");
   }
-  size_t stream_draining = 0;
   for (size_t i = 0; i < pool->streams.count; i++) {
     draining_streams += pool->streams.list[i]->draining;
     stream_draining += pool->streams.list[i]->draining_bytes;
@@ -273,55 +364,48 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   if (retired != pool->retired_ranges || draining_streams != pool->draining_streams)
     CP_VIOLATION("draining: %zu retired ranges and %zu draining streams, counts say %zu and %zu", retired,
                  draining_streams, pool->retired_ranges, pool->draining_streams);
-  for (const cp_segment_t *s = pool->stitched; s != NULL; s = s->next) {
-    const cp_block_t *b = s->head;
-    if (b == NULL) continue;
-    if (b->state == CP_BLOCK_PENDING) {
-      pending_blocks++;
-      pending_bytes += b->size;
-      pending_events += b->pending_events;
-    }
-    if (b->state == CP_BLOCK_LIVE && b->size >= cfg->max_split_size) oversize_live++;
-  }
-  t[CP_KIND_LARGE].live += (int64_t)s_live;
-  t[CP_KIND_LARGE].live_bytes += (int64_t)s_live_bytes;
-  t[CP_KIND_LARGE].active += (int64_t)s_active;
-  t[CP_KIND_LARGE].active_bytes += (int64_t)s_active_bytes;
-  t[CP_KIND_LARGE].requested += (int64_t)s_requested;
+  return v;
+}
 
-  /* Live map <=> live blocks. */
-  size_t live_total = (size_t)(t[CP_KIND_SMALL].live + t[CP_KIND_LARGE].live);
+/* Live map <=> live blocks; stream ordering: queued events <=> pending blocks. */
+static size_t cp_check_streams(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0, queued = 0;
+  const size_t live_total = (size_t)(w->t[CP_KIND_SMALL].live + w->t[CP_KIND_LARGE].live);
   if (pool->live.count != live_total)
     CP_VIOLATION("live map: %zu entries for %zu live blocks", pool->live.count, live_total);
-
-  /* Stream ordering: queued events <=> pending blocks. */
-  size_t queued = 0;
   for (size_t i = 0; i < pool->streams.count; i++) queued += pool->streams.list[i]->queue_len;
   if (queued != pool->streams.pending_entries)
     CP_VIOLATION("streams: %zu queued events, count says %zu", queued, pool->streams.pending_entries);
-  if (queued + pool->streams.detached_entries != pending_events)
+  if (queued + pool->streams.detached_entries != w->pending_events)
     CP_VIOLATION("streams: %zu events queued or being waited for, pending blocks wait for %zu",
-                 queued + pool->streams.detached_entries, pending_events);
-  if (pending_blocks != pool->streams.pending_blocks || pending_bytes != pool->streams.pending_bytes)
-    CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", pending_blocks, pending_bytes,
+                 queued + pool->streams.detached_entries, w->pending_events);
+  if (w->pending_blocks != pool->streams.pending_blocks || w->pending_bytes != pool->streams.pending_bytes)
+    CP_VIOLATION("streams: %zu pending blocks (%zu bytes), counts say %zu (%zu)", w->pending_blocks, w->pending_bytes,
                  pool->streams.pending_blocks, pool->streams.pending_bytes);
+  return v;
+}
 
-  /* Stats <=> blocks. */
+/* The figures of kind `k`: CP_KIND_ALL sums the small and large ones. */
+static cp_tally_t cp_tally_of(const cp_walk_t *w, int k) {
+  if (k != CP_KIND_ALL) return w->t[k];
+  const cp_tally_t *s = &w->t[CP_KIND_SMALL], *l = &w->t[CP_KIND_LARGE];
+  return (cp_tally_t){s->segments + l->segments,
+                      s->reserved + l->reserved,
+                      s->live + l->live,
+                      s->live_bytes + l->live_bytes,
+                      s->active + l->active,
+                      s->active_bytes + l->active_bytes,
+                      s->requested + l->requested,
+                      s->inactive_split + l->inactive_split,
+                      s->inactive_split_bytes + l->inactive_split_bytes,
+                      s->free_blocks + l->free_blocks};
+}
+
+/* Stats <=> blocks. */
+static size_t cp_check_stats(const cp_pool_t *pool, const cp_walk_t *w, FILE *out) {
+  size_t v = 0;
   for (int k = CP_KIND_ALL; k <= CP_KIND_LARGE; k++) {
-    cp_tally_t e = t[k];
-    if (k == CP_KIND_ALL) {
-      cp_tally_t *s = &t[CP_KIND_SMALL], *l = &t[CP_KIND_LARGE];
-      e = (cp_tally_t){s->segments + l->segments,
-                       s->reserved + l->reserved,
-                       s->live + l->live,
-                       s->live_bytes + l->live_bytes,
-                       s->active + l->active,
-                       s->active_bytes + l->active_bytes,
-                       s->requested + l->requested,
-                       s->inactive_split + l->inactive_split,
-                       s->inactive_split_bytes + l->inactive_split_bytes,
-                       s->free_blocks + l->free_blocks};
-    }
+    const cp_tally_t e = cp_tally_of(w, k);
     const cp_stat_t *f[CP_STAT_FAMILY_COUNT];
     for (int i = 0; i < CP_STAT_FAMILY_COUNT; i++) f[i] = &pool->stats.family[i][k];
     v += cp_check_stat(out, "segment", k, f[CP_STAT_SEGMENT], e.segments);
@@ -334,12 +418,26 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
     v += cp_check_stat(out, "inactive_split", k, f[CP_STAT_INACTIVE_SPLIT], e.inactive_split);
     v += cp_check_stat(out, "inactive_split_bytes", k, f[CP_STAT_INACTIVE_SPLIT_BYTES], e.inactive_split_bytes);
   }
-  if (pool->stats.oversize_allocations.current != (int64_t)oversize_live)
+  if (pool->stats.oversize_allocations.current != (int64_t)w->oversize_live)
     CP_VIOLATION("stats: oversize_allocations.current %lld, blocks say %zu",
-                 (long long)pool->stats.oversize_allocations.current, oversize_live);
-  if (pool->stats.oversize_segments.current != (int64_t)oversize_segs)
+                 (long long)pool->stats.oversize_allocations.current, w->oversize_live);
+  if (pool->stats.oversize_segments.current != (int64_t)w->oversize_segs)
     CP_VIOLATION("stats: oversize_segments.current %lld, segments say %zu",
-                 (long long)pool->stats.oversize_segments.current, oversize_segs);
+                 (long long)pool->stats.oversize_segments.current, w->oversize_segs);
+  return v;
+}
+
+/* In this order: each check compares what the earlier ones counted. */
+size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
+  cp_walk_t w = {0};
+  size_t v = cp_check_segments(pool, &w, out);
+  v += cp_check_paused(pool, &w, out);
+  v += cp_check_free_segments(pool, &w, out);
+  v += cp_check_free_index(pool, &w, out);
+  v += cp_check_stitched(pool, &w, out);
+  v += cp_check_draining(pool, &w, out);
+  v += cp_check_streams(pool, &w, out);
+  v += cp_check_stats(pool, &w, out);
   return v;
 }
 

@@ -6,6 +6,7 @@
 #include "core/block.h"
 #include "core/capture.h"
 #include "core/check.h"
+#include "core/checkpoint.h"
 #include "core/drain.h"
 #include "core/history.h"
 #include "core/oom.h"

@@ -691,7 +691,4 @@ typedef struct cp_event_log_s {
 int cp_pool_event_log(cp_pool_t *pool, cp_event_log_t *out);
 void cp_event_log_release(cp_event_log_t *log);
 
-/* Checkpoints for CUDA graph trees, and sharing with other processes. */
-#include "core/cp_share.h"
-
 #endif /* CP_H */

@@ -13,6 +13,7 @@
 #include "core/pool.h"
 #include "core/segment.h"
 #include "core/stitch.h"
+#include "core/stitch_alloc.h"
 
 /* Note [Lock rules]
  * One mutex per pool guards all of its state. Public functions take it once and never call

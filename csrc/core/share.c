@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/expand.h"
+#include "core/share.h"
 #include "core/state.h"
 
 /* Note [Sharing a block]

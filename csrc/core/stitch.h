@@ -1,5 +1,5 @@
-/* stitch.h — stitched ranges (stitch.c); Notes [Stitched ranges], [Handles in part use]: free pages of page-mapped
- * segments mapped again, side by side, at a new address. */
+/* stitch.h — stitched ranges (stitch.c; stitch_alloc.c makes them); Notes [Stitched ranges], [Handles in part
+ * use]: free pages of page-mapped segments mapped again, side by side, at a new address. */
 #ifndef CP_STITCH_H
 #define CP_STITCH_H
 
@@ -81,13 +81,28 @@
 /* Stitched ranges kept for reuse; past that, the least recently used idle one is retired. */
 #define CP_STITCH_KEEP 64
 
-/* A large request best fit could not serve: a kept stitched range whose pages are all free,
- * or a new one. CP_OK when served; CP_ERR_OOM when stitching cannot serve it (grow instead);
- * another failure as it came. When it needs a new range while CP_STITCH_KEEP ranges are kept
- * and `past_keep` is false, it stitches nothing and sets *out_full: the caller trims the kept
- * ranges (cp_drain_trim_locked) and asks again with `past_keep`. */
-int cp_stitch_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t rounded, size_t size, bool past_keep,
-                           void **out_ptr, bool *out_full);
+/* The bytes of run `r` a block of `left` more bytes covers. */
+static inline size_t cp_stitch_part(const cp_stitch_run_t *r, size_t left) {
+  const size_t room = r->size - r->skip;
+  return room < left ? room : left;
+}
+
+/* Where a range's block starts: past the first run's skip. */
+static inline uintptr_t cp_stitch_block_addr(const cp_segment_t *s) {
+  return s->addr + (s->run_count != 0 ? s->runs[0].skip : 0);
+}
+
+/* Give the runs of `s` back to their segments' free blocks. */
+void cp_stitch_return_locked(cp_pool_t *pool, cp_segment_t *s);
+/* Put `s` on the pool's list of stitched ranges (counted in stitched_count and _space). */
+void cp_stitch_link_locked(cp_pool_t *pool, cp_segment_t *s);
+/* Unmap the first `*mapped` bytes of a stitched range and give back its address range; with
+ * the lock dropped. *mapped becomes 0 once the unmap is done, also when giving back the
+ * address range fails after it. A range the device refuses to give back is lost to the
+ * address space only (its pages are still held by their segments). */
+int cp_stitch_unmap_locked(cp_pool_t *pool, uintptr_t addr, size_t size, size_t *mapped);
+/* Free the host side of a range on no list, its device side given back. */
+void cp_stitch_free_range(cp_pool_t *pool, cp_segment_t *s);
 /* Retire the least recently used idle kept range (not of a stream being captured, unless it is
  * `st`'s): it never serves again, unless taken back before it is unmapped. Returns its stream,
  * whose drain the caller arms, or NULL when there is none. */

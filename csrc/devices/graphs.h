@@ -6,7 +6,9 @@
 
 #include <stddef.h>
 
+#include "core/checkpoint.h"
 #include "core/cp.h"
+#include "core/share.h"
 
 #ifdef __cplusplus
 extern "C" {

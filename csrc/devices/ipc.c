@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "core/share.h"
 #include "devices/devices.h"
 #include "devices/graphs.h"
 

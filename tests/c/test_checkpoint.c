@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/checkpoint.h"
 #include "fixture.h"
 
 #define EX "expandable_segments:True"

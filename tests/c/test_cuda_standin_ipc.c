@@ -17,6 +17,7 @@
 #include "backend/cuda.h"
 #include "check.h"
 #include "core/cp.h"
+#include "core/share.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
 #include "devices/ipc.h"

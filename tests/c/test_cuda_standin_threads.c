@@ -29,6 +29,7 @@
 #include "backend/cuda.h"
 #include "check.h"
 #include "core/cp.h"
+#include "core/share.h"
 #include "rand.h"
 #include "standin/standin.h"
 #include "standin_open.h"

@@ -8,6 +8,7 @@
 
 #include "backend/sim.h"
 #include "check.h"
+#include "core/checkpoint.h"
 #include "core/cp.h"
 #include "devices/abi.h"
 #include "devices/devices.h"

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "core/share.h"
 #include "fixture.h"
 
 #define ST "expandable_segments:True,page_stitching:True"

@@ -64,7 +64,9 @@
 #include <string.h>
 
 #include "backend/sim.h"
+#include "core/checkpoint.h"
 #include "core/cp.h"
+#include "core/share.h"
 #include "soak.h"
 
 size_t fz_ops_run;
