@@ -161,6 +161,7 @@ PY_LAYERS: dict[str, int] = {
     "fakegpu.dispatch": 3,
     "fakegpu.scriptio": 3,
     "fakegpu.native": 3,
+    "fakegpu.native_engine": 4,
     # 4: what is built on a replay; the tracer
     "lab.replay_report": 4,
     "lab.capacity": 4,

@@ -11,7 +11,7 @@ True, one device of the model's name, memory and multiprocessors is there, tenso
 moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
 tensors (no memory and no math) with CUDA's autocast rules, and every allocation is recorded.
 Two engines make them (``engine=``; :class:`cudapool.fakegpu.engine.Engine` is what FakeGPU asks
-of them): ``"native"`` (:mod:`cudapool.fakegpu.native`, the module
+of them): ``"native"`` (:mod:`cudapool.fakegpu.native_engine`, the module
 cudapool._torch_fakecuda: plain torch CUDA tensors whose kernels compute only shapes, below
 Python; torch's own CUDA paths above them, autograd's engine included) and ``"python"``
 (:mod:`cudapool.fakegpu.python_engine`: :class:`torch._subclasses.fake_tensor.FakeTensorMode`
@@ -134,7 +134,7 @@ ENGINES = ("auto", "native", "python")
 
 def _engine_class(name: str) -> Any:
     if name == "native":
-        from .native import NativeEngine
+        from .native_engine import NativeEngine
 
         return NativeEngine
     from .python_engine import PythonEngine

@@ -1,7 +1,7 @@
 """What an engine of the fake GPU is: the part of :class:`cudapool.fakegpu.FakeGPU` that makes
 its CUDA tensors and records what they allocate. Two engines implement :class:`Engine`:
 
-- ``"native"`` (:class:`cudapool.fakegpu.native.NativeEngine`): cudapool._torch_fakecuda, plain
+- ``"native"`` (:class:`cudapool.fakegpu.native_engine.NativeEngine`): cudapool._torch_fakecuda, plain
   torch CUDA tensors whose kernels compute only shapes, below Python;
 - ``"python"`` (:class:`cudapool.fakegpu.python_engine.PythonEngine`): torch's fake tensors
   under :class:`cudapool.fakegpu.tracer.Tracer`, on any torch build.
