@@ -348,7 +348,8 @@ test-properties: deps-py
 #              one CP_CONFIG_KEYS gives;
 # lint-format: clang-format (.clang-format) on every C/C++ file, ruff format and ruff check on
 #              the Python; `make format` rewrites both in place;
-# lint-types:  mypy on the package, and stubtest: _C.pyi / _testhooks.pyi against the built modules.
+# lint-types:  mypy on the package, and stubtest: the stubs of the extension modules (_C.pyi,
+#              _testhooks.pyi, _torch_fakecuda.pyi) against the built modules.
 # The tools come with `pip install -e '.[lint]'` (ruff, mypy) and Debian's clang-format.
 CLANG_FORMAT ?= clang-format
 C_FORMAT_FILES = $(sort $(wildcard csrc/*/*.c csrc/*/*.h csrc/*/*.cpp csrc/*/*/*.c csrc/*/*/*.h \
@@ -369,7 +370,9 @@ lint-format: deps-py
 	$(PYTHON) -m ruff format --check $(PY_LINT_DIRS)
 	$(PYTHON) -m ruff check $(PY_LINT_DIRS)
 
-STUBTEST_MODULES ?= cudapool._C cudapool._testhooks
+# cudapool._torch_fakecuda is built only against a CUDA build of torch: checked where it was built.
+STUBTEST_MODULES ?= cudapool._C cudapool._testhooks \
+  $(shell $(PYTHON) -c 'import cudapool._torch_fakecuda' >/dev/null 2>&1 && echo cudapool._torch_fakecuda)
 
 lint-types: deps-py
 	$(PYTHON) -m mypy

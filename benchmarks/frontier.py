@@ -46,8 +46,9 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from cudapool._units import format_bytes, parse_size  # noqa: E402
 from cudapool.lab.capacity import min_capacity  # noqa: E402
-from cudapool.lab.replay import format_bytes, parse_size, replay  # noqa: E402
+from cudapool.lab.replay import replay  # noqa: E402
 
 LAB_WORKLOADS = ("gpt", "cnn", "kvcache", "rmm_random", "vit", "unet", "moe", "lstm")
 

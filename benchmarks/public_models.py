@@ -7,7 +7,7 @@ as a GPU would allocate them, recorded without a GPU, for replaying allocator po
 None of the model code is cudapool's: each workload builds a library's own model class from an
 explicit config with random initialisation (no weights are downloaded: ``HF_HUB_OFFLINE=1``,
 ``pretrained=False``) and runs it the way a training or generation script would. Each runs under
-``cudapool.lab.tracer.Tracer(device="cuda", fake=True)`` (fake CUDA tensors: CUDA's kernel choices
+``cudapool.fakegpu.tracer.Tracer(device="cuda", fake=True)`` (fake CUDA tensors: CUDA's kernel choices
 and autocast rules, no GPU used) as ``benchmarks/workloads/_common.py``'s ``capture_training``
 does: the model and optimizer are built inside the block, so their allocations are in the trace,
 and dropped at its end. Training steps: forward (bf16 autocast or fp32, as the trace's meta says
@@ -74,7 +74,7 @@ try:
 except ImportError:  # run as a script
     from workloads import _common
 
-from cudapool.lab.replay import format_bytes
+from cudapool._units import format_bytes
 from cudapool.lab.trace import Trace, save
 
 INSTALL = "pip install -e '.[models]'"
@@ -302,7 +302,7 @@ def llama_generate(scale: str, seed: int, cfg: Dict[str, Any]) -> Trace:
     """Greedy decoding with a KV cache, written out as ``generate``'s loop is (see the module notes)."""
     import torch
     import transformers
-    from cudapool.lab.tracer import Tracer
+    from cudapool.fakegpu.tracer import Tracer
 
     rng = random.Random(seed)
     _common.check_range(cfg, "min_new", "max_new")

@@ -63,9 +63,10 @@ try:
 except ImportError:  # not installed: the in-place build
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from cudapool._units import format_bytes  # noqa: E402
 from cudapool.lab import device_costs  # noqa: E402
 from cudapool.lab.capacity import AT_MIN_KEYS, min_capacity  # noqa: E402
-from cudapool.lab.replay import format_bytes, replay  # noqa: E402
+from cudapool.lab.replay import replay  # noqa: E402
 from cudapool.lab.torch_snapshot import from_snapshot  # noqa: E402
 from cudapool.lab.trace import load, save  # noqa: E402
 from window_snapshot import simulate  # noqa: E402

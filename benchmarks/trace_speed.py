@@ -1,5 +1,5 @@
 """How fast ``ab --simulate`` traces: events per second for a transformer's forward and backward
-on the fake GPU (cudapool.lab.fakegpu), the model built first and one step left out as warm-up.
+on the fake GPU (cudapool.fakegpu), the model built first and one step left out as warm-up.
 
     python benchmarks/trace_speed.py [--gpu H100] [--steps 20] [--layers 4] [--d-model 256]
                                      [--batch 8] [--ctx 128] [--engine both|native|python]
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     import torch
     import torch.nn as nn
-    from cudapool.lab.fakegpu import FakeGPU, gpu_model
+    from cudapool.fakegpu import FakeGPU, gpu_model
 
     with FakeGPU(gpu_model(args.gpu), engine=args.engine) as fg:
         layer = nn.TransformerEncoderLayer(args.d_model, 4, 4 * args.d_model, batch_first=True)

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from cudapool.fakegpu.tracer import Tracer  # noqa: E402
 from cudapool.lab.trace import ALLOC  # noqa: E402
-from cudapool.lab.tracer import Tracer  # noqa: E402
 
 Event = Tuple[str, int]  # ("A" or "F", bytes)
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "workloads"))
 
-import cudapool.lab.tracer as tracer_mod  # noqa: E402
+import cudapool.fakegpu.tracer as tracer_mod  # noqa: E402
 import torch  # noqa: E402
 from cudapool.lab.trace import ALLOC, Trace  # noqa: E402
 from tracer_public import compare, comparison_cells, measure, snapshot_events  # noqa: E402
@@ -42,7 +42,7 @@ PROGRAMS = ("gpt", "cnn", "kvcache", "vit", "unet", "moe", "lstm")
 
 
 class _NoTracer:
-    """Stands in for cudapool.lab.tracer.Tracer while a workload runs for real: records nothing."""
+    """Stands in for cudapool.fakegpu.tracer.Tracer while a workload runs for real: records nothing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass

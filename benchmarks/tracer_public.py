@@ -14,7 +14,7 @@ package (its ``cs336-basics`` folder). The runs need ``einops``, ``einx`` and ``
 
 Each run is re-enacted on the CPU the way its script ran it (model, optimizer, warm-up before
 the window, the window itself: see PROGRAMS), with the window under
-``cudapool.lab.tracer.Tracer(window=True)``. The model is built on meta (and moved to fake CUDA
+``cudapool.fakegpu.tracer.Tracer(window=True)``. The model is built on meta (and moved to fake CUDA
 tensors with ``to_empty``); one warm-up step stands for the script's five (the state they
 leave is the same). Whether the recorded run used bf16 autocast is read from the snapshot (its
 stacks show autocast's casts).
@@ -39,9 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from cudapool.fakegpu.tracer import Tracer  # noqa: E402
 from cudapool.lab.torch_snapshot import _unpickle, from_snapshot  # noqa: E402
 from cudapool.lab.trace import ALLOC  # noqa: E402
-from cudapool.lab.tracer import Tracer  # noqa: E402
 
 #: The model sizes of the course's table.
 SIZES = {

@@ -200,44 +200,54 @@ PY_LAYERS: dict[str, int] = {
     # 0: leaves
     "_C": 0,
     "_testhooks": 0,
+    "_torch_fakecuda": 0,
     "_version": 0,
     "_units": 0,
     "policies": 0,
     "ab": 0,  # cudapool.ab: step() for user scripts; imports nothing of cudapool
     "lab": 0,  # cudapool.lab: its docstring only
     "lab._events": 0,
-    "lab._leaves": 0,
+    "lab._progress": 0,
     "lab.device_costs": 0,
+    "fakegpu.engine": 0,
+    "fakegpu.failures": 0,
+    "fakegpu.leaves": 0,
     # 1: formats and configuration
     "lab.torch_snapshot": 1,
     "snapshots": 1,
     "summary": 1,
     "_config": 1,
     "regions": 1,
-    # 2: traces, the simulated pool, torch's functions
+    "fakegpu.models": 1,
+    "_torch_libraries": 1,
+    # 2: traces, the simulated pool, torch's functions, what the fake GPU's tracer runs on
     "lab.trace": 2,
-    "lab._backward": 2,
-    "lab._kernel_scratch": 2,
-    "lab._attention": 2,
-    "lab._hostreal": 2,
+    "fakegpu.backward": 2,
+    "fakegpu.kernel_scratch": 2,
+    "fakegpu.attention": 2,
+    "fakegpu.hostreal": 2,
     "sim": 2,
-    "_torch": 2,
+    "_torch_stats": 2,
     "lab.plot": 2,
-    # 3: what reads traces or makes them
-    "lab.tracer": 3,
+    # 3: what reads traces or makes them; the swap of torch's allocator
     "lab.replay": 3,
-    "lab._scriptio": 3,
-    "lab._native": 3,
-    # 4: what is built on a replay
+    "_torch": 3,
+    "fakegpu.dispatch": 3,
+    "fakegpu.scriptio": 3,
+    "fakegpu.native": 3,
+    "fakegpu.native_engine": 4,
+    # 4: what is built on a replay; the tracer
     "lab.replay_report": 4,
     "lab.capacity": 4,
     "lab.peak_snapshot": 4,
-    "lab.fakegpu": 4,
-    # 5: what replays traces to explain out of memory
+    "fakegpu.tracer": 4,
+    # 5: what replays traces to explain out of memory; the fake GPU's Python engine
     "oom": 5,
-    # 6: the package and what the A/B command's parts share; 7: the A/B command and its child
-    # runners; 8: its simulated form; 9: the command line
+    "fakegpu.python_engine": 5,
+    # 6: the package, the fake GPU, and what the A/B command's parts share; 7: the A/B command
+    # and its child runners; 8: its simulated form; 9: the command line
     "__init__": 6,
+    "fakegpu": 6,
     "ab.common": 6,
     "ab.command": 7,
     "ab.child": 7,

@@ -163,8 +163,8 @@ if [ "$build_rc" -eq 0 ]; then
     with_timeout 60 "$PYTHON" -c '
 import torch
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())
-from cudapool import _torch
-print("cudapool._torch_oom (out of memory as torch.OutOfMemoryError):", _torch.torch_oom_library_path() or "not built")
+from cudapool import _torch, _torch_libraries
+print("cudapool._torch_oom (out of memory as torch.OutOfMemoryError):", _torch_libraries.torch_oom_library_path() or "not built")
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print("  cuda:%d %s, %.1f GiB, compute capability %d.%d" % (i, p.name, p.total_memory / 2**30, p.major, p.minor))

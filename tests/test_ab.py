@@ -18,6 +18,7 @@ import time
 import pytest
 from cudapool import ab
 from cudapool.ab import command as _ab
+from cudapool.ab import common
 
 MiB = 1 << 20
 
@@ -68,7 +69,7 @@ def load(path):
 
 
 def test_allocator_list_and_variants():
-    allocs = _ab.parse_allocators("builtin,expandable,async,cudapool,cudapool:max_split_size_mb=256;policy=builtin")
+    allocs = common.parse_allocators("builtin,expandable,async,cudapool,cudapool:max_split_size_mb=256;policy=builtin")
     assert [a.label for a in allocs] == [
         "builtin",
         "expandable",
@@ -76,12 +77,12 @@ def test_allocator_list_and_variants():
         "cudapool",
         "cudapool:max_split_size_mb=256;policy=builtin",
     ]
-    assert allocs[0] == _ab.Allocator("builtin", None, None)
+    assert allocs[0] == common.Allocator("builtin", None, None)
     assert allocs[1].torch_conf == "expandable_segments:True"
     assert allocs[2].torch_conf == "backend:cudaMallocAsync"
-    assert allocs[3] == _ab.Allocator("cudapool", None, "")
+    assert allocs[3] == common.Allocator("cudapool", None, "")
     assert allocs[4].cudapool_conf == "max_split_size_mb:256,policy:builtin"
-    assert _ab.parse_allocators("cudapool:policy=expandable")[0].cudapool_conf == "policy:expandable"
+    assert common.parse_allocators("cudapool:policy=expandable")[0].cudapool_conf == "policy:expandable"
 
 
 @pytest.mark.parametrize(
@@ -99,8 +100,8 @@ def test_allocator_list_and_variants():
     ],
 )
 def test_bad_allocators_are_usage_errors(text, words):
-    with pytest.raises(_ab.UsageError) as info:
-        _ab.parse_allocators(text)
+    with pytest.raises(common.UsageError) as info:
+        common.parse_allocators(text)
     for word in words:
         assert word in str(info.value)
 
@@ -118,7 +119,7 @@ def test_options_parse(tmp_path):
     assert (o.script, o.args) == (script, ["--batch-size", "4", "--", "x"])
     defaults = _ab.parse_args(["--", script])
     assert [a.label for a in defaults.allocators] == ["builtin", "expandable", "async", "cudapool"]
-    assert defaults.max_batch_range == _ab.DEFAULT_RANGE and defaults.find_max_batch is None
+    assert defaults.max_batch_range == common.DEFAULT_RANGE and defaults.find_max_batch is None
 
 
 @pytest.mark.parametrize(
@@ -158,7 +159,7 @@ def test_unknown_option_is_usage_error(tmp_path, capsys):
 def test_cli_entry_bad_key_and_help(tmp_path):
     script = write(tmp_path, "s.py", "pass\n")
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(p for p in [_ab._package_root(), os.environ.get("PYTHONPATH")] if p)
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in [common._package_root(), os.environ.get("PYTHONPATH")] if p)
     )
     proc = subprocess.run(
         [sys.executable, "-m", "cudapool", "ab", "--allocators", "cudapool:max_split_sz=1", "--", script],
@@ -177,10 +178,11 @@ def test_cli_entry_bad_key_and_help(tmp_path):
 
 
 def test_with_arg_replaces_or_appends():
-    assert _ab.with_arg(["--batch-size", "8", "--lr", "1"], "--batch-size", 32) == ["--batch-size", "32", "--lr", "1"]
-    assert _ab.with_arg(["--batch-size=8"], "--batch-size", 3) == ["--batch-size=3"]
-    assert _ab.with_arg(["--lr", "1"], "--batch-size", 5) == ["--lr", "1", "--batch-size", "5"]
-    assert _ab.with_arg(["--batch-size-x", "1"], "--batch-size", 5) == ["--batch-size-x", "1", "--batch-size", "5"]
+    with_arg = common.with_arg
+    assert with_arg(["--batch-size", "8", "--lr", "1"], "--batch-size", 32) == ["--batch-size", "32", "--lr", "1"]
+    assert with_arg(["--batch-size=8"], "--batch-size", 3) == ["--batch-size=3"]
+    assert with_arg(["--lr", "1"], "--batch-size", 5) == ["--lr", "1", "--batch-size", "5"]
+    assert with_arg(["--batch-size-x", "1"], "--batch-size", 5) == ["--batch-size-x", "1", "--batch-size", "5"]
 
 
 @pytest.mark.parametrize("lo, hi", [(1, 4096), (1, 1), (3, 100), (1, 37), (5, 6)])
@@ -195,7 +197,7 @@ def test_bisection_finds_the_threshold_exactly(lo, hi):
             assert lo <= v <= hi
             return v <= threshold
 
-        found = _ab.bisect_max(ok, lo, hi)
+        found = common.bisect_max(ok, lo, hi)
         expected = None if threshold < lo else min(threshold, hi)
         assert found == expected, (lo, hi, threshold, probes)
         assert len(probes) == len(set(probes)) and len(probes) <= 2 * (hi - lo).bit_length() + 2

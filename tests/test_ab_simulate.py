@@ -18,11 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cudapool.lab._native import why_unavailable  # noqa: E402
-from cudapool.lab.fakegpu import cublas_workspace_bytes, gpu_model  # noqa: E402
+from cudapool.fakegpu import cublas_workspace_bytes, gpu_model  # noqa: E402
+from cudapool.fakegpu.native import why_unavailable  # noqa: E402
+from cudapool.fakegpu.tracer import Tracer  # noqa: E402
 from cudapool.lab.replay import replay  # noqa: E402
 from cudapool.lab.trace import ALLOC, FREE, load  # noqa: E402
-from cudapool.lab.tracer import Tracer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "sim_scripts"

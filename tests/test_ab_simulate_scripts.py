@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cudapool.ab.common import bisect_max  # noqa: E402
-from cudapool.lab.fakegpu import GPUS, FakeGPU, cublas_workspace_bytes, gpu_model, script_error  # noqa: E402
+from cudapool.fakegpu import GPUS, FakeGPU, cublas_workspace_bytes, gpu_model, script_error  # noqa: E402
 from cudapool.lab.trace import ALLOC, load  # noqa: E402
 from test_ab_simulate import SCRIPTS, simulate  # noqa: E402
 

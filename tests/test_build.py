@@ -38,9 +38,9 @@ def test_setup_py_without_torch_builds_a_working_package_without_the_thrower(tmp
     scenario = NO_TORCH + textwrap.dedent(
         """
         import cudapool
-        from cudapool import _C, _testhooks, _torch
+        from cudapool import _C, _testhooks, _torch, _torch_libraries
         assert _C.__file__.startswith(sys.argv[1]), _C.__file__
-        assert _torch.torch_oom_library_path() is None
+        assert _torch_libraries.torch_oom_library_path() is None
         _C.use_sim_devices(64 << 20)
         ptr, status, msg = _testhooks.alloc_catching(1 << 20, 0, 0)
         assert status == 0 and ptr, (status, msg)

@@ -581,9 +581,9 @@ def test_memory_fraction_caps_allocations(child_env):
 # -- g2. torch parity: the out-of-memory type, fraction 0, get_per_process_memory_fraction ------
 
 OOM_TYPE_AND_FRACTION = """
-from cudapool import _torch
+from cudapool import _torch, _torch_libraries
 assert _torch.oom_error_type() == "torch.OutOfMemoryError", (
-    "cudapool._torch_oom is not in use: %r (built: %r)" % (_torch.oom_error_type(), _torch.torch_oom_library_path()))
+    "cudapool._torch_oom is not in use: %r (built: %r)" % (_torch.oom_error_type(), _torch_libraries.torch_oom_library_path()))
 total = torch.cuda.get_device_properties(0).total_memory
 caught_as = None
 try:

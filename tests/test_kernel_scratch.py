@@ -1,4 +1,4 @@
-"""The scratch buffers of CUDA kernels the tracer models (cudapool.lab._kernel_scratch), against the
+"""The scratch buffers of CUDA kernels the tracer models (cudapool.fakegpu.kernel_scratch), against the
 sizes GPU snapshots recorded (public runs of benchmarks/tracer_public.py, torch 2.11)."""
 
 import pytest
@@ -11,9 +11,9 @@ except Exception:  # not installed, or a broken install
 pytestmark = pytest.mark.skipif(torch is None, reason="torch is not importable")
 
 if torch is not None:
-    from cudapool.lab import _kernel_scratch as ks
+    from cudapool.fakegpu import kernel_scratch as ks
+    from cudapool.fakegpu.tracer import Tracer
     from cudapool.lab.trace import ALLOC, FREE
-    from cudapool.lab.tracer import Tracer
 
 
 def _contiguous_strides(shape):

@@ -1,4 +1,4 @@
-"""The fake GPU below Python (cudapool._torch_fakecuda, cudapool.lab._native) against torch itself:
+"""The fake GPU below Python (cudapool._torch_fakecuda, cudapool.fakegpu.native) against torch itself:
 what torch's own CUDA paths do on it, what it records, and that torch is whole again after it.
 
 Each scenario runs in a fresh process: the engine replaces torch's CUDA kernels, device guard and
@@ -15,7 +15,7 @@ from scenario import expect_ok, run_python
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
-from cudapool.lab._native import why_unavailable  # noqa: E402
+from cudapool.fakegpu.native import why_unavailable  # noqa: E402
 
 WHY = why_unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"the native engine cannot run here: {WHY}")
@@ -24,8 +24,8 @@ PRELUDE = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / "python")!r})
 import torch, torch.nn as nn, torch.nn.functional as F
-from cudapool.lab.fakegpu import FakeGPU, ValueRead, cublas_workspace_bytes, gpu_model
-from cudapool.lab._kernel_scratch import op_steps
+from cudapool.fakegpu import FakeGPU, ValueRead, cublas_workspace_bytes, gpu_model
+from cudapool.fakegpu.kernel_scratch import op_steps
 from cudapool.lab.trace import ALLOC, FREE
 H100 = gpu_model("H100")
 def sizes(events, lo=0):
@@ -219,15 +219,15 @@ def test_a_wrong_engine_name_and_an_engine_that_cannot_run_are_refused() -> None
     scenario(
         """
 import cudapool._torch_fakecuda as m
-from cudapool.lab import _native
-from cudapool.lab.fakegpu import resolve_engine
+from cudapool.fakegpu import native
+from cudapool.fakegpu import resolve_engine
 try:
     FakeGPU(H100, engine="fast")
     raise AssertionError("accepted")
 except ValueError as exc:
     assert "auto, native, python" in str(exc)
 m.torch_version = "0.0"
-assert "built for torch 0.0" in _native.why_unavailable()
+assert "built for torch 0.0" in native.why_unavailable()
 assert resolve_engine("auto") == "python"
 try:
     resolve_engine("native")

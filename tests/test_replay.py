@@ -12,10 +12,11 @@ import sys
 
 import pytest
 from cudapool import _C
+from cudapool._units import format_bytes, parse_size
 from cudapool.lab import capacity as lab_capacity
 from cudapool.lab import device_costs, replay_report
 from cudapool.lab import replay as rp
-from cudapool.lab.replay import ReplayError, config_text, format_bytes, parse_size, replay
+from cudapool.lab.replay import ReplayError, config_text, replay
 from cudapool.lab.torch_snapshot import SnapshotError, from_snapshot, load_snapshot
 from cudapool.lab.trace import ALLOC, EVENT, FREE, RELEASE, Trace, TraceWriter, load, save
 

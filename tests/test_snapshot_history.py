@@ -327,19 +327,21 @@ def test_device_pools_snapshot_and_record_history(stacks):
 
 
 def test_torch_replacements_answer_from_the_device_pools(tmp_path):
-    from cudapool import _torch
+    from cudapool import _torch_stats
 
-    assert {"_snapshot", "memory_snapshot", "_record_memory_history", "_dump_snapshot"} <= set(_torch._PATCHED)
+    assert {"_snapshot", "memory_snapshot", "_record_memory_history", "_dump_snapshot"} <= set(
+        _torch_stats.REPLACEMENTS
+    )
     _C.shutdown()
     _C.use_sim_devices(256 * MiB, 1)
     try:
-        _torch._torch_record_memory_history("all", max_entries=10)
+        _torch_stats._torch_record_memory_history("all", max_entries=10)
         assert _C.device_history_entries() == 10
-        _torch._torch_record_memory_history(None)
+        _torch_stats._torch_record_memory_history(None)
         assert _C.device_history_entries() == 0
-        assert _torch._torch_snapshot() == {"segments": [], "device_traces": []}
-        assert _torch._torch_memory_snapshot() == []
-        _torch._torch_dump_snapshot(str(tmp_path / "d.pickle"))
+        assert _torch_stats._torch_snapshot() == {"segments": [], "device_traces": []}
+        assert _torch_stats._torch_memory_snapshot() == []
+        _torch_stats._torch_dump_snapshot(str(tmp_path / "d.pickle"))
         assert snapshot.load(tmp_path / "d.pickle")["segments"] == []
     finally:
         _C.shutdown()

@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 if not hasattr(torch._C, "_cuda_customAllocator"):
     pytest.skip(f"torch {torch.__version__} is a CPU-only build", allow_module_level=True)
 
-from cudapool import _torch  # noqa: E402
+from cudapool import _torch_libraries  # noqa: E402
 
-if _torch.torch_bridge_library_path() is None:
+if _torch_libraries.torch_bridge_library_path() is None:
     pytest.skip("cudapool._torch_bridge was not built (no CUDA build of torch at build time)", allow_module_level=True)
 
 TIMEOUT_S = 180
@@ -30,14 +30,14 @@ PRELUDE = """
 import ctypes, os, pickle, struct, sys, warnings
 import torch
 import cudapool
-from cudapool import _C, _torch
+from cudapool import _C, _torch, _torch_libraries
 MiB = 1 << 20
 _C.use_sim_devices(CAPACITY, count=2)
 with warnings.catch_warnings(record=True) as enable_warnings:
     warnings.simplefilter("always")
     cudapool.enable(policy=POLICY)
 assert _torch.allocator_path() == "bridge", _torch.allocator_path()
-br = ctypes.CDLL(_torch._library_path("_torch_bridge_testhooks"))
+br = ctypes.CDLL(_torch_libraries.library_path("_torch_bridge_testhooks"))
 br.cudapool_bridge_test_allocate.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
 br.cudapool_bridge_test_free.argtypes = [ctypes.c_void_p]
@@ -787,8 +787,8 @@ def test_bridge_for_another_torch_falls_back_with_one_warning():
 def test_bridge_not_built_falls_back_with_one_warning_and_the_env_asks_silently():
     code = """
     import warnings, torch, cudapool
-    from cudapool import _torch
-    _torch.torch_bridge_library_path = lambda: None
+    from cudapool import _torch, _torch_libraries
+    _torch_libraries.torch_bridge_library_path = lambda: None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cudapool.enable()

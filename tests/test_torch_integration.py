@@ -24,7 +24,7 @@ if not hasattr(torch._C, "_cuda_customAllocator"):
     pytest.skip(f"torch {torch.__version__} is a CPU-only build (no CUDAPluggableAllocator)", allow_module_level=True)
 
 import cudapool  # noqa: E402
-from cudapool import _C, _torch  # noqa: E402
+from cudapool import _C, _torch_libraries, _torch_stats  # noqa: E402
 
 TIMEOUT_S = 120
 
@@ -46,7 +46,7 @@ PRELUDE = """
 import ctypes, sys, warnings
 import torch
 import cudapool
-from cudapool import _C, _testhooks, _torch
+from cudapool import _C, _testhooks, _torch, _torch_libraries, _torch_stats
 MiB = 1 << 20
 """
 
@@ -109,8 +109,8 @@ def test_enable_swaps_in_our_allocator_with_every_hook():
             current = torch.cuda.memory._get_current_allocator()
             assert current.allocator() is ours.allocator(), "torch's current allocator is not ours"
         # torch's statistics functions now answer from cudapool
-        assert torch.cuda.memory.memory_stats is _torch.memory_stats is torch.cuda.memory_stats
-        assert torch.cuda.memory_summary is _torch.memory_summary
+        assert torch.cuda.memory.memory_stats is _torch_stats.memory_stats is torch.cuda.memory_stats
+        assert torch.cuda.memory_summary is _torch_stats.memory_summary
         assert before is not torch.cuda.memory.memory_stats
         assert not torch.cuda.is_initialized()
         print("OK")
@@ -532,8 +532,8 @@ def test_sim_memory_fraction_zero_forbids_growth_and_get_fraction_answers():
         sim(
             """
         # torch.cuda.get_per_process_memory_fraction answers from cudapool (no CUDA init)
-        assert torch.cuda.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
-        assert torch.cuda.memory.get_per_process_memory_fraction is _torch.get_per_process_memory_fraction
+        assert torch.cuda.get_per_process_memory_fraction is _torch_stats.get_per_process_memory_fraction
+        assert torch.cuda.memory.get_per_process_memory_fraction is _torch_stats.get_per_process_memory_fraction
         assert torch.cuda.get_per_process_memory_fraction() == 1.0 and not torch.cuda.is_initialized()
         keep = _testhooks.alloc_catching(1000, 0, 0)[0]                   # a 2 MiB small segment
         lib.cudapool_set_memory_fraction(0.0, 0)         # what set_per_process_memory_fraction(0.0) calls
@@ -615,14 +615,15 @@ def test_sim_base_alloc_hook_answers_the_segment_of_a_live_block():
 # -- out of memory is torch.OutOfMemoryError (cudapool._torch_oom) ----------------------------
 
 needs_torch_oom = pytest.mark.skipif(
-    _torch.torch_oom_library_path() is None, reason="cudapool._torch_oom was not built (torch absent at build time)"
+    _torch_libraries.torch_oom_library_path() is None,
+    reason="cudapool._torch_oom was not built (torch absent at build time)",
 )
 
 # The allocation entry point called from C++ (cudapool._torch_oom's test entry), which names
 # the C++ type of the exception as torch's catch sites see it: 1 c10::OutOfMemoryError,
 # 2 another c10::Error, 3 another std::exception.
 CATCHING = """
-oom_lib = ctypes.CDLL(_torch.torch_oom_library_path())
+oom_lib = ctypes.CDLL(_torch_libraries.torch_oom_library_path())
 oom_lib.cudapool_torch_oom_catch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
 oom_lib.cudapool_torch_oom_catch.restype = ctypes.c_int
@@ -823,7 +824,7 @@ def test_without_torch_oom_enable_is_silent_and_oom_is_a_runtime_error():
     ok(
         """
         _C.use_sim_devices(64 * MiB)
-        _torch.torch_oom_library_path = lambda: None     # as when torch was absent at build time
+        _torch_libraries.torch_oom_library_path = lambda: None     # as when torch was absent at build time
         with warnings.catch_warnings(record=True) as caught_warnings:
             warnings.simplefilter("always")
             cudapool.enable()
@@ -841,7 +842,7 @@ def test_the_extension_does_not_need_torch():
     with open(_C.__file__, "rb") as f:
         image = f.read()
     assert b"libc10" not in image and b"c10::" not in image and b"_ZN3c10" not in image
-    path = _torch.torch_oom_library_path()
+    path = _torch_libraries.torch_oom_library_path()
     if path is not None:  # the thrower library links libc10, and nothing of cudapool
         with open(path, "rb") as f:
             image = f.read()
@@ -895,7 +896,7 @@ def test_stats_keys_equal_the_keys_torch_documents():
     documented = documented_torch_stat_keys()
     assert len(documented) >= 9 * 3 * 4 + 2 * 4 + 5 + 1, sorted(documented)
     ours_c = set(_C.device_pool(0).stats())
-    filled = set(_torch._EXTRA_STATS)  # keys torch has for policies cudapool lacks (always 0)
+    filled = set(_torch_stats.EXTRA_STATS)  # keys torch has for policies cudapool lacks (always 0)
     assert ours_c | filled == documented, (
         f"missing: {sorted(documented - ours_c - filled)}, extra: {sorted((ours_c | filled) - documented)}"
     )

@@ -1,4 +1,4 @@
-"""The allocation tracer (cudapool.lab.tracer) and the workload scripts (benchmarks/workloads).
+"""The allocation tracer (cudapool.fakegpu.tracer) and the workload scripts (benchmarks/workloads).
 
 The tracer tests need torch (they skip without it); the rmm_random generator tests do not.
 The small captures of the torch workloads take a few seconds each on fake CUDA tensors.
@@ -28,7 +28,7 @@ except Exception:  # not installed, or a broken install
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not importable")
 
 if torch is not None:
-    from cudapool.lab.tracer import Tracer
+    from cudapool.fakegpu.tracer import Tracer
 
 GiB = 1 << 30
 MiB = 1 << 20

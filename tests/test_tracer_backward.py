@@ -1,4 +1,4 @@
-"""The tracer's own backward pass (cudapool.lab._backward) and the corrections that make a trace
+"""The tracer's own backward pass (cudapool.fakegpu.backward) and the corrections that make a trace
 take the allocations a GPU run makes: the gradients it computes are torch's, its sums are in
 place where the engine's are on ordinary dense tensors, saved tensors go when their node has
 run, and it runs on fake CUDA tensors without a GPU."""
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.skipif(torch is None, reason="torch is not importable")
 
 if torch is not None:
     import tracer_fidelity as fid
-    from cudapool.lab import _backward
+    from cudapool.fakegpu import backward as _backward
+    from cudapool.fakegpu.tracer import Tracer
     from cudapool.lab.trace import ALLOC, FREE
-    from cudapool.lab.tracer import Tracer
 
     class _Twice(torch.autograd.Function):
         @staticmethod

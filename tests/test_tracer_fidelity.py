@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(torch is None, reason="torch is not importable")
 
 if torch is not None:
     import tracer_fidelity as fid
+    from cudapool.fakegpu.tracer import Tracer
     from cudapool.lab.trace import ALLOC, FREE
-    from cudapool.lab.tracer import Tracer
 
 
 def test_fp32_inference_in_a_late_window_is_the_hand_sequence():
@@ -140,7 +140,7 @@ def test_cublas_workspace_is_modelled_once_per_stream():
 def test_lab_gpu_comparison_runs_the_workloads_untraced():
     """benchmarks/tracer_lab_gpu.py (run by scripts/gpu-check.sh): without a GPU it skips; its
     untraced run of a workload records nothing and leaves the tracer in place."""
-    import cudapool.lab.tracer as tracer_mod
+    import cudapool.fakegpu.tracer as tracer_mod
     import tracer_lab_gpu as lab
 
     real = tracer_mod.Tracer

@@ -3,7 +3,7 @@
 Each module has ``capture(scale="small", seed=0, **settings) -> cudapool.lab.trace.Trace`` and a
 command line (``python benchmarks/workloads/<name>.py --out PATH``) that writes the trace
 (.cptrace) and prints its event count and peak live bytes. The torch workloads run the real
-PyTorch program under :class:`cudapool.lab.tracer.Tracer`, on fake CUDA tensors by default (sizes
+PyTorch program under :class:`cudapool.fakegpu.tracer.Tracer`, on fake CUDA tensors by default (sizes
 exact, no math, no memory, CUDA's kernel choices, no GPU used even where there is one;
 ``device="meta"`` traces meta tensors, ``device="cpu"`` does the math); ``rmm_random`` is generated
 directly and needs no torch. Importing this package does not import torch.

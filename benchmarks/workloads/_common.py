@@ -25,7 +25,7 @@ def ensure_cudapool() -> None:
 
 ensure_cudapool()
 
-from cudapool.lab.replay import format_bytes  # noqa: E402
+from cudapool._units import format_bytes  # noqa: E402
 from cudapool.lab.trace import ALLOC, Trace, save  # noqa: E402
 
 
@@ -123,7 +123,7 @@ def capture_training(
     end. The trace's meta: workload, scale, seed, config and ``meta``.
     """
     import torch
-    from cudapool.lab.tracer import Tracer
+    from cudapool.fakegpu.tracer import Tracer
 
     torch.manual_seed(seed)
     with Tracer(device=cfg["device"], **tracer_kw(cfg["device"])) as tr:

@@ -118,7 +118,7 @@ def draw_requests(seed: int, cfg: dict) -> List[Tuple[int, int, int]]:
 def capture(scale: str = "small", seed: int = 0, **kw: Any) -> Trace:
     """Trace inference over ``requests`` requests with the model at ``scale`` (kw overrides settings)."""
     import torch
-    from cudapool.lab.tracer import Tracer
+    from cudapool.fakegpu.tracer import Tracer
 
     cfg = _common.pick(SCALES, scale, kw)
     if cfg["cache"] not in ("cat", "chunked"):

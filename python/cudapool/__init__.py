@@ -23,7 +23,7 @@ except ImportError as _exc:  # a source checkout without the built extension
         "from the checkout with `pip install -e .` (or `python setup.py build_ext --inplace`), then import it "
         f"again{_why}"
     ) from None
-from . import _torch, ab, oom
+from . import _torch, _torch_stats, ab, oom
 from . import regions as _regions
 from ._version import __version__
 from .regions import current_region, graph_region, region
@@ -88,7 +88,7 @@ def memory_stats(device: Any = None) -> Dict[str, int]:
     ``device``: None (the current device; 0 before CUDA is initialised), an int, "cuda:1",
     or a torch.device. All zero before the device's first allocation.
     """
-    return _torch.memory_stats(device)
+    return _torch_stats.memory_stats(device)
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False, all_ranks: bool = False) -> str:
@@ -97,7 +97,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False, all_ranks: boo
     ``all_ranks=True`` under torch.distributed (one process per GPU): every rank's statistics
     gathered into one table, per statistic its min / max / mean over the ranks and the worst
     rank. A collective: every rank must call it, and every rank gets the table."""
-    return _torch.memory_summary(device, abbreviated, all_ranks)
+    return _torch_stats.memory_summary(device, abbreviated, all_ranks)
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -122,12 +122,12 @@ def max_memory_reserved(device: Any = None) -> int:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Set every peak statistic of the device's pool to its current value."""
-    _torch.reset_peak_memory_stats(device)
+    _torch_stats.reset_peak_memory_stats(device)
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Zero the accumulated statistics ("allocated", "freed", retries, OOMs) of the pool."""
-    _torch.reset_accumulated_memory_stats(device)
+    _torch_stats.reset_accumulated_memory_stats(device)
 
 
 def empty_cache() -> None:
@@ -136,7 +136,7 @@ def empty_cache() -> None:
     Blocks still in use, and parts of segments that are in use, stay. Once cudapool is
     enabled, ``torch.cuda.empty_cache()`` does the same.
     """
-    _torch.empty_cache()
+    _torch_stats.empty_cache()
 
 
 def last_oom(device: Any = None) -> Optional[Dict[str, Any]]:
@@ -151,7 +151,7 @@ def foreign_pointer_calls() -> Dict[str, int]:
     """How many frees and ``record_stream`` calls torch made on memory cudapool does not hold
     (another allocator's, a DLPack import): {"free": N, "record_stream": M}. They do nothing and
     print nothing, as with torch's built-in allocator."""
-    return _torch.foreign_pointer_calls()
+    return _torch_stats.foreign_pointer_calls()
 
 
 def snapshot(device: Any = None) -> Dict[str, Any]:
@@ -159,13 +159,13 @@ def snapshot(device: Any = None) -> Dict[str, Any]:
     ``segments`` (each with its blocks and their states) and ``device_traces`` (the history,
     while :func:`record_history` records). ``device``: None for every device with a pool, or
     one device. See :mod:`cudapool.snapshots` for the fields."""
-    return _torch.snapshot(device)
+    return _torch_stats.snapshot(device)
 
 
 def dump_snapshot(path: str = "dump_snapshot.pickle", device: Any = None) -> None:
     """Write :func:`snapshot` as the pickle that pytorch.org/memory_viz and
     ``torch.cuda._memory_viz`` read (``python -m cudapool plot PATH`` draws it)."""
-    _torch.dump_snapshot(path, device)
+    _torch_stats.dump_snapshot(path, device)
 
 
 def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str = "python") -> None:
@@ -173,7 +173,7 @@ def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str
     segments mapped and given back, out-of-memory), with the Python stack of each allocation
     and free when ``stacks="python"`` (``"none"``: no stacks, cheaper). ``enabled=False``
     stops and drops the records."""
-    _torch.record_history(enabled, max_entries, stacks)
+    _torch_stats.record_history(enabled, max_entries, stacks)
 
 
 def graph_pools() -> List[Dict[str, Any]]:
@@ -201,7 +201,7 @@ def mem_pool_allocator() -> Any:
 
 def _pools_of(device: Any) -> List[int]:
     if device is not None:
-        return [_torch.device_index(device)]
+        return [_torch_stats.device_index(device)]
     return list(_C.device_pools())
 
 

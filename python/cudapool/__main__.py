@@ -213,15 +213,15 @@ def cmd_info() -> int:
 
 def _bridge_status() -> str:
     """Which way enable() makes cudapool torch's allocator, and why, for `info`."""
-    from cudapool import _torch
+    from cudapool import _torch, _torch_libraries
 
     if _torch.enabled():
         return str(_torch.allocator_path())
-    lib, why = _torch._load_bridge()
+    lib, why = _torch_libraries.load_bridge()
     if lib is not None:
-        return f"bridge (torch's own allocator interface: {_torch.torch_bridge_library_path()})"
+        return f"bridge (torch's own allocator interface: {_torch_libraries.torch_bridge_library_path()})"
     if not why:
-        return f"pluggable ({_torch.BRIDGE_ENV}=0 asks for torch's CUDAPluggableAllocator)"
+        return f"pluggable ({_torch_libraries.BRIDGE_ENV}=0 asks for torch's CUDAPluggableAllocator)"
     return f"pluggable, the fallback: {why}"
 
 
@@ -241,6 +241,7 @@ def _pool_kind(wanted: bool, supported: bool, why: str, stitching: bool = False)
 def cmd_replay(ns: argparse.Namespace) -> int:
     import pickle
 
+    from cudapool._units import parse_size
     from cudapool.lab import capacity as cap_mod
     from cudapool.lab import peak_snapshot, replay_report
     from cudapool.lab import replay as rp
@@ -251,7 +252,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         _err(f"cannot replay {path!r}: no such file")
         return EXIT_USAGE
     try:
-        capacity = rp.parse_size(ns.capacity) if ns.capacity is not None else None
+        capacity = parse_size(ns.capacity) if ns.capacity is not None else None
         if capacity is not None and capacity <= 0:
             raise ValueError(f"capacity must be positive, not {ns.capacity!r}")
         rp.config_text(ns.policy, ns.config)  # an unknown policy or a bad config: before loading

@@ -32,8 +32,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import _C, _config, _torch, policies, snapshots
-from ._units import format_bytes
+from . import _C, _config, _torch_stats, policies, snapshots
+from ._units import format_bytes, mib_text
 from .lab import replay
 from .lab._events import ALLOC, EVENT, FREE, Trace
 
@@ -102,7 +102,7 @@ def last_oom(device: Any = None, suggest_change: bool = True) -> Optional[Dict[s
     """The latest out-of-memory failure of ``device``'s pool (None: the current device), as a
     dict, or None when it has not failed. See :func:`analyse` for the keys. The suggestion is
     computed on the first call for a failure and kept."""
-    index = _torch.device_index(device)
+    index = _torch_stats.device_index(device)
     return analyse(_C.device_pool(index), suggest_change=suggest_change, cache_key=index)
 
 
@@ -196,13 +196,6 @@ def _unavailable(why: str) -> Dict[str, Any]:
     return {"change": None, "fits": None, "unavailable": why, "text": f"no suggestion: {why}"}
 
 
-def _mib(nbytes: int) -> str:
-    """Bytes as an exact MiB figure for the configuration ("0.5", "20")."""
-    value = Decimal(nbytes) / Decimal(1 << 20)
-    text = format(value.normalize(), "f")
-    return text
-
-
 def _replay_config(base: str, change: str, cap: int) -> str:
     """``base`` without its cap, ``change`` on top key by key, and the record's cap."""
     entries = _config.entries_from_text(base, "the pool's configuration")
@@ -211,7 +204,7 @@ def _replay_config(base: str, change: str, cap: int) -> str:
     for key, entry in _config.entries_from_text(change, "the candidate").items():
         entries[key] = entry
     if cap:
-        entries.update(_config.entries_from_text(f"memory_cap_mb:{_mib(cap)}", "the record's cap"))
+        entries.update(_config.entries_from_text(f"memory_cap_mb:{mib_text(cap)}", "the record's cap"))
     return _config.check(entries)
 
 

@@ -1,12 +1,23 @@
 """What the A/B command and its simulated form share: the command line's errors and ranges,
-the table, the search for the largest batch, the progress line."""
+the allocators it names and how it is split from the script's, the children's environment, the
+table, the search for the largest batch, the progress line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .. import _config, ab
+
+#: The exit status of a bad command line.
+EXIT_USAGE = 2
+#: The rows of the table when --allocators is not given.
+DEFAULT_ALLOCATORS = "builtin,expandable,async,cudapool"
+#: --find-max-batch's range when --max-batch-range is not given.
+DEFAULT_RANGE = (1, 4096)
 
 
 class UsageError(ValueError):
@@ -46,6 +57,120 @@ def with_arg(args: Sequence[str], name: str, value: int) -> List[str]:
     if not found:
         out += [name, str(value)]
     return out
+
+
+# -- the allocators and the command line -------------------------------------------------------
+
+#: What the built-in rows set in PYTORCH_CUDA_ALLOC_CONF.
+TORCH_CONF = {"builtin": None, "expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
+
+
+class Allocator(NamedTuple):
+    """One row: its label, PYTORCH_CUDA_ALLOC_CONF for torch's allocator (None: unset), and the
+    cudapool configuration text ("" for the default policy; None: not cudapool)."""
+
+    label: str
+    torch_conf: Optional[str]
+    cudapool_conf: Optional[str]
+
+
+def parse_variant(text: str) -> str:
+    """The configuration text ("key:value,...") of a "KEY=VAL[;KEY=VAL...]" variant, checked
+    as ``cudapool.enable()`` would (a policy= entry included). UsageError naming a bad key."""
+    options: Dict[str, str] = {}
+    for item in text.split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UsageError(f"bad cudapool variant entry {item!r}: write KEY=VALUE (entries separated by ';')")
+        if key in options:
+            raise UsageError(f"cudapool variant sets {key!r} twice")
+        options[key] = value
+    if not options:
+        raise UsageError("empty cudapool variant: write cudapool:KEY=VALUE[;KEY=VALUE...]")
+    try:
+        entries = _config.merge(None, options, use_policy=True)
+        _config.check(entries)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return ",".join(f"{key}:{value}" for key, value in options.items())
+
+
+def parse_allocators(text: str) -> List[Allocator]:
+    """The rows of ``--allocators``: comma-separated names; a cudapool variant's own entries
+    are separated by ';' (so its commas never split the list: "cudapool:a=1;b=2")."""
+    out: List[Allocator] = []
+    names = [name.strip() for name in text.split(",")]
+    if not any(names):
+        raise UsageError("--allocators is empty")
+    for name in names:
+        if not name:
+            raise UsageError(f"--allocators {text!r} has an empty entry")
+        kind, sep, rest = name.partition(":")
+        if kind in TORCH_CONF and not sep:
+            alloc = Allocator(name, TORCH_CONF[kind], None)
+        elif kind == "cudapool":
+            alloc = Allocator(name, None, parse_variant(rest) if sep else "")
+        else:
+            raise UsageError(
+                f"unknown allocator {name!r} (known: builtin, expandable, async, cudapool, cudapool:KEY=VAL[;KEY=VAL])"
+            )
+        if any(a.label == alloc.label for a in out):
+            raise UsageError(f"allocator {name!r} is listed twice")
+        out.append(alloc)
+    return out
+
+
+def split_and_parse(argv: Sequence[str], parser: argparse.ArgumentParser) -> Tuple[argparse.Namespace, List[str]]:
+    """The options before ``--`` parsed by ``parser``, and the script and its arguments after
+    it. ``--help`` without ``--`` prints the help and exits 0; UsageError when it is bad."""
+    argv = list(argv)
+    if "--" not in argv:
+        if any(a in ("-h", "--help") for a in argv):
+            parser.print_help()
+            raise SystemExit(0)
+        raise UsageError(f"put -- before the script: {parser.usage}")
+    cut = argv.index("--")
+    own, rest = argv[:cut], argv[cut + 1 :]
+    try:
+        ns = parser.parse_args(_join_option_values(own))
+    except SystemExit as exc:
+        if exc.code == 0:
+            raise
+        raise UsageError("bad options (see above)") from None
+    return ns, rest
+
+
+def _join_option_values(own: List[str]) -> List[str]:
+    """ "--find-max-batch --batch-size" as "--find-max-batch=--batch-size": its value is an
+    option name, which argparse would otherwise take for an option of its own."""
+    out: List[str] = []
+    i = 0
+    while i < len(own):
+        if own[i] == "--find-max-batch" and i + 1 < len(own):
+            out.append(f"--find-max-batch={own[i + 1]}")
+            i += 2
+            continue
+        out.append(own[i])
+        i += 1
+    return out
+
+
+# -- the children -------------------------------------------------------------------------------
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(ab.__file__)))
+
+
+def with_package_on_path(env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` with this cudapool's folder first on PYTHONPATH: a child imports this package."""
+    root = _package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 # -- one run ------------------------------------------------------------------------------------

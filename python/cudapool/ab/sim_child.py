@@ -4,7 +4,7 @@
         [--engine auto|native|python] -- SCRIPT [ARGS...]
 
 Runs SCRIPT unchanged as ``__main__``, with ``sys.argv = [SCRIPT, *ARGS]`` and its directory
-first on ``sys.path``, inside :class:`cudapool.lab.fakegpu.FakeGPU` (fake CUDA tensors, the
+first on ``sys.path``, inside :class:`cudapool.fakegpu.FakeGPU` (fake CUDA tensors, the
 GPU's ``torch.cuda`` answers, the tracer recording), and writes ``DIR/trace.cptrace`` and
 ``DIR/result.json``: ``status`` ("finished", "stopped" after ``--max-steps``, "exit" with the
 script's ``exit_code``, or "failed" with ``message``: the operation and the script's line),
@@ -76,7 +76,7 @@ def trace_script(
     result.json). Runs in this process: the command starts a fresh one for each trace."""
 
     import cudapool.ab as ab
-    from cudapool.lab.fakegpu import FakeGPU, explain_failure, gpu_model, script_error
+    from cudapool.fakegpu import FakeGPU, explain_failure, gpu_model, script_error
     from cudapool.lab.trace import save
 
     model = gpu_model(gpu)
@@ -140,7 +140,7 @@ def trace_script(
         steps=counter.steps,
         optimizer_steps=counter.optimizer_steps,
         events=len(fake.tracer.events),
-        peak_allocated=fake.tracer._peak_bytes,
+        peak_allocated=fake.tracer.peak_bytes,
         seconds=time.monotonic() - start,
         fake_gpu=fake.summary(),
     )

@@ -5,7 +5,7 @@
         -- SCRIPT [ARGS...]
 
 The script runs once, unchanged, in a fresh process (:mod:`cudapool.ab.sim_child`) on a fake
-GPU of the given model (:mod:`cudapool.lab.fakegpu`: fake CUDA tensors, CUDA's autocast rules,
+GPU of the given model (:mod:`cudapool.fakegpu`: fake CUDA tensors, CUDA's autocast rules,
 the tracer's backward pass), and its allocation trace is replayed under each allocator's rules
 on cudapool's simulated device (:mod:`cudapool.lab.replay`): peak allocated and reserved,
 utilization, whether it fits on that GPU (a replay with the GPU's memory as the capacity and
@@ -29,19 +29,8 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .._units import format_bytes
-from .command import DEFAULT_RANGE, EXIT_USAGE, Allocator, parse_allocators, split_and_parse, with_package_on_path
-from .common import (
-    UsageError,
-    bisect_max,
-    format_table,
-    parse_range,
-    progress_printer,
-    safe_label,
-    with_arg,
-    write_json,
-)
+from . import common
 
-DEFAULT_ALLOCATORS = "builtin,expandable,async,cudapool"
 #: The replay policy of each of torch's rows.
 POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
 EXIT_NOT_SIMULATED = 1
@@ -53,7 +42,7 @@ OUTPUT_KEPT = 2000
 
 class SimOptions(NamedTuple):
     gpu: str
-    allocators: List[Allocator]
+    allocators: List[common.Allocator]
     json: Optional[str]
     max_steps: Optional[int]
     strict_values: bool
@@ -83,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the GPU to predict for: H200, H100, A100-80GB, A100-40GB, L40S, RTX4090, RTX3090, A10G, L4, V100, T4, "
         "or a memory size such as 24GB (default: H100)",
     )
-    p.add_argument("--allocators", default=DEFAULT_ALLOCATORS, metavar="LIST", help="as for ab (default: %(default)s)")
+    p.add_argument(
+        "--allocators", default=common.DEFAULT_ALLOCATORS, metavar="LIST", help="as for ab (default: %(default)s)"
+    )
     p.add_argument("--json", metavar="PATH", help="write the prediction, every replay and the trace's facts to PATH")
     p.add_argument(
         "--max-steps",
@@ -98,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--find-max-batch", metavar="ARG", help="the largest value of the script's option ARG that fits")
     p.add_argument(
-        "--max-batch-range", metavar="LO:HI", help=f"its range (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})"
+        "--max-batch-range",
+        metavar="LO:HI",
+        help=f"its range (default {common.DEFAULT_RANGE[0]}:{common.DEFAULT_RANGE[1]})",
     )
     p.add_argument(
         "--max-batch-step",
@@ -124,44 +117,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str]) -> SimOptions:
-    from ..lab.fakegpu import gpu_model
+    from ..fakegpu import gpu_model
 
-    ns, rest = split_and_parse(argv, build_parser())
+    ns, rest = common.split_and_parse(argv, build_parser())
     try:
         gpu_model(ns.gpu)
     except ValueError as exc:
-        raise UsageError(f"--gpu: {exc}") from None
+        raise common.UsageError(f"--gpu: {exc}") from None
     if ns.max_steps is not None and ns.max_steps < 1:
-        raise UsageError("--max-steps must be at least 1")
+        raise common.UsageError("--max-steps must be at least 1")
     if ns.timeout is not None and ns.timeout <= 0:
-        raise UsageError("--timeout must be positive")
+        raise common.UsageError("--timeout must be positive")
     if ns.max_batch_range is not None and ns.find_max_batch is None:
-        raise UsageError("--max-batch-range goes with --find-max-batch")
+        raise common.UsageError("--max-batch-range goes with --find-max-batch")
     if ns.max_batch_step is not None and ns.find_max_batch is None:
-        raise UsageError("--max-batch-step goes with --find-max-batch")
+        raise common.UsageError("--max-batch-step goes with --find-max-batch")
     if ns.max_batch_step is not None and ns.max_batch_step < 1:
-        raise UsageError("--max-batch-step must be at least 1")
+        raise common.UsageError("--max-batch-step must be at least 1")
     if ns.engine == "native":
-        from ..lab.fakegpu import resolve_engine
+        from ..fakegpu import resolve_engine
 
         try:
             resolve_engine("native")
         except RuntimeError as exc:
-            raise UsageError(f"--engine native: {exc}") from None
+            raise common.UsageError(f"--engine native: {exc}") from None
     if ns.find_max_batch is not None and not ns.find_max_batch.startswith("-"):
-        raise UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
+        raise common.UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
     if not rest:
-        raise UsageError("no script after --")
+        raise common.UsageError("no script after --")
     if not os.path.isfile(rest[0]):
-        raise UsageError(f"cannot run {rest[0]!r}: no such file")
+        raise common.UsageError(f"cannot run {rest[0]!r}: no such file")
     return SimOptions(
         ns.gpu,
-        parse_allocators(ns.allocators),
+        common.parse_allocators(ns.allocators),
         ns.json,
         ns.max_steps,
         ns.strict_values,
         ns.find_max_batch,
-        parse_range(ns.max_batch_range) if ns.max_batch_range else DEFAULT_RANGE,
+        common.parse_range(ns.max_batch_range) if ns.max_batch_range else common.DEFAULT_RANGE,
         ns.max_batch_step,
         ns.hide_output,
         ns.timeout,
@@ -184,7 +177,7 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     if opts.strict_values:
         cmd.append("--strict-values")
     cmd += ["--engine", opts.engine, "--", opts.script, *args]
-    env = with_package_on_path(dict(os.environ))
+    env = common.with_package_on_path(dict(os.environ))
     started = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "stdout.txt")
@@ -247,7 +240,7 @@ def _run_showing(cmd: List[str], env: Dict[str, str], out_path: str, timeout: Op
 # -- replay ---------------------------------------------------------------------------------------
 
 
-def policy_and_config(alloc: Allocator) -> Optional[Tuple[str, Optional[str]]]:
+def policy_and_config(alloc: common.Allocator) -> Optional[Tuple[str, Optional[str]]]:
     """The replay policy and configuration of a row, or None when the allocator has no model."""
     if alloc.cudapool_conf is None:
         policy = POLICY_OF.get(alloc.label)
@@ -262,7 +255,7 @@ def policy_and_config(alloc: Allocator) -> Optional[Tuple[str, Optional[str]]]:
     return policy, ",".join(rest) or None
 
 
-def predict(trace: Any, alloc: Allocator, capacity: int) -> Dict[str, Any]:
+def predict(trace: Any, alloc: common.Allocator, capacity: int) -> Dict[str, Any]:
     """One row's figures: replays unlimited and at the GPU's memory, and the smallest device."""
     from ..lab.capacity import min_capacity
     from ..lab.replay import replay
@@ -294,7 +287,7 @@ def usable(trace_result: Dict[str, Any], total: int) -> int:
     return total if fraction is None else max(1, int(fraction * total))
 
 
-def fits(trace_result: Dict[str, Any], alloc: Allocator, total: int) -> bool:
+def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int) -> bool:
     """Whether a traced run (its "trace": loaded once, shared by the allocators) fits in the
     memory it may use under ``alloc``."""
     from ..lab.replay import replay
@@ -318,7 +311,7 @@ def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[
     def traced(value: int) -> Dict[str, Any]:
         if value not in traces:
             progress(f"max {name}: tracing {name} {value} ...")
-            t = trace_once(opts, with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
+            t = trace_once(opts, common.with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
             t["trace"] = load(t["trace_path"]) if t["status"] in ("finished", "stopped") else None
             traces[value] = t
             progress(f"max {name}: {name} {value}: {traces[value]['status']}")
@@ -331,12 +324,14 @@ def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[
             continue
         tried: List[Dict[str, Any]] = []
 
-        def ok(value: int, alloc: Allocator = alloc, tried: List[Dict[str, Any]] = tried) -> bool:
+        def ok(value: int, alloc: common.Allocator = alloc, tried: List[Dict[str, Any]] = tried) -> bool:
             good = fits(traced(value), alloc, capacity)
             tried.append({"value": value, "fits": good, "trace": traced(value)["status"]})
             return good
 
-        best = bisect_max(ok, lo, hi, step=opts.max_batch_step, rel=0.0 if opts.max_batch_step else MAX_BATCH_REL)
+        best = common.bisect_max(
+            ok, lo, hi, step=opts.max_batch_step, rel=0.0 if opts.max_batch_step else MAX_BATCH_REL
+        )
         results[alloc.label] = {"max": best, "range": [lo, hi], "probes": tried, "simulated": True}
     return {"arg": name, "results": results, "traces": {str(v): _brief(t) for v, t in sorted(traces.items())}}
 
@@ -476,14 +471,14 @@ def report(result: Dict[str, Any]) -> str:
         "the CUDA context, cuDNN workspaces and memory outside PyTorch's allocator are not in the trace: leave "
         "about 0.5–1 GiB of the GPU for them"
     )
-    return head + "\n" + format_table(result["cells"]) + "\n" + "".join(f"note: {n}\n" for n in notes)
+    return head + "\n" + common.format_table(result["cells"]) + "\n" + "".join(f"note: {n}\n" for n in notes)
 
 
 # -- the command ----------------------------------------------------------------------------------
 
 
 def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
-    from ..lab.fakegpu import gpu_model
+    from ..fakegpu import gpu_model
     from ..lab.trace import load
 
     gpu = gpu_model(opts.gpu)
@@ -530,10 +525,10 @@ def main(argv: Sequence[str]) -> int:
     names the operation and the line), 2 on a bad command line."""
     try:
         opts = parse_args(argv)
-    except UsageError as exc:
+    except common.UsageError as exc:
         print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    result = run(opts, progress_printer("cudapool ab --simulate: "))
+        return common.EXIT_USAGE
+    result = run(opts, common.progress_printer("cudapool ab --simulate: "))
     rc = 0
     if "rows" not in result:
         t = result["trace"]
@@ -551,9 +546,9 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(report(result))
         sys.stdout.flush()
-    if opts.json and not write_json(opts.json, result, "cudapool ab --simulate"):
+    if opts.json and not common.write_json(opts.json, result, "cudapool ab --simulate"):
         return 1
     return rc
 
 
-__all__ = ["main", "run", "parse_args", "predict", "safe_label"]
+__all__ = ["main", "run", "parse_args", "predict"]

@@ -1,9 +1,8 @@
 """The lab: allocation traces, how they are made, and what a pool does with them, on a CPU.
 
 - :mod:`cudapool.lab.trace`: the trace format (``.cptrace``), loading, writing and merging.
-- :mod:`cudapool.lab.tracer`: a trace of a PyTorch program on fake CUDA tensors, without a GPU
-  (its backward pass in :mod:`cudapool.lab._backward`, kernel scratch in
-  :mod:`cudapool.lab._kernel_scratch`).
+- :mod:`cudapool.fakegpu` (a package of its own, not the lab's) makes traces: a PyTorch program
+  on fake CUDA tensors, without a GPU (:mod:`cudapool.fakegpu.tracer`). The lab imports none of it.
 - :mod:`cudapool.lab.torch_snapshot`: traces from ``torch.cuda.memory._snapshot()`` pickles.
 - :mod:`cudapool.lab.replay`: a trace through the real C pool on a simulated device;
   :mod:`cudapool.lab.replay_report` says its result for people, :mod:`cudapool.lab.capacity`

@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Union
 
 from .. import _C, policies
 from .. import snapshots as _snapshot
-from .replay import DEFAULT_CAPACITY, _device_counts, _device_data, config_text, parse_size
-from .trace import EVENT, Trace, load
+from .._units import parse_size
+from .replay import DEFAULT_CAPACITY, config_text
+from .trace import EVENT, Trace, device_counts, device_data, load
 
 __all__ = ["PEAK_HISTORY", "snapshot_at_peak"]
 
@@ -39,13 +40,13 @@ def snapshot_at_peak(
     stops at the event itself."""
     if not isinstance(trace, Trace):
         trace = load(trace)
-    counts = _device_counts(trace.data)
+    counts = device_counts(trace.data)
     if not counts:
         raise ValueError("the trace has no events")
     d = min(counts) if device is None else device
     if d not in counts:
         raise ValueError(f"the trace has no events on device {d} (devices: {', '.join(map(str, sorted(counts)))})")
-    data = _device_data(trace.data, d) if len(counts) > 1 else trace.data
+    data = device_data(trace.data, d) if len(counts) > 1 else trace.data
     cfg = config_text(policy, config)
     cap = DEFAULT_CAPACITY if capacity is None else parse_size(capacity)
     n = len(data) // EVENT.size

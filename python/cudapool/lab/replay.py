@@ -81,7 +81,7 @@ What a replay reports (the keys of the returned dict)
   ``builtin`` policy (the recorded segments, exact sizes and streams, the live blocks at their
   offsets: the replay continues the recorded run), ``"allocations"`` under any other (the
   policy allocates the live blocks, in address order; these are not counted as events), None
-  with ``window_start=False`` (an empty pool). A window traced by ``cudapool.lab.tracer``
+  with ``window_start=False`` (an empty pool). A window traced by ``cudapool.fakegpu.tracer``
   (``Tracer(window=True)``) knows the storages live at its start but not their layout: it is
   seeded with ``"allocations"`` (oldest first) under every policy; ``oom`` when the capacity cannot hold it. The
   peaks include the seeded memory, as the recorded ``builtin_peak_reserved`` does;
@@ -109,19 +109,17 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import sys
 import time
-from collections import Counter
-from decimal import Decimal, InvalidOperation
 from typing import IO, Any, Dict, List, Optional, Union
 
 from .. import _C, _config, policies
-from .._units import format_bytes
+from .._units import format_bytes, parse_size
 from . import device_costs
-from .trace import ALLOC, EVENT, FREE, RELEASE, Trace, load
+from ._progress import ProgressBar
+from .trace import ALLOC, EVENT, FREE, RELEASE, Trace, device_counts, device_data, load, rows_where
 
-__all__ = ["DEFAULT_CAPACITY", "ReplayError", "config_text", "format_bytes", "parse_size", "replay"]
+__all__ = ["DEFAULT_CAPACITY", "ReplayError", "config_text", "replay"]
 
 #: The simulated device's capacity when none is given: more than any trace asks for.
 DEFAULT_CAPACITY = 1 << 50
@@ -132,58 +130,9 @@ CHUNK_EVENTS = 256 * 1024
 #: Traces shorter than this replay in well under a second: no progress bar for them.
 PROGRESS_MIN_EVENTS = 1_000_000
 
-#: Seconds between two redraws of the progress bar.
-PROGRESS_INTERVAL_S = 0.1
-
 
 class ReplayError(RuntimeError):
     """The pool's invariant checker found violations after a replay."""
-
-
-# ------------------------------------------------------------------------------------------
-# Sizes
-# ------------------------------------------------------------------------------------------
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 10**3,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 10**9,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 10**12,
-    "tib": 1 << 40,
-}
-
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: Union[str, int]) -> int:
-    """Bytes from ``"80GB"`` (10^9), ``"16GiB"`` (2^30), ``"512MiB"``, ``"1.5G"`` (a bare
-    K/M/G/T is binary), ``"123"``; case does not matter. A fraction of a byte is dropped.
-    ValueError for anything else."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"negative size {text}")
-        return text
-    m = _SIZE_RE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(
-            f"bad size {text!r} (expected bytes, or a number with a unit: KB/MB/GB/TB "
-            f"for powers of 10, KiB/MiB/GiB/TiB for powers of 2)"
-        )
-    try:
-        value = Decimal(m.group(1)) * _UNITS[unit]
-    except InvalidOperation:
-        raise ValueError(f"bad size {text!r}") from None
-    return int(value)
 
 
 # ------------------------------------------------------------------------------------------
@@ -206,60 +155,6 @@ def config_text(policy: str = policies.DEFAULT_POLICY, config: Optional[str] = N
 # ------------------------------------------------------------------------------------------
 
 
-def _fmt_count(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}G"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1e3:
-        return f"{n / 1e3:.1f}k"
-    return f"{n:.0f}"
-
-
-def _fmt_duration(s: float) -> str:
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-    return f"{s // 60}:{s % 60:02d}"
-
-
-class _ProgressBar:
-    """One line on ``stream``, redrawn in place: bar, percentage, events done, rate, ETA."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int, label: str, stream: IO[str]) -> None:
-        self.total = max(total, 1)
-        self.label = label
-        self.stream = stream
-        self.t0 = time.perf_counter()
-        self.last_draw = 0.0
-        self.done = 0
-
-    def update(self, done: int, force: bool = False) -> None:
-        self.done = done
-        now = time.perf_counter()
-        if not force and now - self.last_draw < PROGRESS_INTERVAL_S:
-            return
-        self.last_draw = now
-        elapsed = now - self.t0
-        frac = min(done / self.total, 1.0)
-        filled = int(frac * self.WIDTH)
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else 0.0
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        self.stream.write(
-            f"\r{self.label} [{bar}] {frac * 100:5.1f}%  {_fmt_count(done)}/{_fmt_count(self.total)} events"
-            f"  {_fmt_count(rate)} ev/s  ETA {_fmt_duration(eta)} "
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.update(self.done, force=True)
-        self.stream.write("\n")
-        self.stream.flush()
-
-
 def _want_progress(progress: Union[bool, str], n_events: int, stream: IO[str]) -> bool:
     """progress=False: never; True: on a TTY, for long traces; "force": for long traces,
     whatever the stream is."""
@@ -272,42 +167,6 @@ def _want_progress(progress: Union[bool, str], n_events: int, stream: IO[str]) -
         return bool(isatty and isatty())
     except (ValueError, OSError):  # a closed or odd stream
         return False
-
-
-# ------------------------------------------------------------------------------------------
-# Devices
-# ------------------------------------------------------------------------------------------
-
-
-def _device_counts(data: bytes) -> Counter:
-    """Events per device index, without unpacking every record in Python."""
-    if not data:
-        return Counter()
-    if sys.byteorder == "little":
-        # The device is the second 32-bit word of each 40-byte record.
-        return Counter(memoryview(data).cast("i")[1 :: EVENT.size // 4])
-    return Counter(e[1] for e in EVENT.iter_unpack(data))
-
-
-def _rows_where(data: bytes, field: str, value: int, equal: bool = True) -> bytes:
-    """The records of ``data`` whose ``field`` ("action" or "device") is ``value`` (with
-    ``equal=False``: is not), in order; numpy when it is there, else pure Python."""
-    pos = {"action": 0, "device": 1}[field]
-    try:
-        import numpy as np
-    except ImportError:
-        size = EVENT.size
-        return b"".join(
-            data[i * size : (i + 1) * size] for i, e in enumerate(EVENT.iter_unpack(data)) if (e[pos] == value) == equal
-        )
-    rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, EVENT.size)
-    column = rows[:, 0] if pos == 0 else rows[:, 4:8].copy().view("<i4").reshape(-1)
-    return rows[(column == value) == equal].tobytes()
-
-
-def _device_data(data: bytes, device: int) -> bytes:
-    """The records of ``device`` only, in order."""
-    return _rows_where(data, "device", device)
 
 
 # ------------------------------------------------------------------------------------------
@@ -359,7 +218,7 @@ def warmup_events(data: bytes) -> int:
 
 def _without_releases(data: bytes) -> bytes:
     """The records of ``data`` less its RELEASE events."""
-    return _rows_where(data, "action", RELEASE, equal=False)
+    return rows_where(data, "action", RELEASE, equal=False)
 
 
 def _ratio(num: float, den: float) -> float:
@@ -404,7 +263,7 @@ def _seed(pool: _C.Pool, start: Dict[str, Any], mode: Optional[str]) -> Dict[str
     done: Dict[str, Any] = {"mode": None, "events": 0, "oom": False, "oom_size": 0}
     allocations = start.get("allocations")
     if allocations and mode is not None:
-        # A traced window (cudapool.lab.tracer): the live storages are known, their layout is not,
+        # A traced window (cudapool.fakegpu.tracer): the live storages are known, their layout is not,
         # so the policy allocates them itself, oldest first, under every mode.
         done["mode"] = "allocations"
         return _seed_allocations(pool, allocations, done)
@@ -470,7 +329,7 @@ def _replay_data(
     # that work is known done is a device fault (device_faults).
     pool = _C.Pool(capacity, config, False, False)
     pool.set_lag(lag)
-    bar = _ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
+    bar = ProgressBar(n, label, stream) if _want_progress(progress, n, stream) else None
     seed: Dict[str, Any] = {"mode": None, "events": 0, "oom": False}
     try:
         pool.replay_start(-1)
@@ -608,7 +467,7 @@ def replay(
     table = device_costs.load(costs)
     t0 = time.perf_counter()
 
-    counts = _device_counts(trace.data)
+    counts = device_counts(trace.data)
     devices = sorted(counts)
     if device is not None and device not in counts:
         have = ", ".join(map(str, devices)) or "none: the trace is empty"
@@ -635,7 +494,7 @@ def replay(
 
     if device is not None or len(devices) <= 1:
         d = device if device is not None else (devices[0] if devices else None)
-        data = trace.data if len(devices) <= 1 or d is None else _device_data(trace.data, d)
+        data = trace.data if len(devices) <= 1 or d is None else device_data(trace.data, d)
         label = "replay" if len(devices) <= 1 else f"replay device {d}"
         res = _replay_data(data, cfg, cap, progress, label, curve_points, stream, start_of(d), mode, lag)
         _derive(res)
@@ -647,7 +506,7 @@ def replay(
 
     per: Dict[str, Dict[str, Any]] = {}
     for d in devices:
-        data = _device_data(trace.data, d)
+        data = device_data(trace.data, d)
         res = _replay_data(data, cfg, cap, progress, f"replay device {d}", curve_points, stream, start_of(d), mode, lag)
         _derive(res)
         _price(res, table)

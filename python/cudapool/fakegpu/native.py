@@ -1,5 +1,6 @@
 """The fake GPU below Python: cudapool._torch_fakecuda (csrc/fakecuda/, Note [Fake
-CUDA in C++] in fakecuda_kernels.cpp) as the tracer of :class:`cudapool.lab.fakegpu.FakeGPU`.
+CUDA in C++] in fakecuda_kernels.cpp) as the tracer of :class:`cudapool.fakegpu.FakeGPU`
+(:class:`cudapool.fakegpu.native_engine.NativeEngine`).
 
 A script's CUDA tensors are ordinary torch CUDA tensors whose kernels compute only their
 outputs' metadata (torch's meta kernels, cached per shape) and whose storage comes from an
@@ -8,7 +9,7 @@ CUDA path: autograd's engine (on its device thread, summing gradients as on a GP
 autocast rules, every composite operation, foreach optimizers. No Python runs per operation,
 so tracing costs about what the script's own Python and torch's dispatcher cost.
 
-:class:`NativeTracer` has the parts of :class:`cudapool.lab.tracer.Tracer` a FakeGPU uses:
+:class:`NativeTracer` has the parts of :class:`cudapool.fakegpu.tracer.Tracer` a FakeGPU uses:
 ``events``, ``trace()``, ``live_bytes``, ``peak_bytes``, ``workspace_bytes``. It needs the
 module built for the running torch, a CUDA build of torch, and CUDA not initialised in this
 process (:func:`why_unavailable`).
@@ -20,14 +21,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _kernel_scratch
-from .trace import UNSEEN, Trace
+from ..lab.trace import UNSEEN, Trace
+from . import kernel_scratch as _kernel_scratch
 
 __all__ = ["NativeTracer", "why_unavailable"]
 
 
 def _module() -> Any:
-    from .. import _torch_fakecuda  # type: ignore[attr-defined]
+    from .. import _torch_fakecuda
 
     return _torch_fakecuda
 
@@ -58,7 +59,7 @@ class NativeTracer:
     ``.item()``, a copy to the host; it may raise to refuse it), ``sdp_choice(args, kwargs)``
     answers torch's ``_fused_sdp_choice`` (the attention kernel, as torch's SDPBackend value).
     ``workspace_bytes``: the cuBLAS workspace of each thread and stream (0: none); ``gpu``: the
-    GPU kernel scratch is sized for (:func:`cudapool.lab._kernel_scratch.gpu_shape`)."""
+    GPU kernel scratch is sized for (:func:`cudapool.fakegpu.kernel_scratch.gpu_shape`)."""
 
     backward = "torch"
 
@@ -144,9 +145,6 @@ class NativeTracer:
     def peak_bytes(self) -> int:
         """The most :attr:`live_bytes` has been."""
         return int(self._counts()["peak_bytes"])
-
-    _live_bytes = live_bytes
-    _peak_bytes = peak_bytes
 
     @property
     def operations(self) -> int:

@@ -34,7 +34,7 @@ Their memory (the fake kernels' outputs): flash: the output and a float32 log-su
 [batch, heads, q] and 24 bytes of random state; backward, dq, dk, dv and the float32
 accumulators torch's flash backward allocates (``softmax_d``, [batch, heads, q rounded up to
 128]; ``dq_accum``, [batch, q rounded up to 128, heads, head_dim rounded up to 32, or 64 past
-128]: kernel scratch, :mod:`cudapool.lab._kernel_scratch`). Memory-efficient: the output and a
+128]: kernel scratch, :mod:`cudapool.fakegpu.kernel_scratch`). Memory-efficient: the output and a
 float32 log-sum-exp of [batch, heads, q rounded up to 32] when a gradient is needed. cuDNN: the
 output and a float32 log-sum-exp of [batch, heads, q, 1]. Not modelled: the flash forward's
 split-KV accumulators (inference at small batch), the memory-efficient backward's workspace

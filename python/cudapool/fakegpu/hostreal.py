@@ -23,7 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._leaves import tensors_in
+from .leaves import tensors_in
 
 aten = torch.ops.aten
 

@@ -1,6 +1,6 @@
 """Record the allocation trace a PyTorch program would make on a GPU, without a GPU.
 
-    from cudapool.lab.tracer import Tracer
+    from cudapool.fakegpu.tracer import Tracer
 
     with Tracer(device="meta") as tr:
         model = GPT(device="meta")          # built inside: its parameters are allocations too
@@ -34,84 +34,16 @@ streams). Allocations still live when the ``with`` block ends stay without a fre
 deals with them.
 
 Build the model and optimizer inside the ``with`` block so that their allocations are in the
-trace. A storage an operation reads that the tracer has not seen (a tensor made before the
-block, or made below the dispatcher, as ``torch.tensor(data, device="meta")`` is) is recorded
-as allocated at its first use; :meth:`Tracer.watch` records existing tensors, modules and
-optimizers at once instead.
+trace; a storage an operation reads that the tracer has not seen is recorded as allocated at
+its first use (:meth:`Tracer.watch` records existing tensors, modules and optimizers at once).
 
-``device`` chooses which storages count: with ``Tracer(device="meta")`` only meta storages
-are recorded, so host-side tensors that a GPU run also keeps on the CPU (AdamW's ``step``
-counters, Python scalars wrapped by ``torch.tensor``) are left out, as they should be. A
-program traced on ``"cpu"`` has no such distinction: those few small host tensors are
-recorded as allocations too.
-
-Observing without changing the program
---------------------------------------
-Three things would make a traced program allocate otherwise than on a GPU, and the tracer
-undoes each:
-
-- **Backward.** Under any dispatch mode (this tracer's included), and always on meta tensors,
-  torch's autograd engine sums gradients out of place: a parameter's second gradient goes to a
-  new tensor instead of into ``.grad``, a tensor used twice gets its gradients summed into a new
-  one. On fake CUDA tensors it does not run at all without a GPU. Inside the block, backward
-  passes (``loss.backward()``, ``torch.autograd.grad``) run on the tracer's own pass
-  (:mod:`cudapool.lab._backward`, ``backward="tracer"``, the default): torch's node formulas, in
-  the engine's order, each node's saved tensors dropped once it has run, and the two sums
-  made as the engine makes them on ordinary dense CUDA tensors. ``backward="torch"`` keeps
-  torch's engine. Hooks on non-leaf tensors and on graph nodes, ``retain_grad()`` and
-  ``create_graph=True`` are not supported by the tracer's pass (the last goes to torch's engine).
-- **Formulas that switch.** Some backward formulas write into zeros in place on CUDA but use
-  an out-of-place form on "subclass-like" tensors: indexing (``index_put``), max/min along a
-  dimension (``scatter``), gather (``scatter_add``), select and slice (``*_scatter``). Inside
-  a node of the tracer's pass, such a form applied to a tensor the same node made is recorded
-  as writing into it: no allocation.
-- **Composite operations under inference_mode.** With autograd's keys off, an operation with a
-  composite kernel (``where`` with a scalar, ``einsum``) would reach the tracer whole and run its
-  parts out of its sight; the tracer runs its parts in view, as CUDA does, so their temporaries
-  are recorded.
-
-Measured (benchmarks/tracer_public.py, benchmarks/tracer_fidelity.py, docs/tracer.md's
-section): on ten memory snapshots recorded on GPUs for public programs, traces on fake CUDA
-have every allocation and free of the window, in order and to the byte.
-
-What the tracer cannot see
---------------------------
-The trace holds the tensors the program makes through ATen operations, and the scratch
-buffers of the kernels cudapool.lab._kernel_scratch models (programs traced for CUDA, on meta or
-fake CUDA: the staging of large sum/mean reductions and the sort of ``index_put`` with
-``accumulate=True``; ``gpu=`` gives the GPU they are sized for, by default an H100/H200;
-``kernel_scratch=False`` leaves them out). It does not see:
-
-- library workspaces and handles: cuBLAS and cuBLASLt workspaces (``workspace_bytes=N`` models
-  torch's per-stream one), cuDNN convolution and batch-norm workspaces, cuFFT plans, cuSOLVER
-  buffers;
-- the scratch of other kernels (staging of other reductions, sort and top-k, scans, embedding's
-  own backward kernel) and the CUDA caching allocator's own internal allocations;
-- NCCL and other communication buffers;
-- memory that custom C++/CUDA extensions or other libraries allocate without going through
-  the dispatcher (``cudaMalloc`` directly, Triton autotuning buffers, CUDA graphs' pools);
-- choices a GPU makes that meta tensors do not follow: CUDA autocast (trace on fake CUDA:
-  ``Tracer(device="cuda")`` without a GPU), fused kernels such as scaled_dot_product_attention's
-  flash and memory-efficient backends (other saved buffers than the math path), dropout's bool
-  mask on CUDA, cuDNN batch norm's reserve buffer, optimizers' foreach/fused defaults by device
-  (pass ``foreach=True`` to get the CUDA default on meta).
-
-``meta["unseen"]`` lists what a trace does not hold.
-
-Windows, fake CUDA, workspaces
-------------------------------
-``window=True``: storages live at ``__enter__`` (reachable from Python tensors, gradients
-included) are the window's start (``meta["window_start"]``), not allocations; their frees are
-recorded. Views and in-place results of storages the tracer does not record allocate nothing.
-A graph built before the window keeps its saved tensors until it is freed (the tracer can
-drop only those of graphs built inside it).
-``fake=True`` (the default for ``device="cuda"`` without a GPU) or ``fake_mode=``: fake CUDA
-tensors, with ``torch.autocast("cuda")`` applying CUDA's rules, forward and backward. A model
-whose initialisation needs real values (``trunc_normal_``) is built on meta and moved with
-``model.to_empty(device="cuda")`` inside the fake mode. ``workspace_bytes=N``: a cuBLAS
-workspace of N bytes per stream and thread (backward passes: autograd's) at its first BLAS
-operation, never freed. ``host="real"``: only CUDA tensors are fake (:mod:`cudapool.lab._hostreal`;
-``on_host_read(tensor, what)`` hears of each copy of one to the host).
+docs/tracer.md says the rest once: how the tracer keeps a traced program allocating as on a
+GPU (its own backward pass, :mod:`cudapool.fakegpu.backward`; out-of-place stand-ins of in-place
+forms; composites under inference_mode, :mod:`cudapool.fakegpu.dispatch`), windows that start
+mid-program (``window=True``), fake CUDA (``fake=``, ``fake_mode=``, ``host="real"``:
+:mod:`cudapool.fakegpu.hostreal`), kernel scratch (:mod:`cudapool.fakegpu.kernel_scratch`) and
+cuBLAS workspaces (``workspace_bytes=``), what a trace cannot hold (``meta["unseen"]``), and the
+fidelity measured against GPU snapshots.
 """
 
 from __future__ import annotations
@@ -121,42 +53,19 @@ import gc
 import threading
 import time
 import warnings
-import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _backward, _kernel_scratch
-from ._leaves import tensors_in
-from .trace import ALLOC, FREE, UNSEEN, Trace
+from ..lab.trace import ALLOC, FREE, UNSEEN, Trace
+from . import backward as _backward
+from . import kernel_scratch as _kernel_scratch
+from .dispatch import IN_PLACE_STAND_INS, LIFTS, Live, Mode
+from .leaves import tensors_in, tensors_of
 
 __all__ = ["Tracer", "UNSEEN"]
 
 _now = time.perf_counter_ns
-
-#: ATen operations that run on cuBLAS / cuBLASLt on CUDA (the first one on a stream makes
-#: torch allocate that stream's workspace).
-_BLAS_OPS = frozenset(
-    "aten::" + n
-    for n in (
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "addbmm",
-        "addmv",
-        "mv",
-        "_addmm_activation",
-        "_scaled_mm",
-        "dot",
-        "vdot",
-    )
-)
-
-#: Operations that return their input's storage as a tensor just made (torch.tensor's data):
-#: an allocation, not a view.
-_LIFTS = frozenset((torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default))
 
 
 def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:
@@ -184,97 +93,6 @@ def _window_start(start: List[Tuple[int, int, int, int]]) -> Dict[str, Any]:
     return by_device
 
 
-#: Out-of-place operations that backward formulas use instead of their in-place forms when
-#: tensors are "subclass-like" (meta, fake, any dispatch mode): gather's backward scatters
-#: into zeros with scatter_add instead of scatter_add_, max/min's with scatter, indexing's with
-#: index_put, select/slice's with select_scatter/slice_scatter, ...
-_IN_PLACE_STAND_INS = frozenset(
-    "aten::" + n
-    for n in (
-        "scatter",
-        "scatter_add",
-        "scatter_reduce",
-        "index_add",
-        "index_put",
-        "_unsafe_index_put",
-        "index_copy",
-        "index_fill",
-        "masked_scatter",
-        "masked_fill",
-        "slice_scatter",
-        "select_scatter",
-        "diagonal_scatter",
-        "as_strided_scatter",
-    )
-)
-
-_COMPOSITE: Dict[Any, bool] = {}
-
-
-def _decomposes_on_cuda(func: Any) -> bool:
-    """Whether CUDA runs ``func`` through its CompositeImplicitAutograd kernel (no kernel of
-    its own for CUDA)."""
-    known = _COMPOSITE.get(func)
-    if known is None:
-        has = torch._C._dispatch_has_kernel_for_dispatch_key
-        try:
-            known = bool(has(func.name(), "CompositeImplicitAutograd")) and not has(func.name(), "CUDA")
-        except RuntimeError:  # not a dispatcher operator (prim::device, ...)
-            known = False
-        _COMPOSITE[func] = known
-    return known
-
-
-class _Live:
-    """One live allocation: the storage it stands for is alive."""
-
-    __slots__ = ("ident", "size", "stream", "device", "finalizers")
-
-    def __init__(self, ident: int, size: int, stream: int, device: int) -> None:
-        self.ident = ident
-        self.size = size
-        self.stream = stream
-        self.device = device
-        #: storage key -> the callback run at that storage's death: one storage, or several when
-        #: a backward formula's out-of-place result stands for an in-place one (see _Mode).
-        self.finalizers: Dict[int, weakref.finalize] = {}
-
-    def watch(self, key: int, storage: Any, freed: Any) -> None:
-        fin = weakref.finalize(storage, freed, key, self.ident)
-        fin.atexit = False
-        self.finalizers[key] = fin
-
-
-class _Mode(TorchDispatchMode):
-    """Runs every operation, then shows its outputs to the tracer."""
-
-    def __init__(self, tracer: "Tracer") -> None:
-        super().__init__()
-        self._tracer = tracer
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self._tracer.adopt_inputs:
-            self._tracer._observe((args, kwargs), "first use")
-        if _decomposes_on_cuda(func):
-            # Reached here only with autograd's keys excluded (inference_mode): the op's
-            # composite kernel would run below this mode and hide its own temporaries (where's
-            # scalar, einsum's copies). Run it with the mode still on, as CUDA runs it.
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        into = self._tracer._in_place_stand_in(func, args)
-        out = func(*args, **kwargs)
-        self._tracer._observe(out, func, (args, kwargs), into)
-        if self._tracer.workspace_bytes and func._schema.name in _BLAS_OPS:
-            # After the result: cuBLAS takes its workspace inside the call.
-            self._tracer._workspace(args)
-        if self._tracer.cuda_scratch and func._schema.name in _kernel_scratch.OPS:
-            self._tracer._kernel_scratch(func, args, kwargs)
-        return out
-
-
 class Tracer:
     """Records storage allocations and frees of the code run inside ``with Tracer() as tr:``.
 
@@ -287,8 +105,8 @@ class Tracer:
     ``record_ops``: also remember which operation made each allocation (:attr:`alloc_ops`).
     ``window``, ``fake``, ``fake_mode``, ``workspace_bytes``: see the module notes.
     ``backward``: "tracer" (the default: backward passes inside the block run on
-    :mod:`cudapool.lab._backward`) or "torch" (torch's engine). ``kernel_scratch``: model the scratch
-    buffers of the CUDA kernels :mod:`cudapool.lab._kernel_scratch` knows (default: for meta and
+    :mod:`cudapool.fakegpu.backward`) or "torch" (torch's engine). ``kernel_scratch``: model the scratch
+    buffers of the CUDA kernels :mod:`cudapool.fakegpu.kernel_scratch` knows (default: for meta and
     CUDA traces). ``gpu``: the GPU those are sized for: ``torch.cuda.get_device_properties(i)``,
     a dict with ``multi_processor_count`` and ``max_threads_per_multi_processor``, or a pair
     (default: 132 and 2048, an H100/H200).
@@ -326,7 +144,7 @@ class Tracer:
         self.fake = bool(fake)
         if host not in ("fake", "real"):
             raise ValueError(f"host must be 'fake' or 'real', not {host!r}")
-        #: With fake CUDA: "fake" (host tensors too) or "real" (only CUDA ones: _hostreal).
+        #: With fake CUDA: "fake" (host tensors too) or "real" (only CUDA ones: hostreal).
         self.host = host
         self._on_host_read = on_host_read
         self._host_mode: Optional[Any] = None
@@ -340,7 +158,7 @@ class Tracer:
             backward = "tracer"
         if backward not in ("tracer", "torch"):
             raise ValueError(f"backward must be 'tracer' or 'torch', not {backward!r}")
-        #: Who runs backward passes inside the block: "tracer" (cudapool.lab._backward, the sums a GPU
+        #: Who runs backward passes inside the block: "tracer" (cudapool.fakegpu.backward, the sums a GPU
         #: run makes) or "torch" (torch's engine).
         self.backward = backward
         self._saved: Optional[_backward.SavedTensors] = None
@@ -355,7 +173,7 @@ class Tracer:
         #: The fake tensor mode programs build their CUDA tensors in (``fake=True``), else None.
         self.fake_mode: Optional[Any] = fake_mode
         #: Storages live when the window began (``window=True``): key -> live allocation, in order.
-        self._start: Dict[int, _Live] = {}
+        self._start: Dict[int, Live] = {}
         self._start_order: List[Tuple[int, int, int, int]] = []  # (id, size, stream, device) at the start
         self._workspace_streams: Dict[Tuple[int, bool], int] = {}  # (stream, backward) -> its workspace's id
         self._patched: List[Tuple[Any, str, Any]] = []
@@ -363,10 +181,10 @@ class Tracer:
         self.events: List[Tuple[int, int, int, int, int, int]] = []
         #: id -> name of the operation that made the allocation (with ``record_ops``).
         self.alloc_ops: Dict[int, str] = {}
-        self._live: Dict[int, _Live] = {}  # storage key (its C++ address) -> live allocation
+        self._live: Dict[int, Live] = {}  # storage key (its C++ address) -> live allocation
         self._next_id = 1
         self._stream = 0
-        self._mode: Optional[_Mode] = None
+        self._mode: Optional[Mode] = None
         self._state = "new"  # new -> tracing -> done
         self._lock = threading.RLock()
         self._live_bytes = 0
@@ -384,7 +202,7 @@ class Tracer:
             self._scan_start()
         if self.backward == "tracer":
             self._enter_backward()
-        self._mode = _Mode(self)
+        self._mode = Mode(self)
         self._mode.__enter__()
         return self
 
@@ -500,7 +318,7 @@ class Tracer:
             if size == 0 or key in self._start:
                 continue
             device = t.device.index if t.device.index is not None else self.device_index
-            live = _Live(self._next_id, size, self._stream, device)
+            live = Live(self._next_id, size, self._stream, device)
             self._next_id += 1
             self._start[key] = live
             self._start_order.append((live.ident, size, live.stream, device))
@@ -523,7 +341,7 @@ class Tracer:
         if self.fake_mode is None:
             self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         if self.host == "real":
-            from ._hostreal import HostReal
+            from .hostreal import HostReal
 
             # No driver to initialise: torch would before a CUDA factory or move (no fake mode on).
             self._patched.append((torch.cuda, "_lazy_init", torch.cuda._lazy_init))
@@ -535,7 +353,7 @@ class Tracer:
             self.fake_mode.__enter__()
 
     def _enter_backward(self) -> None:
-        """Backward passes inside the block run on :mod:`cudapool.lab._backward`, with every saved
+        """Backward passes inside the block run on :mod:`cudapool.fakegpu.backward`, with every saved
         tensor kept where it can be dropped once its node has run."""
         import torch.autograd.graph as graph
 
@@ -587,48 +405,21 @@ class Tracer:
         if self._state != "tracing":
             raise RuntimeError("watch() works inside the with block")
         before = self._next_id
-        tensors: List[torch.Tensor] = []
-        for obj in objs:
-            self._collect(obj, tensors)
-        self._observe(tensors, "watch")
+        self._observe(tensors_of(objs), "watch")
         return self._next_id - before
-
-    def _collect(self, obj: Any, into: List[torch.Tensor]) -> None:
-        if isinstance(obj, torch.Tensor):
-            into.append(obj)
-            if obj.grad is not None:
-                into.append(obj.grad)
-        elif isinstance(obj, torch.nn.Module):
-            for t in obj.parameters():
-                self._collect(t, into)
-            into.extend(obj.buffers())
-        elif isinstance(obj, torch.optim.Optimizer):
-            for group in obj.param_groups:
-                for p in group["params"]:
-                    self._collect(p, into)
-            for state in obj.state.values():
-                into.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                self._collect(v, into)
-        elif isinstance(obj, (list, tuple, set)):
-            for v in obj:
-                self._collect(v, into)
-        else:
-            raise TypeError(f"watch() takes tensors, modules, optimizers and collections, not {type(obj).__name__}")
 
     # ---- the work ------------------------------------------------------------------------------
 
-    def _observe(self, out: Any, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
+    def _observe(self, out: Any, func: Any, inputs: Any = None, into: Optional[Live] = None) -> None:
         for t in tensors_in(out):
             self._see(t, func, inputs, into)
 
-    def _in_place_stand_in(self, func: Any, args: Any) -> Optional[_Live]:
+    def _in_place_stand_in(self, func: Any, args: Any) -> Optional[Live]:
         """Inside a node of the tracer's backward: for an out-of-place operation that formulas
         use instead of its in-place form on subclass-like tensors, applied to a tensor the same
         node made (zeros to scatter into), the allocation of that tensor; a GPU run writes into
         it instead of allocating a result."""
-        if self._fresh is None or not args or func._schema.name not in _IN_PLACE_STAND_INS:
+        if self._fresh is None or not args or func._schema.name not in IN_PLACE_STAND_INS:
             return None
         target = args[0]
         if not isinstance(target, torch.Tensor):
@@ -642,7 +433,7 @@ class Tracer:
 
     def _kernel_scratch(self, func: Any, args: Any, kwargs: Dict[str, Any]) -> None:
         """The scratch buffers the CUDA kernel of ``func`` takes and returns inside the call,
-        where cudapool.lab._kernel_scratch models them (programs traced for CUDA only)."""
+        where cudapool.fakegpu.kernel_scratch models them (programs traced for CUDA only)."""
         if not args or not isinstance(args[0], torch.Tensor) or self._storage_of(args[0]) is None:
             return
         steps, what = _kernel_scratch.op_steps(func._schema.name, args, kwargs, self.gpu)
@@ -652,7 +443,7 @@ class Tracer:
         with self._lock:
             if self._state != "tracing":
                 return
-            made: List[_Live] = []
+            made: List[Live] = []
             for step in steps:
                 if step > 0:
                     made.append(self._record_alloc(step, self.device_index, what))
@@ -686,7 +477,7 @@ class Tracer:
                 keys.add(storage._cdata)
         return keys
 
-    def _see(self, t: torch.Tensor, func: Any, inputs: Any = None, into: Optional[_Live] = None) -> None:
+    def _see(self, t: torch.Tensor, func: Any, inputs: Any = None, into: Optional[Live] = None) -> None:
         storage = self._storage_of(t)
         if storage is None:
             return
@@ -704,7 +495,7 @@ class Tracer:
                 return
             if size == 0 or key in self._start:
                 return
-            if inputs is not None and func not in _LIFTS and key in self._input_keys(inputs):
+            if inputs is not None and func not in LIFTS and key in self._input_keys(inputs):
                 # A view or in-place result of a storage the operation read and the tracer
                 # does not record (adopt_inputs=False): it allocates nothing.
                 return
@@ -719,10 +510,10 @@ class Tracer:
             device = t.device.index if t.device.index is not None else self.device_index
             self._alloc(key, size, device, storage, func)
 
-    def _record_alloc(self, size: int, device: int, what: Any) -> _Live:
+    def _record_alloc(self, size: int, device: int, what: Any) -> Live:
         """A new allocation of ``size`` bytes on the current stream: its event, its operation's
         name (with ``record_ops``), the live and peak bytes. The caller holds the lock."""
-        live = _Live(self._next_id, size, self._stream, device)
+        live = Live(self._next_id, size, self._stream, device)
         self._next_id += 1
         self.events.append((ALLOC, live.ident, size, live.stream, device, _now()))
         if self.record_ops:
@@ -753,7 +544,7 @@ class Tracer:
             self._workspace_streams[key] = live.ident
             self._live[-1 - 2 * self._stream - int(self._in_backward)] = live  # a key no storage has
 
-    def _realloc(self, key: int, old: _Live, size: int, storage: Any, func: Any) -> None:
+    def _realloc(self, key: int, old: Live, size: int, storage: Any, func: Any) -> None:
         fin = old.finalizers.pop(key, None)
         if fin is not None:
             fin.detach()
@@ -762,7 +553,7 @@ class Tracer:
         if not old.finalizers:  # no other storage stands for the old allocation
             self._record_free(old)
 
-    def _record_free(self, live: _Live) -> None:
+    def _record_free(self, live: Live) -> None:
         self.events.append((FREE, live.ident, live.size, live.stream, live.device, _now()))
         self._live_bytes -= live.size
 

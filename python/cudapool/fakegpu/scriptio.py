@@ -1,4 +1,4 @@
-"""What scripts do around training, on the fake GPU of :class:`cudapool.lab.fakegpu.FakeGPU`:
+"""What scripts do around training, on the fake GPU of :class:`cudapool.fakegpu.FakeGPU`:
 printing and formatting CUDA tensors, ``torch.save`` / ``torch.load``, and torch's memory
 history calls (``_record_memory_history``, ``_snapshot``, ``_dump_snapshot``), answered from the
 simulated run. :class:`ScriptIO` is the part of FakeGPU that patches them.
@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _hostreal
+from . import hostreal
 
 __all__ = ["ScriptIO"]
 
@@ -20,7 +20,7 @@ __all__ = ["ScriptIO"]
 _PRINTED_MAX = 1000
 #: History entries a simulated snapshot keeps.
 _HISTORY_MAX = 1_000_000
-#: The cudapool.lab.fakegpu.FakeGPU entered now (placeholders loaded by torch.load become its tensors), or None.
+#: The cudapool.fakegpu.FakeGPU entered now (placeholders loaded by torch.load become its tensors), or None.
 ACTIVE: Optional[Any] = None
 
 
@@ -35,12 +35,11 @@ def _placeholder(shape: Tuple[int, ...], dtype: str, requires_grad: bool, device
 
 class ScriptIO:
     """FakeGPU's patches of printing, serialization and memory history (see the module notes).
-    Needs the FakeGPU's ``_patch``, ``_read``, ``tracer`` and counters."""
+    Needs the FakeGPU's ``_patch``, ``_read``, ``engine``, ``tracer`` and counters."""
 
     _patch: Any
     _read: Any
-    _on_fake_gpu: Any
-    engine: str
+    engine: Any
     tracer: Any
     saved_placeholders: int
     loaded_to_gpu: int
@@ -51,18 +50,14 @@ class ScriptIO:
         """``print(loss)``, ``f"{loss:.4f}"``: a fake CUDA tensor prints as torch prints a CUDA
         tensor, with the simulated values (zeros; a value read)."""
         gpu = self
-        cls: Any = torch.Tensor
-        if self.engine == "python":
-            from torch._subclasses.fake_tensor import FakeTensor
-
-            cls = FakeTensor
+        cls: Any = self.engine.tensor_type()
         original_repr, original_format = cls.__repr__, cls.__format__
 
         def rep(t: Any, *args: Any, **kwargs: Any) -> str:
             if t.device.type != "cuda" or t.numel() > _PRINTED_MAX or t.is_sparse:
                 return original_repr(t, *args, **kwargs)
             gpu._read(t, "printing")
-            text = repr(_hostreal.host_zeros(t))
+            text = repr(hostreal.host_zeros(t))
             extra = f", device='{t.device}'"
             if t.grad_fn is not None:
                 extra += f", grad_fn=<{type(t.grad_fn).__name__}>"
@@ -94,7 +89,7 @@ class ScriptIO:
 
         class Pickler(pickle.Pickler):
             def reducer_override(self, obj: Any) -> Any:
-                if gpu._on_fake_gpu(obj):
+                if gpu.engine.is_fake(obj):
                     gpu.saved_placeholders += 1
                     return _placeholder, (
                         tuple(obj.shape),
@@ -131,7 +126,7 @@ class ScriptIO:
             if any(t.split(":")[0] == "cuda" for t in targets):
                 gpu.loaded_to_gpu += 1
                 obj = tree_map_only(
-                    torch.Tensor, lambda t: t if gpu._on_fake_gpu(t) or t.device.type != "cpu" else t.to("cuda"), obj
+                    torch.Tensor, lambda t: t if gpu.engine.is_fake(t) or t.device.type != "cpu" else t.to("cuda"), obj
                 )
             return obj
 
@@ -172,9 +167,9 @@ class ScriptIO:
         """The run so far as torch's ``_snapshot()`` would have it under the built-in
         allocator: the trace replayed on cudapool's simulated device under its rules, with the
         history from ``_record_memory_history`` on (none before it was called)."""
+        from ..lab.trace import ALLOC
         from ..sim import Pool
         from ..snapshots import pool_snapshot
-        from .trace import ALLOC
 
         events = list(self.tracer.events)
         start = len(events) if self.history_from is None else self.history_from

@@ -1,0 +1,20 @@
+"""Type stubs of the extension module cudapool._torch_fakecuda (csrc/fakecuda/fakecuda_module.cpp):
+the fake GPU below Python, built against the installed torch (pybind11) and driven by
+cudapool.fakegpu.native. Tensors are ``Any`` here: the stubs do not import torch."""
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+#: The torch version the module was built against (``torch.__version__``).
+torch_version: str
+
+def install(
+    devices: int,
+    workspace_bytes: int,
+    read: Callable[[str, Any], object],
+    scratch: Callable[[str, Tuple[Any, ...], Dict[str, Any]], Sequence[int]],
+    sdp_choice: Callable[[Tuple[Any, ...], Dict[str, Any]], int],
+    scratch_ops: Sequence[str],
+) -> int: ...
+def uninstall() -> None: ...
+def events(start: int = 0) -> List[Tuple[int, int, int, int, int, int]]: ...
+def counts() -> Dict[str, int]: ...

@@ -1,0 +1,71 @@
+"""What an engine of the fake GPU is: the part of :class:`cudapool.fakegpu.FakeGPU` that makes
+its CUDA tensors and records what they allocate. Two engines implement :class:`Engine`:
+
+- ``"native"`` (:class:`cudapool.fakegpu.native_engine.NativeEngine`): cudapool._torch_fakecuda, plain
+  torch CUDA tensors whose kernels compute only shapes, below Python;
+- ``"python"`` (:class:`cudapool.fakegpu.python_engine.PythonEngine`): torch's fake tensors
+  under :class:`cudapool.fakegpu.tracer.Tracer`, on any torch build.
+
+FakeGPU does everything else the same way on both (torch.cuda's answers, printing, saving,
+data loaders, recurrent layers) and asks its engine only what this interface names.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Dict, Optional, Protocol
+
+__all__ = ["Engine", "Host", "Patch"]
+
+#: ``patch(owner, name, value)``: set ``owner.name`` to ``value`` until the FakeGPU exits.
+Patch = Callable[[Any, str, Any], None]
+
+
+class Host(Protocol):
+    """What an engine asks of the FakeGPU it runs under (FakeGPU's own hooks, kept private to
+    the package)."""
+
+    #: The GPU model (cudapool.fakegpu.models.GPUModel): compute capability for the attention
+    #: kernel, memory and multiprocessors for ``torch.cuda``'s answers.
+    model: Any
+    #: scaled_dot_product_attention calls per backend chosen.
+    sdpa: Dict[str, int]
+
+    def _props(self) -> Any:
+        """``torch.cuda.get_device_properties()``'s answer."""
+
+    def _read(self, t: Any, what: str) -> Any:
+        """A read of a fake CUDA tensor's values (``.item()``, ...): zeros of its dtype, counted;
+        raises under ``strict_values``."""
+
+    def _host_copy(self, t: Any, what: str) -> None:
+        """A copy of a fake CUDA tensor to the host (``.cpu()``): counted as a read."""
+
+
+class Engine(abc.ABC):
+    """The fake GPU's tensors and their recorder, for one :class:`FakeGPU` (made by it, entered
+    with it once)."""
+
+    #: The name ``FakeGPU(engine=...)`` takes and its summary reports.
+    name: str
+    #: What records the allocations: ``events``, ``trace()``, ``live_bytes``, ``peak_bytes``,
+    #: ``workspace_bytes``, and ``__enter__``/``__exit__`` around the script.
+    tracer: Any
+
+    @staticmethod
+    @abc.abstractmethod
+    def why_unavailable() -> Optional[str]:
+        """None when the engine can run in this process, else why not (one sentence)."""
+
+    @abc.abstractmethod
+    def tensor_type(self) -> type:
+        """The class whose ``__repr__`` and ``__format__`` print the fake GPU's tensors."""
+
+    @abc.abstractmethod
+    def is_fake(self, t: Any) -> bool:
+        """Whether ``t`` is a tensor of the fake GPU."""
+
+    @abc.abstractmethod
+    def patch(self, patch: Patch) -> None:
+        """What this engine changes in torch for the script to run on it, through ``patch``
+        (called before the tracer is entered)."""

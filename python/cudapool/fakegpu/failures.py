@@ -1,0 +1,95 @@
+"""Why a script failed on the fake GPU, in one line: its own error (as on a GPU), or what the
+simulation cannot do (:func:`explain_failure`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from typing import Optional
+
+import torch
+
+__all__ = ["LIBRARY_DIRS", "ValueRead", "explain_failure", "script_error"]
+
+
+class ValueRead(RuntimeError):
+    """A script read a value of a fake tensor under ``strict_values=True``."""
+
+
+_OP = re.compile(r"\b([A-Za-z_][\w]*::[\w.]+)")
+_OVERLOAD = re.compile(r"\b(aten|prims|[a-z_]+lib)\.(\w+)\.\w+\b")
+
+
+#: Where torch and cudapool live: a frame under them is not the script's own.
+LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None)
+) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
+def script_error(exc: BaseException, script: str) -> Optional[str]:
+    """The line for an exception raised by the script's own code (its innermost frame is
+    outside torch and cudapool: the script, or a module of its own), as it would be on a GPU;
+    None when torch or the simulation raised it (:func:`explain_failure` then)."""
+    here = os.path.dirname(os.path.abspath(script))
+    if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<"):
+        # The script (or a module of its own) does not compile: where the compiler says, and
+        # which Python said so (newer syntax, e.g. 3.12's f-strings, fails on an older one).
+        path = os.path.abspath(exc.filename)
+        if path.startswith(LIBRARY_DIRS):
+            return None
+        version = "{}.{}".format(*sys.version_info[:2])
+        return (
+            f"{os.path.relpath(path, here)}:{exc.lineno}: `{(exc.text or '').strip()}`: "
+            f"{type(exc).__name__}: {exc.msg} (Python {version} compiled it)"
+        )
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc):
+        return None  # the simulation's limit (the native engine raises from below the script's line)
+    filename = frames[-1][0].f_code.co_filename
+    inner = os.path.abspath(filename)
+    if filename.startswith("<") or inner.startswith(LIBRARY_DIRS):
+        return None
+    import linecache
+
+    lineno = frames[-1][1]
+    code = linecache.getline(inner, lineno).strip()
+    where = f"{os.path.relpath(inner, here)}:{lineno}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{where}: `{code}`: {type(exc).__name__}" + (f": {text}" if text else "")
+
+
+def explain_failure(exc: BaseException, script: str) -> str:
+    """One line for an exception the script raised on the fake GPU: the script's line (the
+    innermost frame in it), the operation when one is named, and what it means."""
+    script = os.path.abspath(script)
+    where = os.path.basename(script)
+    code = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if os.path.abspath(frame.f_code.co_filename) == script:
+            where = f"{os.path.basename(script)}:{lineno}"
+            import linecache
+
+            code = linecache.getline(script, lineno).strip()
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    op_name = None
+    m = _OP.search(str(exc)) or _OVERLOAD.search(str(exc))
+    if m is not None:
+        op_name = m.group(1) if "::" in m.group(0) else f"{m.group(1)}::{m.group(2)}"
+    kind = type(exc).__name__
+    if isinstance(exc, ValueRead):
+        return str(exc)
+    if any(k in kind for k in ("DataDependent", "DynamicOutputShape")) or "data-dependent" in str(exc).lower():
+        why = "its output's shape depends on tensor values, which a fake tensor does not have"
+    elif "nccl" in str(exc).lower() or "process group" in str(exc).lower() or "distributed" in kind.lower():
+        why = "NCCL collectives and process groups are not simulated (one fake GPU)"
+    elif "driver version is insufficient" in str(exc) or "no nvidia driver" in str(exc).lower():
+        why = "it ran real CUDA code, which needs a GPU (a custom CUDA extension's own kernel?)"
+    elif op_name is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
+        why = f"the operation {op_name} has no fake (meta) implementation: a custom CUDA extension?"
+    else:
+        why = f"{kind}: {text}"
+    name = f" {op_name}" if op_name is not None else ""
+    line = f"{where}: `{code}`" if code else where
+    return f"{line}:{name} cannot be simulated: {why}"

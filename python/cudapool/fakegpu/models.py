@@ -1,0 +1,79 @@
+"""The GPUs the fake GPU can be: their names, memory and multiprocessors as a script sees
+them in ``torch.cuda.get_device_properties()``, and the cuBLAS workspace torch gives each."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, NamedTuple, Optional
+
+from .._units import MIB, parse_size
+
+__all__ = ["DEFAULT_GPU", "GPUModel", "GPUS", "cublas_workspace_bytes", "gpu_model"]
+
+
+class GPUModel(NamedTuple):
+    """A GPU as a script sees it: ``torch.cuda.get_device_properties()``'s main fields."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    max_threads_per_multi_processor: int
+    major: int
+    minor: int
+
+
+#: Common GPUs: total memory as ``nvidia-smi`` lists it for the card (MiB), multiprocessors and
+#: threads per multiprocessor of the chip, compute capability. Keys are matched without case,
+#: spaces, dashes or underscores.
+GPUS: Dict[str, GPUModel] = {
+    "h200": GPUModel("NVIDIA H200", 143771 * MIB, 132, 2048, 9, 0),
+    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 132, 2048, 9, 0),
+    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 108, 2048, 8, 0),
+    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * MIB, 108, 2048, 8, 0),
+    "l40s": GPUModel("NVIDIA L40S", 46068 * MIB, 142, 1536, 8, 9),
+    "rtx4090": GPUModel("NVIDIA GeForce RTX 4090", 24564 * MIB, 128, 1536, 8, 9),
+    "rtx3090": GPUModel("NVIDIA GeForce RTX 3090", 24576 * MIB, 82, 1536, 8, 6),
+    "a10g": GPUModel("NVIDIA A10G", 23028 * MIB, 80, 1536, 8, 6),
+    "l4": GPUModel("NVIDIA L4", 23034 * MIB, 58, 1536, 8, 9),
+    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * MIB, 80, 2048, 7, 0),
+    "t4": GPUModel("Tesla T4", 15360 * MIB, 40, 1024, 7, 5),
+}
+_ALIASES = {"h10080gb": "h100", "a100": "a10080gb", "4090": "rtx4090", "3090": "rtx3090", "v100": "v10032gb"}
+DEFAULT_GPU = "h100"
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s_\-]", "", text).lower()
+
+
+def gpu_model(spec: str) -> GPUModel:
+    """The GPU ``spec`` names: a key of :data:`GPUS` (``H100``, ``a100-40gb``, ``RTX 4090``...)
+    or a memory size (``24GB``, ``80GiB``, bytes), then with an H100's multiprocessors.
+    ValueError naming the known models otherwise."""
+    key = _key(spec)
+    key = _ALIASES.get(key, key)
+    if key in GPUS:
+        return GPUS[key]
+    try:
+        size = parse_size(spec)
+    except ValueError:
+        known = ", ".join(m.name + f" ({k})" for k, m in GPUS.items())
+        raise ValueError(f"unknown GPU {spec!r}: give a model ({known}) or a memory size such as 24GB") from None
+    if size <= 0:
+        raise ValueError(f"GPU memory must be positive, not {spec!r}")
+    h100 = GPUS[DEFAULT_GPU]
+    return h100._replace(name=f"GPU with {spec} (an H100's multiprocessors)", total_memory=size)
+
+
+def cublas_workspace_bytes(model: "GPUModel", config: Optional[str] = None) -> int:
+    """The cuBLAS workspace torch allocates per (handle, stream) on ``model``: from
+    ``CUBLAS_WORKSPACE_CONFIG`` (``config``, default the environment's: ``:SIZE_KiB:COUNT``
+    pairs, summed) when set, else torch's default for the architecture (Hopper and later
+    ``:4096:8``, 32 MiB; earlier ``:4096:2:16:8``, 8 MiB and 128 KiB)."""
+    text = os.environ.get("CUBLAS_WORKSPACE_CONFIG") if config is None else config
+    if text:
+        nums = [int(n) for n in re.findall(r"\d+", text)]
+        if nums and len(nums) % 2 == 0:
+            return sum(nums[i] * nums[i + 1] for i in range(0, len(nums), 2)) * 1024
+    return (4096 * 8 if model.major >= 9 else 4096 * 2 + 16 * 8) * 1024

@@ -1,0 +1,73 @@
+"""The fake GPU's native engine: cudapool._torch_fakecuda below Python (:mod:`cudapool.fakegpu.native`
+drives it), with the FakeGPU answering what its kernels ask: reads of values, and the attention
+kernel torch picks on the GPU (:mod:`cudapool.fakegpu.attention`)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from . import attention
+from .engine import Engine, Host, Patch
+from .native import NativeTracer, why_unavailable
+
+__all__ = ["NativeEngine"]
+
+
+class NativeEngine(Engine):
+    """The fake GPU below Python, for one FakeGPU: a :class:`NativeTracer` whose reads and
+    attention choices the FakeGPU answers. ``tracer_kw``: ``workspace_bytes`` and
+    ``kernel_scratch`` only (ValueError naming any other: the Python engine takes them)."""
+
+    name = "native"
+
+    def __init__(self, gpu: Host, tracer_kw: Dict[str, Any]) -> None:
+        unknown = set(tracer_kw) - {"workspace_bytes", "kernel_scratch"}
+        if unknown:
+            raise ValueError(f"the native engine takes no tracer options {sorted(unknown)}: use engine='python'")
+        self.gpu = gpu
+        self.tracer = NativeTracer(read=self._read, sdp_choice=self._sdp_choice, gpu=gpu._props(), **tracer_kw)
+
+    why_unavailable = staticmethod(why_unavailable)
+
+    def tensor_type(self) -> type:
+        return torch.Tensor
+
+    def is_fake(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+    def patch(self, patch: Patch) -> None:
+        # Recurrent layers run torch's own cells (FakeGPU's patch of them): no cuDNN flat weights either.
+        patch(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
+
+    def _read(self, t: Optional[torch.Tensor], what: str) -> None:
+        """A read of values on this fake GPU (its C++ kernels ask)."""
+        if t is None:
+            return
+        if what == "a copy to the host":
+            self.gpu._host_copy(t, what)
+        else:
+            self.gpu._read(t, what)
+
+    def _sdp_choice(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
+        """torch's ``_fused_sdp_choice``: the kernel torch picks on this GPU
+        (cudapool.fakegpu.attention), as torch's SDPBackend value."""
+        from torch.nn.attention import SDPBackend
+
+        q, k, v = args[:3]
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        dropout_p = float(args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0))
+        is_causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
+        gqa = bool(kwargs.get("enable_gqa", False))
+        m = self.gpu.model
+        backend = attention.choose(q, k, v, mask, dropout_p, is_causal, gqa, m.major, m.minor)
+        self.gpu.sdpa[backend] = self.gpu.sdpa.get(backend, 0) + 1
+        return int(
+            {
+                "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH,
+            }[backend].value
+        )
