@@ -84,6 +84,7 @@ C_LAYERS: dict[str, set[str]] = {
 CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
+    "snapshot": 0,
     "sizes": 1,
     "region": 1,
     "config": 2,

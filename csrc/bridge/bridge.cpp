@@ -49,6 +49,7 @@ extern "C" {
 #include "devices/devices.h"
 #include "devices/ipc.h"
 }
+#include "core/snapshot.h"
 #include "devices/graphs.h"
 
 #ifndef CUDAPOOL_TORCH_VERSION
@@ -128,7 +129,7 @@ struct SnapshotBuilder {
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> *live = nullptr;
   bool block_frames = false;
 
-  // One pool's segments, cut as torch shows them (Note [Torch's segments] in core/cp.h).
+  // One pool's segments, cut as torch shows them (Note [Torch's segments] in core/snapshot.h).
   int add_pool(cp_pool_t *pool, int device, c10::MempoolId_t owner) {
     cp_snapshot_t snap;
     if (cp_pool_snapshot(pool, &snap) != CP_OK) return CP_ERR_HOST_OOM;

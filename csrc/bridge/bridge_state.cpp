@@ -19,6 +19,7 @@ extern "C" {
 #include "devices/abi.h"
 #include "devices/devices.h"
 }
+#include "core/snapshot.h"
 #include "devices/graphs.h"
 #include "torch_oom/oom_c10.h"
 

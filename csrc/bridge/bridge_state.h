@@ -20,6 +20,7 @@
 
 extern "C" {
 #include "core/cp.h"
+#include "core/snapshot.h"
 }
 
 #define CP_TORCH_AT_LEAST(major, minor) \
@@ -142,7 +143,7 @@ Observers &observers();
 
 // torch's trace action for a cp_history_action_t.
 cda::TraceEntry::Action trace_action(int action);
-// The segment observer (Note [Segment observer] in core/cp.h): each event to torch's trace
+// The segment observer (Note [Segment observer] in core/snapshot.h): each event to torch's trace
 // trackers, under the pool's lock, as torch's own allocator calls them under its device lock.
 void segment_event(void *ctx, int action, uintptr_t addr, size_t size, cp_stream_t stream);
 

@@ -7,6 +7,7 @@
 #include "core/expand.h"
 #include "core/history.h"
 #include "core/sizes.h"
+#include "core/snapshot.h"
 
 /* Note [Expandable segments]
  * expandable_segments:True follows the built-in allocator's rules (c10/cuda/

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "core/history.h"
+#include "core/snapshot.h"
 
 /* Note [History]
  * Recording is off by default and then costs one predictable branch per operation

@@ -8,6 +8,7 @@
 #include "core/expand.h"
 #include "core/history.h"
 #include "core/pause.h"
+#include "core/snapshot.h"
 
 /* ------------------------------------------------------------------------------------------
  * Resume

@@ -6,6 +6,7 @@
 
 #include "core/history.h"
 #include "core/segment.h"
+#include "core/snapshot.h"
 
 /* Give detached segments back to the backend. Called and returns with the lock held; drops
  * it around the release calls. A segment the backend refuses goes back into the pool. */

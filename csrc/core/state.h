@@ -7,6 +7,7 @@
 
 #include "base/fork.h"
 #include "base/ptrmap.h"
+#include "core/snapshot.h"
 #include "core/stream.h"
 
 /* ------------------------------------------------------------------------------------------

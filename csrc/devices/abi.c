@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
+#include "core/snapshot.h"
 #include "devices/devices.h"
 #include "devices/graphs.h"
 

@@ -11,6 +11,7 @@
 #include "backend/cuda.h"
 #include "backend/sim.h"
 #include "base/fork.h"
+#include "core/snapshot.h"
 
 /* Note [Device table]
  * pools[d] is written once, under `lock`, when device d is first used, and read without the

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/cp.h"
+#include "core/snapshot.h"
 
 /* The configuration every pool created from now on gets. CP_ERR_STATE once a pool exists
  * (a pool's size classes cannot change under live blocks). */
@@ -63,7 +64,7 @@ size_t cpd_history_entries(void);
 int cpd_set_event_log(size_t capacity);
 size_t cpd_event_log(void);
 /* The segment observer of every device pool, now and created later, private pools included
- * (Note [Segment observer] in core/cp.h); its ctx is the device ordinal, as (void *)(intptr_t).
+ * (Note [Segment observer] in core/snapshot.h); its ctx is the device ordinal, as (void *)(intptr_t).
  * NULL removes it. cpd_observe_pool gives a new pool of `device` the current one. */
 void cpd_set_segment_observer(cp_segment_observer_t fn);
 void cpd_observe_pool(cp_pool_t *pool, int device);

@@ -31,6 +31,7 @@
 
 #include "backend/sim.h"
 #include "core/cp.h"
+#include "core/snapshot.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
 #include "python/convert.h"
@@ -301,7 +302,7 @@ PyObject *cpy_pool_torch_block_states(void) {
   return states;
 }
 
-/* A segment's runs (Note [Torch's segments] in core/cp.h) as (first, count, total_size,
+/* A segment's runs (Note [Torch's segments] in core/snapshot.h) as (first, count, total_size,
  * allocated_size, active_size, requested_size) tuples, `first` an index into its blocks. */
 static PyObject *snapshot_runs(const cp_snapshot_t *snap, const cp_snapshot_segment_t *s) {
   PyObject *runs = PyList_New(0);

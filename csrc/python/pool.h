@@ -26,7 +26,7 @@ int cpy_pool_spec_prepare(void);
 PyObject *cpy_pool_for_device(cpy_state *st, int device);
 
 /* {pool block state: torch's block state, or None where torch shows no memory} (Note [Torch's
- * segments] in core/cp.h): the module's TORCH_BLOCK_STATES (pool.c). */
+ * segments] in core/snapshot.h): the module's TORCH_BLOCK_STATES (pool.c). */
 PyObject *cpy_pool_torch_block_states(void);
 
 /* A cudapool error for `status` (the last error's text), as the module raises them. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/snapshot.h"
 #include "python/convert.h"
 #include "python/pool.h"
 #include "python/stacks.h"

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "core/checkpoint.h"
 #include "core/cp.h"
+#include "core/snapshot.h"
 #include "devices/abi.h"
 #include "devices/devices.h"
 #include "devices/graphs.h"

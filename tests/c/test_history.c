@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/snapshot.h"
 #include "fixture.h"
 
 #define RING 64

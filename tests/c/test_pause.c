@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/snapshot.h"
 #include "fixture.h"
 
 #define ST "expandable_segments:True,page_stitching:True"
