@@ -264,23 +264,11 @@ static PyObject *oom_stream_to_dict(const cp_oom_stream_t *s) {
                        (Py_ssize_t)s->pending_blocks);
 }
 
+static int oom_format(const void *in, char *buf, size_t size) { return cp_oom_format(in, buf, size); }
+
 PyObject *cpy_oom_to_dict(const cp_oom_info_t *in) {
-  char small[4096];
-  int n = cp_oom_format(in, small, sizeof small);
-  if (n < 0) {
-    PyErr_SetString(PyExc_RuntimeError, "cp_oom_format failed");
-    return NULL;
-  }
-  PyObject *report;
-  if ((size_t)n < sizeof small) {
-    report = PyUnicode_DecodeUTF8(small, n, "replace");
-  } else {
-    char *big = PyMem_Malloc((size_t)n + 1);
-    if (big == NULL) return PyErr_NoMemory();
-    int m = cp_oom_format(in, big, (size_t)n + 1);
-    report = PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
-    PyMem_Free(big);
-  }
+  PyObject *report = cpy_formatted(oom_format, in, "cp_oom_format");
+  if (report == NULL) return NULL;
   PyObject *streams = PyList_New((Py_ssize_t)in->stream_count);
   PyObject *other = oom_stream_to_dict(&in->other);
   if (report == NULL || streams == NULL || other == NULL) goto fail;
@@ -316,18 +304,19 @@ fail:
   return NULL;
 }
 
-PyObject *cpy_config_to_str(const cp_config_t *cfg) {
-  char small[1024];
-  int n = cp_config_format(cfg, small, sizeof small);
-  if (n < 0) {
-    PyErr_SetString(PyExc_RuntimeError, "cp_config_format failed");
-    return NULL;
-  }
-  if ((size_t)n < sizeof small) return PyUnicode_DecodeUTF8(small, n, "replace");
-  char *big = PyMem_Malloc((size_t)n + 1);
-  if (big == NULL) return PyErr_NoMemory();
-  int m = cp_config_format(cfg, big, (size_t)n + 1);
-  PyObject *r = PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
+static int config_format(const void *cfg, char *buf, size_t size) { return cp_config_format(cfg, buf, size); }
+
+PyObject *cpy_config_to_str(const cp_config_t *cfg) { return cpy_formatted(config_format, cfg, "cp_config_format"); }
+
+PyObject *cpy_formatted(cpy_format_fn format, const void *arg, const char *what) {
+  char small[4096];
+  int n = format(arg, small, sizeof small);
+  if (n >= 0 && (size_t)n < sizeof small) return PyUnicode_DecodeUTF8(small, n, "replace");
+  char *big = n < 0 ? NULL : PyMem_Malloc((size_t)n + 1);
+  if (n >= 0 && big == NULL) return PyErr_NoMemory();
+  const int m = n < 0 ? n : format(arg, big, (size_t)n + 1);
+  PyObject *text = m < 0 ? NULL : PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
   PyMem_Free(big);
-  return r;
+  if (m < 0) PyErr_Format(PyExc_RuntimeError, "%s failed", what);
+  return text;
 }

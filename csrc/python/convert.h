@@ -54,5 +54,11 @@ PyObject *cpy_info_to_dict(const cp_pool_info_t *info);
 PyObject *cpy_oom_to_dict(const cp_oom_info_t *info);
 /* A configuration in its "key:value,..." form. */
 PyObject *cpy_config_to_str(const cp_config_t *cfg);
+/* A formatter as the core's are (cp_config_format, cp_oom_format): writes what fits of the text
+ * into buf (NUL-terminated) and returns the whole text's length, or < 0 when it fails. */
+typedef int (*cpy_format_fn)(const void *arg, char *buf, size_t size);
+/* The whole text `format` writes of `arg`, as a str (a second call with room for all of it when
+ * 4 KiB were short); NULL with RuntimeError "<what> failed" when the formatter fails. */
+PyObject *cpy_formatted(cpy_format_fn format, const void *arg, const char *what);
 
 #endif /* CPY_CONVERT_H */

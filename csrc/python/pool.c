@@ -411,24 +411,23 @@ static PyObject *Pool_history(PyObject *op, PyObject *Py_UNUSED(ignored)) {
   return Py_BuildValue("(NKn)", list, (unsigned long long)recorded, (Py_ssize_t)capacity);
 }
 
+typedef struct oom_report_arg_s {
+  cp_pool_t *pool;
+  size_t size;
+} oom_report_arg_t;
+
+static int oom_report_format(const void *arg, char *buf, size_t size) {
+  const oom_report_arg_t *a = arg;
+  return cp_pool_oom_report(a->pool, a->size, buf, size);
+}
+
 static PyObject *Pool_oom_report(PyObject *op, PyObject *size_obj) {
   ANY_POOL(op, self, pool);
   size_t size;
   if (cpy_as_size(size_obj, "size", &size) < 0) return NULL;
   if (pool == NULL) return PyUnicode_FromString("");
-  char small[4096];
-  int n = cp_pool_oom_report(pool, size, small, sizeof small);
-  if (n < 0) {
-    PyErr_SetString(PyExc_RuntimeError, "cp_pool_oom_report failed");
-    return NULL;
-  }
-  if ((size_t)n < sizeof small) return PyUnicode_DecodeUTF8(small, n, "replace");
-  char *big = PyMem_Malloc((size_t)n + 1);
-  if (big == NULL) return PyErr_NoMemory();
-  int m = cp_pool_oom_report(pool, size, big, (size_t)n + 1);
-  PyObject *r = m < 0 ? PyUnicode_FromString("") : PyUnicode_DecodeUTF8(big, m < n ? m : n, "replace");
-  PyMem_Free(big);
-  return r;
+  const oom_report_arg_t arg = {pool, size};
+  return cpy_formatted(oom_report_format, &arg, "cp_pool_oom_report");
 }
 
 static PyObject *Pool_last_oom(PyObject *op, PyObject *Py_UNUSED(ignored)) {

@@ -29,6 +29,26 @@ static cp_sim_t *existing_sim(const cpy_hooks_api *api, int device) {
   return sim;
 }
 
+/* existing_sim for the device a hook's argument names; NULL with an exception set. */
+static cp_sim_t *sim_of(const cpy_hooks_api *api, PyObject *dev) {
+  int d;
+  if (api->parse_device(dev, &d) < 0) return NULL;
+  return existing_sim(api, d);
+}
+
+/* A counter of the simulated device `dev` names, as a Python int. */
+static PyObject *sim_count(PyObject *module, PyObject *dev, uint64_t (*count)(const cp_sim_t *sim)) {
+  cp_sim_t *sim = sim_of(get_state(module)->api, dev);
+  return sim == NULL ? NULL : PyLong_FromUnsignedLongLong((unsigned long long)count(sim));
+}
+
+/* None for CP_OK; else the status raised (with _C's last error as its message). */
+static PyObject *none_or_raise(PyObject *module, int rc) {
+  hooks_state *st = get_state(module);
+  if (rc != CP_OK) return st->api->raise_status(st->oom_error, rc);
+  Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------------------------
  * The hooks
  * ---------------------------------------------------------------------------------------- */
@@ -75,12 +95,7 @@ static PyObject *hook_sim_delay_nth(PyObject *module, PyObject *args) {
 }
 
 static PyObject *hook_sim_delays_entered(PyObject *module, PyObject *dev) {
-  const cpy_hooks_api *api = get_state(module)->api;
-  int d;
-  if (api->parse_device(dev, &d) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
-  if (sim == NULL) return NULL;
-  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_delays_entered(sim));
+  return sim_count(module, dev, get_state(module)->api->sim_delays_entered);
 }
 
 static PyObject *hook_sim_set_lost(PyObject *module, PyObject *args) {
@@ -88,81 +103,55 @@ static PyObject *hook_sim_set_lost(PyObject *module, PyObject *args) {
   PyObject *dev;
   int lost = 1;
   if (!PyArg_ParseTuple(args, "O|p:sim_set_lost", &dev, &lost)) return NULL;
-  int d;
-  if (api->parse_device(dev, &d) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
+  cp_sim_t *sim = sim_of(api, dev);
   if (sim == NULL) return NULL;
   api->sim_set_lost(sim, lost);
   Py_RETURN_NONE;
 }
 
 static PyObject *hook_sim_invalidate_stream(PyObject *module, PyObject *args) {
-  hooks_state *st = get_state(module);
-  const cpy_hooks_api *api = st->api;
+  const cpy_hooks_api *api = get_state(module)->api;
   PyObject *dev, *stream_obj;
   if (!PyArg_ParseTuple(args, "OO:sim_invalidate_stream", &dev, &stream_obj)) return NULL;
-  int d;
   uintptr_t stream;
-  if (api->parse_device(dev, &d) < 0 || api->as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
+  cp_sim_t *sim = api->as_uintptr(stream_obj, "stream", &stream) < 0 ? NULL : sim_of(api, dev);
   if (sim == NULL) return NULL;
   api->clear_error();
-  int rc = api->sim_invalidate_stream(sim, (cp_stream_t)stream);
-  if (rc != CP_OK) return api->raise_status(st->oom_error, rc);
-  Py_RETURN_NONE;
+  return none_or_raise(module, api->sim_invalidate_stream(sim, (cp_stream_t)stream));
 }
 
 static PyObject *hook_sim_set_capturing(PyObject *module, PyObject *args) {
-  hooks_state *st = get_state(module);
-  const cpy_hooks_api *api = st->api;
+  const cpy_hooks_api *api = get_state(module)->api;
   PyObject *dev, *stream_obj;
   int on = 1;
   if (!PyArg_ParseTuple(args, "OO|p:sim_set_capturing", &dev, &stream_obj, &on)) return NULL;
-  int d;
   uintptr_t stream;
-  if (api->parse_device(dev, &d) < 0 || api->as_uintptr(stream_obj, "stream", &stream) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
+  cp_sim_t *sim = api->as_uintptr(stream_obj, "stream", &stream) < 0 ? NULL : sim_of(api, dev);
   if (sim == NULL) return NULL;
   api->clear_error();
-  int rc = api->sim_set_capturing(sim, (cp_stream_t)stream, on);
-  if (rc != CP_OK) return api->raise_status(st->oom_error, rc);
-  Py_RETURN_NONE;
+  return none_or_raise(module, api->sim_set_capturing(sim, (cp_stream_t)stream, on));
 }
 
 static PyObject *hook_sim_launch(PyObject *module, PyObject *args) {
-  hooks_state *st = get_state(module);
-  const cpy_hooks_api *api = st->api;
+  const cpy_hooks_api *api = get_state(module)->api;
   PyObject *dev, *stream_obj, *ptr_obj, *size_obj;
   if (!PyArg_ParseTuple(args, "OOOO:sim_launch", &dev, &stream_obj, &ptr_obj, &size_obj)) return NULL;
-  int d;
   uintptr_t stream, ptr, size;
-  if (api->parse_device(dev, &d) < 0 || api->as_uintptr(stream_obj, "stream", &stream) < 0 ||
-      api->as_uintptr(ptr_obj, "ptr", &ptr) < 0 || api->as_uintptr(size_obj, "size", &size) < 0)
+  if (api->as_uintptr(stream_obj, "stream", &stream) < 0 || api->as_uintptr(ptr_obj, "ptr", &ptr) < 0 ||
+      api->as_uintptr(size_obj, "size", &size) < 0)
     return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
+  cp_sim_t *sim = sim_of(api, dev);
   if (sim == NULL) return NULL;
   api->clear_error();
-  int rc = api->sim_launch(sim, (cp_stream_t)stream, ptr, (size_t)size);
-  if (rc != CP_OK) return api->raise_status(st->oom_error, rc);
-  Py_RETURN_NONE;
+  return none_or_raise(module, api->sim_launch(sim, (cp_stream_t)stream, ptr, (size_t)size));
 }
 
 static PyObject *hook_sim_device_faults(PyObject *module, PyObject *dev) {
-  const cpy_hooks_api *api = get_state(module)->api;
-  int d;
-  if (api->parse_device(dev, &d) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
-  if (sim == NULL) return NULL;
-  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_device_faults(sim));
+  return sim_count(module, dev, get_state(module)->api->sim_device_faults);
 }
 
 static PyObject *hook_sim_capture_violations(PyObject *module, PyObject *dev) {
-  const cpy_hooks_api *api = get_state(module)->api;
-  int d;
-  if (api->parse_device(dev, &d) < 0) return NULL;
-  cp_sim_t *sim = existing_sim(api, d);
-  if (sim == NULL) return NULL;
-  return PyLong_FromUnsignedLongLong((unsigned long long)api->sim_capture_violations(sim));
+  return sim_count(module, dev, get_state(module)->api->sim_capture_violations);
 }
 
 static PyObject *hook_sim_calls(PyObject *module, PyObject *args) {
