@@ -15,13 +15,15 @@
 //    function of its inputs' metadata is cached: a second call with the same shapes makes its
 //    outputs without the meta kernel, in C++ only (the reason this exists: tracing at tens of
 //    thousands of allocations per second).
-//  - the allocator records each allocation and free (id, bytes, stream, device, time) and hands
-//    out addresses that are never dereferenced (a bump pointer, never reused).
+//  - the allocator records each allocation and free (id, bytes, stream, device, time) as the
+//    replay's own record (core/trace_event.h), which Python gets as bytes and saves as they are,
+//    and hands out addresses that are never dereferenced (a bump pointer, never reused).
 //  - torch's CUDA device guard is replaced by one that keeps the device and stream per thread
 //    and has N devices; events and synchronisation do nothing.
 //  - autograd's engine asks torch's CUDA hooks whether a device has a primary context (the
 //    driver's answer) before it stashes the caller's streams; that one slot of the hooks'
-//    virtual table answers "yes" for the fake devices while installed.
+//    virtual table answers "yes" for the fake devices while installed (Note [The
+//    primary-context slot] in fakecuda_vtable.cpp: why nothing torch supports can).
 //  - values are not simulated: a read (item(), a copy to the host) gets zeros and is reported
 //    to Python, which counts it with the script's line.
 //  - what the GPU allocates besides tensors: the cuBLAS workspace of each (thread, stream) at
@@ -61,9 +63,32 @@ struct Inputs {
   bool to_host = false;                     // a device argument names the CPU
 };
 
+// What a cache key holds: the schema's address, then for each argument one of these tags and
+// the parts said beside it. Each kind of argument has its own tag, so that the keys of two
+// different arguments never read alike.
+enum class Tag : int64_t {
+  kNone = -1,                // None: nothing follows
+  kInt = -2,                 // an int: its value (a Scalar whose value decides nothing: nothing)
+  kDouble = -3,              // a float: its bits (a Scalar whose value decides nothing: nothing)
+  kBool = -4,                // a bool: 0 or 1 (a Scalar whose value decides nothing: nothing)
+  kDevice = -5,              // a device: its type (the index is the current device's: Inputs)
+  kIntList = -6,             // int[]: the length, the values
+  kDoubleList = -7,          // float[]: the length, each value's bits
+  kBoolList = -8,            // bool[]: the length, the values
+  kTensorList = -9,          // Tensor[]: the length, each tensor's part
+  kOptionalTensorList = -10, // Tensor?[] (indexing): the length, kNone or the tensor's part each
+  kString = -11,             // a string: its hash
+  kComplex = -12,            // a complex Scalar whose value decides nothing: nothing
+  kNumberList = -13,         // Scalar[] whose values decide nothing: the length, each one's tag
+  kUndefinedTensor = -20,    // an undefined tensor: nothing
+  kTensor = -21,             // a tensor (key_tensor): its kind, storage, sizes, strides, offset
+};
+
+void push_tag(std::vector<int64_t> &key, Tag tag) { key.push_back(static_cast<int64_t>(tag)); }
+
 bool key_tensor(const at::Tensor &t, std::vector<int64_t> &key, Inputs &in) {
   if (!t.defined()) {
-    key.push_back(-20);
+    push_tag(key, Tag::kUndefinedTensor);
     return true;
   }
   in.tensors.push_back(t); // every defined tensor, in the order twin() meets them
@@ -71,9 +96,9 @@ bool key_tensor(const at::Tensor &t, std::vector<int64_t> &key, Inputs &in) {
   c10::StorageImpl *s = t.storage().unsafeGetStorageImpl();
   int64_t which = -1;
   for (size_t i = 0; i < in.storages.size(); i++)
-    if (in.storages[i] == s) which = (int64_t)i;
+    if (in.storages[i] == s) which = static_cast<int64_t>(i);
   if (which < 0) {
-    which = (int64_t)in.storages.size();
+    which = static_cast<int64_t>(in.storages.size());
     in.storages.push_back(s);
   }
   if (t.is_cuda()) {
@@ -82,12 +107,12 @@ bool key_tensor(const at::Tensor &t, std::vector<int64_t> &key, Inputs &in) {
     return false; // meta and other devices: computed every time
   }
   const c10::TensorImpl *impl = t.unsafeGetTensorImpl();
-  key.push_back(-21);
-  key.push_back((int64_t)t.scalar_type() | ((int64_t)t.device().type() << 8) |
-                ((int64_t)impl->is_wrapped_number() << 16) | ((int64_t)t.is_conj() << 17) |
-                ((int64_t)t.is_neg() << 18));
+  push_tag(key, Tag::kTensor);
+  key.push_back(static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(t.device().type()) << 8) |
+                (int64_t{impl->is_wrapped_number()} << 16) | (int64_t{t.is_conj()} << 17) |
+                (int64_t{t.is_neg()} << 18));
   key.push_back(which);
-  key.push_back((int64_t)s->nbytes());
+  key.push_back(static_cast<int64_t>(s->nbytes()));
   key.push_back(t.dim());
   for (int64_t v : t.sizes()) key.push_back(v);
   for (int64_t v : t.strides()) key.push_back(v);
@@ -102,9 +127,9 @@ int64_t bits(double d) {
 }
 
 template <typename List, typename Word>
-void key_list(std::vector<int64_t> &key, int64_t tag, const List &l, Word word) {
-  key.push_back(tag);
-  key.push_back((int64_t)l.size());
+void key_list(std::vector<int64_t> &key, Tag tag, const List &l, Word word) {
+  push_tag(key, tag);
+  key.push_back(static_cast<int64_t>(l.size()));
   for (auto x : l) key.push_back(word(x));
 }
 
@@ -123,15 +148,15 @@ const std::unordered_set<std::string> shaped_by_scalars = {"aten::arange", "aten
 // A Scalar's kind, for number arguments (the values of AdamW's step sizes change every step).
 bool key_number(const c10::IValue &v, std::vector<int64_t> &key) {
   if (v.isInt()) {
-    key.push_back(-2);
+    push_tag(key, Tag::kInt);
   } else if (v.isDouble()) {
-    key.push_back(-3);
+    push_tag(key, Tag::kDouble);
   } else if (v.isBool()) {
-    key.push_back(-4);
+    push_tag(key, Tag::kBool);
   } else if (v.isComplexDouble()) {
-    key.push_back(-12);
+    push_tag(key, Tag::kComplex);
   } else if (v.isNone()) {
-    key.push_back(-1);
+    push_tag(key, Tag::kNone);
   } else {
     return false;
   }
@@ -144,56 +169,56 @@ bool key_value(const c10::IValue &v, std::vector<int64_t> &key, Inputs &in, bool
   if (number) {
     if (!v.isList()) return key_number(v, key);
     auto l = v.toList();
-    key.push_back(-13);
-    key.push_back((int64_t)l.size());
+    push_tag(key, Tag::kNumberList);
+    key.push_back(static_cast<int64_t>(l.size()));
     for (const c10::IValue &e : l)
       if (!key_number(e, key)) return false;
     return true;
   }
   if (v.isTensor()) return key_tensor(v.toTensor(), key, in);
   if (v.isNone()) {
-    key.push_back(-1);
+    push_tag(key, Tag::kNone);
   } else if (v.isInt()) {
-    key.push_back(-2);
+    push_tag(key, Tag::kInt);
     key.push_back(v.toInt());
   } else if (v.isDouble()) {
-    key.push_back(-3);
+    push_tag(key, Tag::kDouble);
     key.push_back(bits(v.toDouble()));
   } else if (v.isBool()) {
-    key.push_back(-4);
+    push_tag(key, Tag::kBool);
     key.push_back(v.toBool());
   } else if (v.isDevice()) {
     c10::Device d = v.toDevice();
     if (d.is_cuda() && in.device < 0) in.device = index_of(d);
     if (d.is_cpu()) in.to_host = true;
-    key.push_back(-5);
-    key.push_back((int64_t)d.type());
+    push_tag(key, Tag::kDevice);
+    key.push_back(static_cast<int64_t>(d.type()));
   } else if (v.isIntList()) {
-    key_list(key, -6, v.toIntList(), [](int64_t x) { return x; });
+    key_list(key, Tag::kIntList, v.toIntList(), [](int64_t x) { return x; });
   } else if (v.isDoubleList()) {
-    key_list(key, -7, v.toDoubleList(), bits);
+    key_list(key, Tag::kDoubleList, v.toDoubleList(), bits);
   } else if (v.isBoolList()) {
-    key_list(key, -8, v.toBoolList(), [](bool b) { return (int64_t)b; });
+    key_list(key, Tag::kBoolList, v.toBoolList(), [](bool b) { return int64_t{b}; });
   } else if (v.isTensorList()) {
-    key.push_back(-9);
+    push_tag(key, Tag::kTensorList);
     auto l = v.toTensorList();
-    key.push_back((int64_t)l.size());
+    key.push_back(static_cast<int64_t>(l.size()));
     for (const at::Tensor &t : l)
       if (!key_tensor(t, key, in)) return false;
   } else if (v.isList()) { // Tensor?[] (indexing)
-    key.push_back(-10);
+    push_tag(key, Tag::kOptionalTensorList);
     auto l = v.toList();
-    key.push_back((int64_t)l.size());
+    key.push_back(static_cast<int64_t>(l.size()));
     for (const c10::IValue &e : l) {
       if (e.isNone()) {
-        key.push_back(-1);
+        push_tag(key, Tag::kNone);
       } else if (!e.isTensor() || !key_tensor(e.toTensor(), key, in)) {
         return false;
       }
     }
   } else if (v.isString()) {
-    key.push_back(-11);
-    key.push_back((int64_t)std::hash<std::string>{}(v.toStringRef()));
+    push_tag(key, Tag::kString);
+    key.push_back(static_cast<int64_t>(std::hash<std::string>{}(v.toStringRef())));
   } else {
     return false; // complex and symbolic numbers, storages, generators: computed every time
   }
@@ -228,8 +253,8 @@ struct Entry {
 struct KeyHash {
   size_t operator()(const std::vector<int64_t> &k) const noexcept {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ (uint64_t)v) * 1099511628211ull;
-    return (size_t)h;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
   }
 };
 std::mutex cache_mu;
@@ -306,14 +331,14 @@ Output describe(const at::Tensor &m, const Twins &tw, bool to_host, std::vector<
   for (size_t i = 0; i < tw.meta.size(); i++)
     if (tw.meta[i].unsafeGetTensorImpl() == impl) {
       o.kind = Output::kInput;
-      o.index = (int)i;
-      o.nbytes = (int64_t)s->nbytes();
+      o.index = static_cast<int>(i);
+      o.nbytes = static_cast<int64_t>(s->nbytes());
       return o;
     }
   for (size_t i = 0; i < tw.meta.size(); i++)
     if (tw.meta[i].storage().unsafeGetStorageImpl() == s) {
       o.kind = Output::kView;
-      o.index = (int)i;
+      o.index = static_cast<int>(i);
       return o;
     }
   if (to_host) {
@@ -323,12 +348,12 @@ Output describe(const at::Tensor &m, const Twins &tw, bool to_host, std::vector<
   o.kind = Output::kFresh;
   for (size_t i = 0; i < fresh.size(); i++)
     if (fresh[i] == s) {
-      o.index = (int)i;
+      o.index = static_cast<int>(i);
       return o;
     }
-  o.index = (int)fresh.size();
+  o.index = static_cast<int>(fresh.size());
   fresh.push_back(s);
-  e.fresh_bytes.push_back((int64_t)s->nbytes());
+  e.fresh_bytes.push_back(static_cast<int64_t>(s->nbytes()));
   return o;
 }
 
@@ -350,19 +375,19 @@ at::Tensor make_output(const Output &o, const Inputs &in, const Entry &e, std::v
   switch (o.kind) {
     case Output::kUndefined: return at::Tensor();
     case Output::kInput: {
-      at::Tensor t = in.tensors[(size_t)o.index];
+      at::Tensor t = in.tensors[static_cast<size_t>(o.index)];
       c10::TensorImpl *impl = t.unsafeGetTensorImpl();
       if (impl->sizes() != c10::IntArrayRef(o.sizes) || impl->strides() != c10::IntArrayRef(o.strides) ||
           impl->storage_offset() != o.offset) {
         c10::Storage storage = t.storage();
-        if ((size_t)o.nbytes > storage.nbytes()) {
+        if (static_cast<size_t>(o.nbytes) > storage.nbytes()) {
           // Grown (resize_, out= with a larger result): CUDA allocates the new size, copies, then
           // frees the old block; a host tensor grows on the host.
           if (t.is_cuda()) {
-            storage.set_data_ptr_noswap(allocate((size_t)o.nbytes, t.device().index()));
-            storage.set_nbytes((size_t)o.nbytes);
+            storage.set_data_ptr_noswap(allocate(static_cast<size_t>(o.nbytes), t.device().index()));
+            storage.set_nbytes(static_cast<size_t>(o.nbytes));
           } else {
-            t.resize_({o.nbytes / (int64_t)t.element_size()});
+            t.resize_({o.nbytes / static_cast<int64_t>(t.element_size())});
           }
         }
         impl->set_sizes_and_strides(o.sizes, o.strides, o.offset);
@@ -370,13 +395,13 @@ at::Tensor make_output(const Output &o, const Inputs &in, const Entry &e, std::v
       if (t.is_cpu() && e.host_write) t.zero_();
       return t;
     }
-    case Output::kView: return cuda_tensor(in.tensors[(size_t)o.index].storage(), o);
+    case Output::kView: return cuda_tensor(in.tensors[static_cast<size_t>(o.index)].storage(), o);
     case Output::kHost:
       return at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(o.dtype).device(c10::kCPU)).zero_();
     case Output::kFresh: {
-      c10::Storage &storage = fresh[(size_t)o.index];
+      c10::Storage &storage = fresh[static_cast<size_t>(o.index)];
       if (!storage) {
-        size_t n = (size_t)e.fresh_bytes[(size_t)o.index];
+        size_t n = static_cast<size_t>(e.fresh_bytes[static_cast<size_t>(o.index)]);
         storage =
             c10::Storage(c10::Storage::use_byte_size_t(), n, allocate(n, device_of(in)), recording_allocator(), true);
       }
@@ -395,11 +420,11 @@ Workspaces workspaces;
 
 void take_workspace(const Inputs &in) {
   if (!hooks || hooks->workspace_bytes <= 0) return;
-  auto key = std::make_pair(std::this_thread::get_id(), (int64_t)current_stream());
+  auto key = std::make_pair(std::this_thread::get_id(), static_cast<int64_t>(current_stream()));
   std::lock_guard<std::mutex> lock(workspaces.mu);
   for (auto &w : workspaces.held)
     if (w.first == key) return;
-  workspaces.held.emplace_back(key, allocate((size_t)hooks->workspace_bytes, device_of(in)));
+  workspaces.held.emplace_back(key, allocate(static_cast<size_t>(hooks->workspace_bytes), device_of(in)));
 }
 
 void run_scratch(const std::vector<int64_t> &steps, const Inputs &in) {
@@ -409,8 +434,8 @@ void run_scratch(const std::vector<int64_t> &steps, const Inputs &in) {
     if (step > 0) {
       ids.push_back(record_scratch(step, device));
       sizes.push_back(step);
-    } else if (step < 0 && (size_t)(-step) <= ids.size()) {
-      size_t i = (size_t)(-step) - 1;
+    } else if (step < 0 && static_cast<size_t>(-step) <= ids.size()) {
+      size_t i = static_cast<size_t>(-step) - 1;
       record_scratch_free(ids[i], sizes[i], device);
     }
   }
@@ -478,7 +503,7 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   size_t base = stack->size() - nargs;
   std::vector<int64_t> key;
   key.reserve(48);
-  key.push_back((int64_t)(intptr_t)&schema);
+  key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&schema)));
   Inputs in;
   bool cacheable = true;
   bool by_kind = !shaped_by_scalars.count(schema.name());
@@ -507,7 +532,7 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   const std::string &name = schema.name();
   bool scratch = hooks && hooks->scratch_ops.count(name);
   std::vector<c10::IValue> meta_args;
-  if (scratch) meta_args.assign(stack->begin() + (ptrdiff_t)base, stack->end());
+  if (scratch) meta_args.assign(stack->begin() + static_cast<ptrdiff_t>(base), stack->end());
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
   } catch (const c10::NotImplementedError &exc) {
@@ -541,7 +566,7 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   }
   for (const Returned &r : e->returns)
     for (const Output &o : r.outputs) {
-      if (o.kind == Output::kInput && in.tensors[(size_t)o.index].is_cpu()) e->host_write = true;
+      if (o.kind == Output::kInput && in.tensors[static_cast<size_t>(o.index)].is_cpu()) e->host_write = true;
       if (o.kind == Output::kHost) e->host_read = true;
     }
   e->host_read = e->host_read || e->host_write;
@@ -568,7 +593,7 @@ void scalar_kernel(const c10::OperatorHandle &, c10::DispatchKeySet, torch::jit:
   else if (t.scalar_type() == at::kBool)
     stack->emplace_back(c10::Scalar(false));
   else
-    stack->emplace_back(c10::Scalar((int64_t)0));
+    stack->emplace_back(c10::Scalar(int64_t{0}));
 }
 
 // torch.equal: a value read; False, as a comparison of zeros' stand-ins reads.
