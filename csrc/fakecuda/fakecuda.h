@@ -1,9 +1,9 @@
 // fakecuda.h — the fake GPU below Python, for `ab --simulate`: what its files share.
 // fakecuda_device.cpp has the device (the recording allocator, the device guard), calling
 // fakecuda_vtable.cpp for the answer to autograd's context question; fakecuda_kernels.cpp the
-// kernels that stand for torch's CUDA kernels; fakecuda_module.cpp the module
-// cudapool._torch_fakecuda that Python installs them with (cudapool.lab._native). Note [Fake
-// CUDA in C++] in fakecuda_kernels.cpp.
+// kernels that stand for torch's CUDA kernels, with the cache of what they return, keyed by
+// fakecuda_key.cpp; fakecuda_module.cpp the module cudapool._torch_fakecuda that Python installs
+// them with (cudapool.lab._native). Note [Fake CUDA in C++] in fakecuda_kernels.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -55,6 +55,20 @@ using ContextAnswer = bool (*)(const at::CUDAHooksInterface *hooks, c10::DeviceI
 std::string patch_primary_context(ContextAnswer answer);
 // Gives torch's answer back (nothing when it was not patched).
 void unpatch_primary_context();
+
+// ---- fakecuda_key.cpp ----------------------------------------------------------------------
+
+// The tensors among an operation's arguments, and what their devices say.
+struct Inputs {
+  std::vector<at::Tensor> tensors;          // every tensor argument, in order
+  std::vector<c10::StorageImpl *> storages; // their distinct storages
+  c10::DeviceIndex device = -1;             // of the first CUDA tensor or CUDA device argument
+  bool to_host = false;                     // a device argument names the CPU
+};
+// Appends to key what decides the outputs of an operation of `schema` called with args (its
+// arguments, as the stack holds them) and gathers their tensors into in; false when the outputs
+// cannot be cached (computed every time).
+bool key_arguments(const c10::FunctionSchema &schema, const c10::IValue *args, std::vector<int64_t> &key, Inputs &in);
 
 // ---- fakecuda_kernels.cpp -----------------------------------------------------------------
 

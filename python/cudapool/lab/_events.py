@@ -85,7 +85,7 @@ class Trace:
 
     def __init__(
         self,
-        data: bytes = b"",
+        data: Union[bytes, bytearray] = b"",
         meta: Optional[Dict[str, Any]] = None,
         builtin_reserved: Optional[Sequence[Sequence[int]]] = None,
     ) -> None:
