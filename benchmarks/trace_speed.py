@@ -6,9 +6,10 @@ on the fake GPU (cudapool.fakegpu), the model built first and one step left out 
 
 Prints, per engine of the fake GPU (``native``: cudapool._torch_fakecuda, below Python;
 ``python``: torch's fake tensors), the events traced (allocations and frees), the seconds the
-steps took and their ratio, the peak, and the attention kernels chosen; with ``--engine both``
-(the default) each engine runs in a process of its own, one after the other, and the ratio of
-their speeds is printed. Host time of this machine: run it where the figure is wanted.
+steps took and their ratio, the peak, the attention kernels chosen, and how long making the
+trace of all the events and saving it took (what ab --simulate does once the script ends); with
+``--engine both`` (the default) each engine runs in a process of its own, one after the other,
+and the ratio of their speeds is printed. Host time of this machine: run it where the figure is wanted.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ def main(argv=None) -> int:
         print(f"native / python: {rates['native'] / rates['python']:.1f} x the events per second")
         return 0
 
+    import tempfile
+
     import torch
     import torch.nn as nn
     from cudapool.fakegpu import FakeGPU, gpu_model
+    from cudapool.lab.trace import save
 
     with FakeGPU(gpu_model(args.gpu), engine=args.engine) as fg:
         layer = nn.TransformerEncoderLayer(args.d_model, 4, 4 * args.d_model, batch_first=True)
@@ -68,16 +72,26 @@ def main(argv=None) -> int:
             loss.backward()
             opt.step()
             opt.zero_grad()
-        seconds = time.perf_counter() - start
-        n = len(fg.tracer.events) - events
+        made = time.perf_counter()
+        seconds = made - start
+        n = len(fg.tracer.events) - events  # the events handed to Python, counted in trace_s
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = fg.tracer.trace()
+            save(trace, os.path.join(tmp, "trace.cptrace"))
+        trace_s = time.perf_counter() - made
     print(
         f"trace speed, {args.engine} engine ({args.gpu}, {args.layers} layers, d_model {args.d_model}, batch "
         f"{args.batch} x {args.ctx}, bf16 autocast, AdamW): {n:,.0f} events in {seconds:.2f} s over {args.steps} "
-        f"steps: {n / seconds:,.0f} events/s; peak {fg.tracer.peak_bytes:,} B; attention kernels {fg.sdpa}"
+        f"steps: {n / seconds:,.0f} events/s; peak {fg.tracer.peak_bytes:,} B; attention kernels {fg.sdpa}; "
+        f"the trace of its {len(trace):,} events made and saved in {trace_s * 1e3:.1f} ms"
     )
     import json
 
-    print(json.dumps({"engine": args.engine, "events": n, "seconds": seconds, "events_per_s": n / seconds}))
+    print(
+        json.dumps(
+            {"engine": args.engine, "events": n, "seconds": seconds, "events_per_s": n / seconds, "trace_s": trace_s}
+        )
+    )
     return 0
 
 

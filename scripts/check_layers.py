@@ -74,7 +74,7 @@ C_LAYERS: dict[str, set[str]] = {
     "torch_oom": {"base", "devices", "torch_oom"},
     "bridge": {"base", "core", "devices", "torch_oom", "bridge"},  # torch_oom: its header-only throw
     "bridge_testhooks": {"base", "core", "devices", "bridge", "bridge_testhooks"},
-    "fakecuda": {"fakecuda"},
+    "fakecuda": {"core", "fakecuda"},  # core: only the trace's record (core/trace_event.h)
     # Not part of cudapool: the driver stand-in the C tests load in libcuda's place (csrc/standin/).
     "standin": {"standin"},
 }
@@ -85,6 +85,7 @@ CORE_RANKS: dict[str, int] = {
     # 0-2: the public header (its macros), the size rules, the configuration
     "cp": 0,
     "snapshot": 0,
+    "trace_event": 0,
     "sizes": 1,
     "region": 1,
     "config": 2,

@@ -236,3 +236,33 @@ except RuntimeError as exc:
     assert "built for torch 0.0" in str(exc)
 """
     )
+
+
+def test_the_records_are_the_replays_own_and_reach_python_as_bytes() -> None:
+    import struct
+
+    import cudapool._torch_fakecuda as m
+    from cudapool.lab._events import EVENT, FIELDS
+
+    offsets, at = [], 0
+    for name, code in FIELDS:
+        if name:
+            offsets.append((name, at, struct.calcsize("<" + code)))
+        at += struct.calcsize("<" + code)
+    assert tuple(offsets) == tuple(tuple(f) for f in m.record_layout)
+    assert EVENT.size == m.record_size
+    scenario(
+        """
+from cudapool.lab.trace import Trace
+with FakeGPU(H100, engine="native") as fg:
+    a = torch.empty(1000, device="cuda")
+    del a
+    b = torch.empty(10, device="cuda")
+    events, trace = fg.tracer.events, fg.tracer.trace()
+    assert type(fg.tracer._records) is bytearray and trace.data == bytes(fg.tracer._records)
+    assert [e[:3] for e in events] == [(ALLOC, 1, 4000), (FREE, 1, 4000), (ALLOC, 2, 40)], list(events)
+    assert list(events) == list(trace) == events[:] and events[-1] == trace.event(2) and len(events) == 3
+    assert all(e[3] == 0 and e[4] == 0 and e[5] > 0 for e in events), list(events)
+    assert events[1:] == [trace.event(1), trace.event(2)] and events[::2] == [trace.event(0), trace.event(2)]
+"""
+    )

@@ -10,6 +10,7 @@
 
 #include "base/backend.h"
 #include "base/status.h"
+#include "core/trace_event.h"
 
 #define CP_VERSION "0.1.0"
 
@@ -445,21 +446,7 @@ void cp_pool_usage(cp_pool_t *pool, size_t *out_allocated, size_t *out_reserved)
  * Replay of allocation traces (replay.c)
  * ---------------------------------------------------------------------------------------- */
 
-/* RELEASE: the recorded program gave cached memory back there (torch's empty_cache, or its
- * out-of-memory retry: a snapshot's segment_free/segment_unmap); id, size and stream are 0.
- * The replay calls cp_empty_cache at it. */
-enum { CP_TRACE_ALLOC = 0, CP_TRACE_FREE = 1, CP_TRACE_RELEASE = 3 };
-
-/* One event of a trace, 40 bytes, little-endian on disk (python/cudapool/trace.py). */
-typedef struct cp_trace_event_s {
-  uint8_t action; /* CP_TRACE_ALLOC, CP_TRACE_FREE or CP_TRACE_RELEASE */
-  uint8_t pad[3];
-  int32_t device;
-  uint64_t id;   /* names one allocation from alloc to free */
-  uint64_t size; /* requested bytes */
-  uint64_t stream;
-  int64_t time_ns; /* -1 when unknown */
-} cp_trace_event_t;
+/* The trace's record, cp_trace_event_t, and its actions: core/trace_event.h. */
 
 typedef struct cp_replay_result_s {
   uint64_t events;       /* events fed */

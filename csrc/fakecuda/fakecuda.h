@@ -1,28 +1,28 @@
-// fakecuda.h — the fake GPU below Python, for `ab --simulate`: what its three files share.
-// fakecuda_device.cpp has the device (the recording allocator, the device guard, the answer to
-// autograd's context question), fakecuda_kernels.cpp the kernels that stand for torch's CUDA
-// kernels, fakecuda_module.cpp the module cudapool._torch_fakecuda that Python installs them
-// with (cudapool.lab._native). Note [Fake CUDA in C++] in fakecuda_kernels.cpp.
+// fakecuda.h — the fake GPU below Python, for `ab --simulate`: what its files share.
+// fakecuda_device.cpp has the device (the recording allocator, the device guard), calling
+// fakecuda_vtable.cpp for the answer to autograd's context question; fakecuda_kernels.cpp the
+// kernels that stand for torch's CUDA kernels, with the cache of what they return, keyed by
+// fakecuda_key.cpp; fakecuda_module.cpp the module cudapool._torch_fakecuda that Python installs
+// them with (cudapool.fakegpu.native). Note [Fake CUDA in C++] in fakecuda_kernels.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/core/function_schema.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Allocator.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
-namespace cudapool_fakecuda {
+#include "core/trace_event.h" // the record the device writes: the replay's own (cp_trace_event_t)
 
-// One event of the trace: cudapool.lab.trace's (action, id, size, stream, device, time_ns).
-struct Event {
-  int64_t kind, id, size, stream, device, t_ns;
-};
+namespace cudapool_fakecuda {
 
 // ---- fakecuda_device.cpp ------------------------------------------------------------------
 
@@ -38,12 +38,37 @@ void record_scratch_free(int64_t id, int64_t n, int64_t device);
 // Installs the device guard and the hooks' answer, and starts recording; "" or why it cannot.
 std::string install_device(int devices);
 void uninstall_device();
-std::vector<Event> events_from(size_t start);
+// The records from index start on, copied under the record's lock into room(n): room for n
+// records that the caller makes (it may throw). How many were copied.
+size_t copy_records(size_t start, const std::function<cp_trace_event_t *(size_t n)> &room);
 struct RecordCounts {
   size_t events;
   int64_t live, peak;
 };
 RecordCounts record_counts();
+
+// ---- fakecuda_vtable.cpp (Note [The primary-context slot]) ------------------------------
+
+// What hasPrimaryContext answers while installed (called as the member function it replaces).
+using ContextAnswer = bool (*)(const at::CUDAHooksInterface *hooks, c10::DeviceIndex device);
+// Makes torch's CUDA hooks answer with `answer`: "" when done, else why not (nothing changed).
+std::string patch_primary_context(ContextAnswer answer);
+// Gives torch's answer back (nothing when it was not patched).
+void unpatch_primary_context();
+
+// ---- fakecuda_key.cpp ----------------------------------------------------------------------
+
+// The tensors among an operation's arguments, and what their devices say.
+struct Inputs {
+  std::vector<at::Tensor> tensors;          // every tensor argument, in order
+  std::vector<c10::StorageImpl *> storages; // their distinct storages
+  c10::DeviceIndex device = -1;             // of the first CUDA tensor or CUDA device argument
+  bool to_host = false;                     // a device argument names the CPU
+};
+// Appends to key what decides the outputs of an operation of `schema` called with args (its
+// arguments, as the stack holds them) and gathers their tensors into in; false when the outputs
+// cannot be cached (computed every time).
+bool key_arguments(const c10::FunctionSchema &schema, const c10::IValue *args, std::vector<int64_t> &key, Inputs &in);
 
 // ---- fakecuda_kernels.cpp -----------------------------------------------------------------
 

@@ -1,10 +1,8 @@
 // fakecuda_device.cpp — the fake GPU's device (fakecuda.h; Note [Fake CUDA in C++] in
 // fakecuda_kernels.cpp): the allocator that records each allocation and free, the device guard
-// that stands for CUDA's, and the answer to autograd's question whether a device has a context.
-#include <ATen/detail/CUDAHooksInterface.h>
+// that stands for CUDA's, and the answer to autograd's question whether a device has a context
+// (given to torch by fakecuda_vtable.cpp).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -16,14 +14,11 @@
 namespace cudapool_fakecuda {
 namespace {
 
-constexpr int64_t kAlloc = 0; // cudapool.lab._events.ALLOC
-constexpr int64_t kFree = 1;  // cudapool.lab._events.FREE
-
 // ---- what the engine records, under one lock ---------------------------------------------
 
 struct Record {
   std::mutex mu;
-  std::vector<Event> events;
+  std::vector<cp_trace_event_t> events; // the trace's records, as the replay reads them
   int64_t next_id = 1;
   int64_t live = 0, peak = 0;
   bool tracing = false;
@@ -40,6 +35,18 @@ int64_t now_ns() {
       .count();
 }
 
+// Appends one record (rec.mu held): on the thread's current stream, now.
+void push_locked(uint8_t action, int64_t id, int64_t size, int64_t device) {
+  cp_trace_event_t e{};
+  e.action = action;
+  e.device = static_cast<int32_t>(device);
+  e.id = static_cast<uint64_t>(id);
+  e.size = static_cast<uint64_t>(size);
+  e.stream = static_cast<uint64_t>(t_stream);
+  e.time_ns = now_ns();
+  rec.events.push_back(e);
+}
+
 struct Block { // a DataPtr's context: what its free records
   int64_t id, size, device;
 };
@@ -49,7 +56,7 @@ void record_free(void *ctx) {
   {
     std::lock_guard<std::mutex> lock(rec.mu);
     if (rec.tracing) {
-      rec.events.push_back({kFree, b->id, b->size, t_stream, b->device, now_ns()});
+      push_locked(CP_TRACE_FREE, b->id, b->size, b->device);
       rec.live -= b->size;
     }
   }
@@ -61,9 +68,9 @@ std::pair<int64_t, uint64_t> record_alloc(int64_t n, int64_t device) {
   std::lock_guard<std::mutex> lock(rec.mu);
   int64_t id = rec.next_id++;
   uint64_t addr = rec.next_addr;
-  rec.next_addr += ((uint64_t)n + 1023u) & ~(uint64_t)511u; // 512-aligned, a gap between blocks
+  rec.next_addr += (static_cast<uint64_t>(n) + 1023u) & ~uint64_t{511}; // 512-aligned, a gap between blocks
   if (rec.tracing) {
-    rec.events.push_back({kAlloc, id, n, t_stream, device, now_ns()});
+    push_locked(CP_TRACE_ALLOC, id, n, device);
     rec.live += n;
     if (rec.live > rec.peak) rec.peak = rec.live;
   }
@@ -75,8 +82,9 @@ struct RecordingAllocator final : c10::Allocator {
   c10::DataPtr on(size_t n, c10::DeviceIndex device) const {
     c10::Device where(c10::kCUDA, device);
     if (n == 0) return c10::DataPtr(nullptr, where);
-    auto [id, addr] = record_alloc((int64_t)n, device);
-    return c10::DataPtr(reinterpret_cast<void *>(addr), new Block{id, (int64_t)n, device}, &record_free, where);
+    auto [id, addr] = record_alloc(static_cast<int64_t>(n), device);
+    return c10::DataPtr(reinterpret_cast<void *>(addr), new Block{id, static_cast<int64_t>(n), device}, &record_free,
+                        where);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void *, const void *, std::size_t) const override {} // no values to copy
@@ -108,7 +116,7 @@ struct FakeGuard final : c10::impl::DeviceGuardImplInterface {
     t_stream = s.id();
     return old;
   }
-  c10::DeviceIndex deviceCount() const noexcept override { return (c10::DeviceIndex)ndevices; }
+  c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(ndevices); }
   void record(void **, const c10::Stream &, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void *, const c10::Stream &) const override {}
   bool queryEvent(void *) const override { return true; }
@@ -122,36 +130,9 @@ struct FakeGuard final : c10::impl::DeviceGuardImplInterface {
 FakeGuard guard;
 const c10::impl::DeviceGuardImplInterface *torch_guard = nullptr;
 
-// ---- the CUDA hooks' primary-context question --------------------------------------------
+// ---- the CUDA hooks' primary-context question (fakecuda_vtable.cpp) -----------------------
 
 bool has_context(const at::CUDAHooksInterface *, c10::DeviceIndex i) { return i >= 0 && i < ndevices; }
-void **context_slot = nullptr;
-void *torch_context = nullptr;
-
-bool write_slot(void **slot, void *value) {
-  long page = sysconf(_SC_PAGESIZE);
-  uintptr_t start = (uintptr_t)slot & ~(uintptr_t)(page - 1);
-  size_t span = ((uintptr_t)slot + sizeof(void *) > start + (uintptr_t)page) ? 2 * (size_t)page : (size_t)page;
-  if (mprotect((void *)start, span, PROT_READ | PROT_WRITE) != 0) return false;
-  *slot = value;
-  mprotect((void *)start, span, PROT_READ);
-  return true;
-}
-
-// The slot of CUDAHooksInterface::hasPrimaryContext in the hooks object's virtual table (a
-// pointer to a virtual member function holds its byte offset plus one: the Itanium C++ ABI).
-void **find_context_slot() {
-  const at::CUDAHooksInterface &hooks = at::detail::getCUDAHooks();
-  auto member = &at::CUDAHooksInterface::hasPrimaryContext;
-  struct {
-    ptrdiff_t ptr, adj;
-  } rep;
-  static_assert(sizeof(member) == sizeof(rep), "a pointer to member function of the Itanium C++ ABI");
-  std::memcpy(&rep, &member, sizeof rep);
-  if (!(rep.ptr & 1) || rep.adj != 0) return nullptr;
-  void **vtable = *reinterpret_cast<void **const *>(&hooks);
-  return reinterpret_cast<void **>(reinterpret_cast<char *>(vtable) + (rep.ptr - 1));
-}
 
 } // namespace
 
@@ -166,23 +147,17 @@ int64_t record_scratch(int64_t n, int64_t device) { return record_alloc(n, devic
 void record_scratch_free(int64_t id, int64_t n, int64_t device) {
   std::lock_guard<std::mutex> lock(rec.mu);
   if (rec.tracing) {
-    rec.events.push_back({kFree, id, n, t_stream, device, now_ns()});
+    push_locked(CP_TRACE_FREE, id, n, device);
     rec.live -= n;
   }
 }
 
 std::string install_device(int devices) {
-  void **slot = find_context_slot();
-  if (slot == nullptr) return "torch's CUDA hooks are not laid out as this build expects";
+  std::string why = patch_primary_context(&has_context);
+  if (!why.empty()) return why;
   ndevices = devices;
-  auto &cuda_guard = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
-  torch_guard = cuda_guard.load();
-  void *torch_answer = *slot;
-  if (!write_slot(slot, reinterpret_cast<void *>(&has_context)))
-    return "cannot patch torch's CUDA hooks (mprotect failed)";
-  context_slot = slot;
-  torch_context = torch_answer;
-  cuda_guard.store(&guard);
+  torch_guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, &guard);
   std::lock_guard<std::mutex> lock(rec.mu);
   rec.events.clear();
   rec.live = rec.peak = 0;
@@ -195,15 +170,17 @@ void uninstall_device() {
     std::lock_guard<std::mutex> lock(rec.mu);
     rec.tracing = false;
   }
-  if (context_slot != nullptr) write_slot(context_slot, torch_context);
-  context_slot = nullptr;
-  c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)].store(torch_guard);
+  unpatch_primary_context();
+  if (torch_guard != nullptr) c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, torch_guard);
+  torch_guard = nullptr;
 }
 
-std::vector<Event> events_from(size_t start) {
+size_t copy_records(size_t start, const std::function<cp_trace_event_t *(size_t n)> &room) {
   std::lock_guard<std::mutex> lock(rec.mu);
-  if (start >= rec.events.size()) return {};
-  return std::vector<Event>(rec.events.begin() + (ptrdiff_t)start, rec.events.end());
+  if (start >= rec.events.size()) return 0;
+  size_t n = rec.events.size() - start;
+  std::memcpy(room(n), rec.events.data() + start, n * sizeof(cp_trace_event_t));
+  return n;
 }
 
 RecordCounts record_counts() {

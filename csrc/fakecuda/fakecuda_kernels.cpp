@@ -15,27 +15,28 @@
 //    function of its inputs' metadata is cached: a second call with the same shapes makes its
 //    outputs without the meta kernel, in C++ only (the reason this exists: tracing at tens of
 //    thousands of allocations per second).
-//  - the allocator records each allocation and free (id, bytes, stream, device, time) and hands
-//    out addresses that are never dereferenced (a bump pointer, never reused).
+//  - the allocator records each allocation and free (id, bytes, stream, device, time) as the
+//    replay's own record (core/trace_event.h), which Python gets as bytes and saves as they are,
+//    and hands out addresses that are never dereferenced (a bump pointer, never reused).
 //  - torch's CUDA device guard is replaced by one that keeps the device and stream per thread
 //    and has N devices; events and synchronisation do nothing.
 //  - autograd's engine asks torch's CUDA hooks whether a device has a primary context (the
 //    driver's answer) before it stashes the caller's streams; that one slot of the hooks'
-//    virtual table answers "yes" for the fake devices while installed.
+//    virtual table answers "yes" for the fake devices while installed (Note [The
+//    primary-context slot] in fakecuda_vtable.cpp: why nothing torch supports can).
 //  - values are not simulated: a read (item(), a copy to the host) gets zeros and is reported
 //    to Python, which counts it with the script's line.
 //  - what the GPU allocates besides tensors: the cuBLAS workspace of each (thread, stream) at
 //    its first BLAS operation (never freed, as torch keeps it), and the scratch of kernels that
-//    Python models (cudapool.lab._kernel_scratch), asked once per shape and cached.
+//    Python models (cudapool.fakegpu.kernel_scratch), asked once per shape and cached.
 //  - scaled_dot_product_attention's kernel choice (_fused_sdp_choice) is Python's
-//    (cudapool.lab._attention): the kernel torch picks on the named GPU.
+//    (cudapool.fakegpu.attention): the kernel torch picks on the named GPU.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/transformers/attention.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,153 +53,7 @@ namespace {
 
 std::unique_ptr<Hooks> hooks; // set while installed
 
-// ---- metadata of an operation's inputs, and the cache ------------------------------------
-
-struct Inputs {
-  std::vector<at::Tensor> tensors;          // every tensor argument, in order
-  std::vector<c10::StorageImpl *> storages; // their distinct storages
-  c10::DeviceIndex device = -1;             // of the first CUDA tensor or CUDA device argument
-  bool to_host = false;                     // a device argument names the CPU
-};
-
-bool key_tensor(const at::Tensor &t, std::vector<int64_t> &key, Inputs &in) {
-  if (!t.defined()) {
-    key.push_back(-20);
-    return true;
-  }
-  in.tensors.push_back(t); // every defined tensor, in the order twin() meets them
-  if (t.layout() != c10::kStrided || !t.has_storage()) return false;
-  c10::StorageImpl *s = t.storage().unsafeGetStorageImpl();
-  int64_t which = -1;
-  for (size_t i = 0; i < in.storages.size(); i++)
-    if (in.storages[i] == s) which = (int64_t)i;
-  if (which < 0) {
-    which = (int64_t)in.storages.size();
-    in.storages.push_back(s);
-  }
-  if (t.is_cuda()) {
-    if (in.device < 0) in.device = t.device().index();
-  } else if (!t.is_cpu()) {
-    return false; // meta and other devices: computed every time
-  }
-  const c10::TensorImpl *impl = t.unsafeGetTensorImpl();
-  key.push_back(-21);
-  key.push_back((int64_t)t.scalar_type() | ((int64_t)t.device().type() << 8) |
-                ((int64_t)impl->is_wrapped_number() << 16) | ((int64_t)t.is_conj() << 17) |
-                ((int64_t)t.is_neg() << 18));
-  key.push_back(which);
-  key.push_back((int64_t)s->nbytes());
-  key.push_back(t.dim());
-  for (int64_t v : t.sizes()) key.push_back(v);
-  for (int64_t v : t.strides()) key.push_back(v);
-  key.push_back(t.storage_offset());
-  return true;
-}
-
-int64_t bits(double d) {
-  int64_t b;
-  std::memcpy(&b, &d, sizeof b);
-  return b;
-}
-
-template <typename List, typename Word>
-void key_list(std::vector<int64_t> &key, int64_t tag, const List &l, Word word) {
-  key.push_back(tag);
-  key.push_back((int64_t)l.size());
-  for (auto x : l) key.push_back(word(x));
-}
-
-// Whether an argument is a Scalar, Scalar? or Scalar[]: its values decide no output's shape or
-// dtype (only whether each is a bool, an integer, a float or a complex number does), except for
-// the operations of shaped_by_scalars.
-bool is_number(const c10::Argument &arg) {
-  c10::TypePtr t = arg.type();
-  if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
-  if (auto l = t->cast<c10::ListType>()) t = l->getElementType();
-  return t->kind() == c10::TypeKind::NumberType;
-}
-
-const std::unordered_set<std::string> shaped_by_scalars = {"aten::arange", "aten::range"};
-
-// A Scalar's kind, for number arguments (the values of AdamW's step sizes change every step).
-bool key_number(const c10::IValue &v, std::vector<int64_t> &key) {
-  if (v.isInt()) {
-    key.push_back(-2);
-  } else if (v.isDouble()) {
-    key.push_back(-3);
-  } else if (v.isBool()) {
-    key.push_back(-4);
-  } else if (v.isComplexDouble()) {
-    key.push_back(-12);
-  } else if (v.isNone()) {
-    key.push_back(-1);
-  } else {
-    return false;
-  }
-  return true;
-}
-
-// Appends what decides an argument's effect on the outputs; false where it cannot be cached.
-// number: the argument is a Scalar whose value does not matter (is_number).
-bool key_value(const c10::IValue &v, std::vector<int64_t> &key, Inputs &in, bool number) {
-  if (number) {
-    if (!v.isList()) return key_number(v, key);
-    auto l = v.toList();
-    key.push_back(-13);
-    key.push_back((int64_t)l.size());
-    for (const c10::IValue &e : l)
-      if (!key_number(e, key)) return false;
-    return true;
-  }
-  if (v.isTensor()) return key_tensor(v.toTensor(), key, in);
-  if (v.isNone()) {
-    key.push_back(-1);
-  } else if (v.isInt()) {
-    key.push_back(-2);
-    key.push_back(v.toInt());
-  } else if (v.isDouble()) {
-    key.push_back(-3);
-    key.push_back(bits(v.toDouble()));
-  } else if (v.isBool()) {
-    key.push_back(-4);
-    key.push_back(v.toBool());
-  } else if (v.isDevice()) {
-    c10::Device d = v.toDevice();
-    if (d.is_cuda() && in.device < 0) in.device = index_of(d);
-    if (d.is_cpu()) in.to_host = true;
-    key.push_back(-5);
-    key.push_back((int64_t)d.type());
-  } else if (v.isIntList()) {
-    key_list(key, -6, v.toIntList(), [](int64_t x) { return x; });
-  } else if (v.isDoubleList()) {
-    key_list(key, -7, v.toDoubleList(), bits);
-  } else if (v.isBoolList()) {
-    key_list(key, -8, v.toBoolList(), [](bool b) { return (int64_t)b; });
-  } else if (v.isTensorList()) {
-    key.push_back(-9);
-    auto l = v.toTensorList();
-    key.push_back((int64_t)l.size());
-    for (const at::Tensor &t : l)
-      if (!key_tensor(t, key, in)) return false;
-  } else if (v.isList()) { // Tensor?[] (indexing)
-    key.push_back(-10);
-    auto l = v.toList();
-    key.push_back((int64_t)l.size());
-    for (const c10::IValue &e : l) {
-      if (e.isNone()) {
-        key.push_back(-1);
-      } else if (!e.isTensor() || !key_tensor(e.toTensor(), key, in)) {
-        return false;
-      }
-    }
-  } else if (v.isString()) {
-    key.push_back(-11);
-    key.push_back((int64_t)std::hash<std::string>{}(v.toStringRef()));
-  } else {
-    return false; // complex and symbolic numbers, storages, generators: computed every time
-  }
-  return true;
-}
+// ---- the cache: what an operation returns, for the key of its inputs (fakecuda_key.cpp) ----
 
 // One tensor an operation returns, described in terms of its inputs.
 struct Output {
@@ -218,7 +73,7 @@ struct Returned {
 struct Entry {
   std::vector<Returned> returns;
   std::vector<int64_t> fresh_bytes; // the new storages' sizes
-  std::vector<int64_t> scratch;     // cudapool.lab._kernel_scratch's steps
+  std::vector<int64_t> scratch;     // cudapool.fakegpu.kernel_scratch's steps
   std::string scratch_what;
   bool blas = false;       // takes the cuBLAS workspace
   bool host_write = false; // writes a host tensor (a copy to the host): zeros
@@ -228,8 +83,8 @@ struct Entry {
 struct KeyHash {
   size_t operator()(const std::vector<int64_t> &k) const noexcept {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k) h = (h ^ (uint64_t)v) * 1099511628211ull;
-    return (size_t)h;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
   }
 };
 std::mutex cache_mu;
@@ -306,14 +161,14 @@ Output describe(const at::Tensor &m, const Twins &tw, bool to_host, std::vector<
   for (size_t i = 0; i < tw.meta.size(); i++)
     if (tw.meta[i].unsafeGetTensorImpl() == impl) {
       o.kind = Output::kInput;
-      o.index = (int)i;
-      o.nbytes = (int64_t)s->nbytes();
+      o.index = static_cast<int>(i);
+      o.nbytes = static_cast<int64_t>(s->nbytes());
       return o;
     }
   for (size_t i = 0; i < tw.meta.size(); i++)
     if (tw.meta[i].storage().unsafeGetStorageImpl() == s) {
       o.kind = Output::kView;
-      o.index = (int)i;
+      o.index = static_cast<int>(i);
       return o;
     }
   if (to_host) {
@@ -323,12 +178,12 @@ Output describe(const at::Tensor &m, const Twins &tw, bool to_host, std::vector<
   o.kind = Output::kFresh;
   for (size_t i = 0; i < fresh.size(); i++)
     if (fresh[i] == s) {
-      o.index = (int)i;
+      o.index = static_cast<int>(i);
       return o;
     }
-  o.index = (int)fresh.size();
+  o.index = static_cast<int>(fresh.size());
   fresh.push_back(s);
-  e.fresh_bytes.push_back((int64_t)s->nbytes());
+  e.fresh_bytes.push_back(static_cast<int64_t>(s->nbytes()));
   return o;
 }
 
@@ -350,19 +205,19 @@ at::Tensor make_output(const Output &o, const Inputs &in, const Entry &e, std::v
   switch (o.kind) {
     case Output::kUndefined: return at::Tensor();
     case Output::kInput: {
-      at::Tensor t = in.tensors[(size_t)o.index];
+      at::Tensor t = in.tensors[static_cast<size_t>(o.index)];
       c10::TensorImpl *impl = t.unsafeGetTensorImpl();
       if (impl->sizes() != c10::IntArrayRef(o.sizes) || impl->strides() != c10::IntArrayRef(o.strides) ||
           impl->storage_offset() != o.offset) {
         c10::Storage storage = t.storage();
-        if ((size_t)o.nbytes > storage.nbytes()) {
+        if (static_cast<size_t>(o.nbytes) > storage.nbytes()) {
           // Grown (resize_, out= with a larger result): CUDA allocates the new size, copies, then
           // frees the old block; a host tensor grows on the host.
           if (t.is_cuda()) {
-            storage.set_data_ptr_noswap(allocate((size_t)o.nbytes, t.device().index()));
-            storage.set_nbytes((size_t)o.nbytes);
+            storage.set_data_ptr_noswap(allocate(static_cast<size_t>(o.nbytes), t.device().index()));
+            storage.set_nbytes(static_cast<size_t>(o.nbytes));
           } else {
-            t.resize_({o.nbytes / (int64_t)t.element_size()});
+            t.resize_({o.nbytes / static_cast<int64_t>(t.element_size())});
           }
         }
         impl->set_sizes_and_strides(o.sizes, o.strides, o.offset);
@@ -370,13 +225,13 @@ at::Tensor make_output(const Output &o, const Inputs &in, const Entry &e, std::v
       if (t.is_cpu() && e.host_write) t.zero_();
       return t;
     }
-    case Output::kView: return cuda_tensor(in.tensors[(size_t)o.index].storage(), o);
+    case Output::kView: return cuda_tensor(in.tensors[static_cast<size_t>(o.index)].storage(), o);
     case Output::kHost:
       return at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(o.dtype).device(c10::kCPU)).zero_();
     case Output::kFresh: {
-      c10::Storage &storage = fresh[(size_t)o.index];
+      c10::Storage &storage = fresh[static_cast<size_t>(o.index)];
       if (!storage) {
-        size_t n = (size_t)e.fresh_bytes[(size_t)o.index];
+        size_t n = static_cast<size_t>(e.fresh_bytes[static_cast<size_t>(o.index)]);
         storage =
             c10::Storage(c10::Storage::use_byte_size_t(), n, allocate(n, device_of(in)), recording_allocator(), true);
       }
@@ -395,11 +250,11 @@ Workspaces workspaces;
 
 void take_workspace(const Inputs &in) {
   if (!hooks || hooks->workspace_bytes <= 0) return;
-  auto key = std::make_pair(std::this_thread::get_id(), (int64_t)current_stream());
+  auto key = std::make_pair(std::this_thread::get_id(), static_cast<int64_t>(current_stream()));
   std::lock_guard<std::mutex> lock(workspaces.mu);
   for (auto &w : workspaces.held)
     if (w.first == key) return;
-  workspaces.held.emplace_back(key, allocate((size_t)hooks->workspace_bytes, device_of(in)));
+  workspaces.held.emplace_back(key, allocate(static_cast<size_t>(hooks->workspace_bytes), device_of(in)));
 }
 
 void run_scratch(const std::vector<int64_t> &steps, const Inputs &in) {
@@ -409,8 +264,8 @@ void run_scratch(const std::vector<int64_t> &steps, const Inputs &in) {
     if (step > 0) {
       ids.push_back(record_scratch(step, device));
       sizes.push_back(step);
-    } else if (step < 0 && (size_t)(-step) <= ids.size()) {
-      size_t i = (size_t)(-step) - 1;
+    } else if (step < 0 && static_cast<size_t>(-step) <= ids.size()) {
+      size_t i = static_cast<size_t>(-step) - 1;
       record_scratch_free(ids[i], sizes[i], device);
     }
   }
@@ -478,14 +333,8 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   size_t base = stack->size() - nargs;
   std::vector<int64_t> key;
   key.reserve(48);
-  key.push_back((int64_t)(intptr_t)&schema);
   Inputs in;
-  bool cacheable = true;
-  bool by_kind = !shaped_by_scalars.count(schema.name());
-  for (size_t i = base; i < stack->size(); i++) {
-    bool number = by_kind && is_number(schema.arguments()[i - base]);
-    cacheable = key_value((*stack)[i], key, in, number) && cacheable;
-  }
+  bool cacheable = key_arguments(schema, stack->data() + base, key, in);
   if (cacheable) {
     std::shared_ptr<const Entry> e;
     {
@@ -507,7 +356,7 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   const std::string &name = schema.name();
   bool scratch = hooks && hooks->scratch_ops.count(name);
   std::vector<c10::IValue> meta_args;
-  if (scratch) meta_args.assign(stack->begin() + (ptrdiff_t)base, stack->end());
+  if (scratch) meta_args.assign(stack->begin() + static_cast<ptrdiff_t>(base), stack->end());
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
   } catch (const c10::NotImplementedError &exc) {
@@ -541,7 +390,7 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
   }
   for (const Returned &r : e->returns)
     for (const Output &o : r.outputs) {
-      if (o.kind == Output::kInput && in.tensors[(size_t)o.index].is_cpu()) e->host_write = true;
+      if (o.kind == Output::kInput && in.tensors[static_cast<size_t>(o.index)].is_cpu()) e->host_write = true;
       if (o.kind == Output::kHost) e->host_read = true;
     }
   e->host_read = e->host_read || e->host_write;
@@ -568,7 +417,7 @@ void scalar_kernel(const c10::OperatorHandle &, c10::DispatchKeySet, torch::jit:
   else if (t.scalar_type() == at::kBool)
     stack->emplace_back(c10::Scalar(false));
   else
-    stack->emplace_back(c10::Scalar((int64_t)0));
+    stack->emplace_back(c10::Scalar(int64_t{0}));
 }
 
 // torch.equal: a value read; False, as a comparison of zeros' stand-ins reads.

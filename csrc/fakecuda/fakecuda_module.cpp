@@ -1,12 +1,13 @@
 // fakecuda_module.cpp — the module cudapool._torch_fakecuda: installs the fake GPU below Python
 // (fakecuda.h; Note [Fake CUDA in C++] in fakecuda_kernels.cpp) with Python's answers to what its
-// kernels ask, and hands the recorded events to cudapool.lab._native. Built by setup.py against
+// kernels ask, and hands the recorded events to cudapool.fakegpu.native as the trace's own records. Built by setup.py against
 // the installed torch and its Python bindings; used only when it was built for the running torch.
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,11 +88,28 @@ void uninstall() {
   uninstall_kernels();
 }
 
-py::list events(size_t start) {
-  py::list out;
-  for (const Event &e : events_from(start))
-    out.append(py::make_tuple(e.kind, e.id, e.size, e.stream, e.device, e.t_ns));
-  return out;
+// Appends to `records` (a bytearray of whole records) the records it does not hold yet; how many.
+size_t append_records(py::object records) {
+  PyObject *buf = records.ptr();
+  if (!PyByteArray_Check(buf)) throw py::type_error("append_records takes a bytearray");
+  const size_t have = static_cast<size_t>(PyByteArray_GET_SIZE(buf));
+  if (have % sizeof(cp_trace_event_t) != 0) throw py::value_error("the bytearray does not hold whole records");
+  return copy_records(have / sizeof(cp_trace_event_t), [&](size_t n) {
+    if (PyByteArray_Resize(buf, static_cast<Py_ssize_t>(have + n * sizeof(cp_trace_event_t))) != 0)
+      throw py::error_already_set();
+    return reinterpret_cast<cp_trace_event_t *>(PyByteArray_AS_STRING(buf) + have);
+  });
+}
+
+// The record's fields as (name, offset, bytes), in order: what cudapool.lab._events checks its layout against.
+py::tuple record_layout() {
+  using E = cp_trace_event_t;
+  return py::make_tuple(py::make_tuple("action", offsetof(E, action), sizeof(E::action)),
+                        py::make_tuple("device", offsetof(E, device), sizeof(E::device)),
+                        py::make_tuple("id", offsetof(E, id), sizeof(E::id)),
+                        py::make_tuple("size", offsetof(E, size), sizeof(E::size)),
+                        py::make_tuple("stream", offsetof(E, stream), sizeof(E::stream)),
+                        py::make_tuple("time_ns", offsetof(E, time_ns), sizeof(E::time_ns)));
 }
 
 py::dict counts() {
@@ -117,6 +135,8 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
   m.def("install", &install, py::arg("devices"), py::arg("workspace_bytes"), py::arg("read"), py::arg("scratch"),
         py::arg("sdp_choice"), py::arg("scratch_ops"));
   m.def("uninstall", &uninstall);
-  m.def("events", &events, py::arg("start") = 0);
+  m.def("append_records", &append_records, py::arg("records"));
+  m.attr("record_size") = sizeof(cp_trace_event_t);
+  m.attr("record_layout") = record_layout();
   m.def("counts", &counts);
 }

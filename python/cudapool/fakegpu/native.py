@@ -17,10 +17,11 @@ process (:func:`why_unavailable`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..lab._events import Events
 from ..lab.trace import UNSEEN, Trace
 from . import kernel_scratch as _kernel_scratch
 
@@ -81,7 +82,7 @@ class NativeTracer:
         self.devices = int(devices)
         self._read = read
         self._sdp_choice = sdp_choice
-        self._events: List[Tuple[int, int, int, int, int, int]] = []
+        self._records = bytearray()  # the module's records, as C has them (cudapool.lab._events.EVENT)
         self._final: Optional[Dict[str, Any]] = None
         self._state = "new"
 
@@ -121,15 +122,16 @@ class NativeTracer:
 
     # ---- results -----------------------------------------------------------------------------
 
-    def _sync(self) -> List[Tuple[int, int, int, int, int, int]]:
+    def _sync(self) -> bytearray:
         if self._state == "tracing":
-            self._events.extend(_module().events(len(self._events)))
-        return self._events
+            _module().append_records(self._records)
+        return self._records
 
     @property
-    def events(self) -> List[Tuple[int, int, int, int, int, int]]:
-        """Events as (action, id, size, stream, device, time_ns), in order, so far."""
-        return self._sync()
+    def events(self) -> Events:
+        """Events as (action, id, size, stream, device, time_ns), in order, so far (each
+        unpacked when it is read)."""
+        return Events(self._sync())
 
     def _counts(self) -> Dict[str, Any]:
         if self._state == "tracing":
@@ -158,7 +160,7 @@ class NativeTracer:
 
     def trace(self, meta: Optional[Dict[str, Any]] = None) -> Trace:
         """The events recorded so far as a :class:`cudapool.lab.trace.Trace`."""
-        events = list(self._sync())
+        records = self._sync()
         full_meta: Dict[str, Any] = {
             "tracer": "cudapool.tracer.native",
             "torch": torch.__version__,
@@ -171,11 +173,11 @@ class NativeTracer:
             "unseen": list(UNSEEN) if self.workspace_bytes is None else list(UNSEEN[1:]),
         }
         full_meta.update(meta or {})
-        return Trace.from_events(events, meta=full_meta)
+        return Trace(records, meta=full_meta)
 
     def __repr__(self) -> str:
         c = self._counts()
         return (
-            f"NativeTracer(state={self._state}, events={len(self._events)}, live={c['live_bytes']} B, "
+            f"NativeTracer(state={self._state}, events={len(Events(self._records))}, live={c['live_bytes']} B, "
             f"peak={c['peak_bytes']} B)"
         )

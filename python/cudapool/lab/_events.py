@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, overload
 
-__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "Trace", "TraceWriter"]
+__all__ = ["ALLOC", "FREE", "RELEASE", "EVENT", "FIELDS", "Events", "Trace", "TraceWriter"]
 
 ALLOC = 0
 FREE = 1
@@ -20,9 +20,64 @@ FREE = 1
 #: failed-allocation record (never in a trace).
 RELEASE = 3
 
-#: One event: action u8, 3 pad bytes, device i32, id u64, size u64, stream u64, time_ns i64.
-EVENT = struct.Struct("<B3xiQQQq")
+#: One event, as the C record cp_trace_event_t (csrc/core/trace_event.h) lays it out: each
+#: field's name and struct code, in order (tests/test_native_engine.py checks it against C).
+FIELDS: Tuple[Tuple[str, str], ...] = (
+    ("action", "B"),
+    ("", "3x"),
+    ("device", "i"),
+    ("id", "Q"),
+    ("size", "Q"),
+    ("stream", "Q"),
+    ("time_ns", "q"),
+)
+EVENT = struct.Struct("<" + "".join(code for _, code in FIELDS))
 assert EVENT.size == 40
+
+#: One event as Python code holds it: (action, id, size, stream, device, time_ns).
+Event = Tuple[int, int, int, int, int, int]
+
+
+def _event(record: Tuple[int, ...]) -> Event:
+    action, device, ident, size, stream, time_ns = record
+    return action, ident, size, stream, device, time_ns
+
+
+class Events(Sequence[Event]):
+    """The events of packed records, each unpacked when it is read: a view of ``data`` (bytes,
+    or a bytearray that may grow, as a tracer's does)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Union[bytes, bytearray]) -> None:
+        self._data = data
+
+    def __len__(self) -> int:
+        return len(self._data) // EVENT.size
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> List[Event]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Event, List[Event]]:
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            part = self._data[start * EVENT.size : max(start, stop) * EVENT.size]  # a copy
+            return list(map(_event, EVENT.iter_unpack(part)))
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"event {index} of {n}")
+        return _event(EVENT.unpack_from(self._data, index * EVENT.size))
+
+    def __iter__(self) -> Iterator[Event]:
+        # A copy: a bytearray that holds a view cannot grow while it is being read.
+        return map(_event, EVENT.iter_unpack(bytes(self._data)))
 
 
 class Trace:
@@ -30,7 +85,7 @@ class Trace:
 
     def __init__(
         self,
-        data: bytes = b"",
+        data: Union[bytes, bytearray] = b"",
         meta: Optional[Dict[str, Any]] = None,
         builtin_reserved: Optional[Sequence[Sequence[int]]] = None,
     ) -> None:
@@ -44,14 +99,12 @@ class Trace:
     def __len__(self) -> int:
         return len(self.data) // EVENT.size
 
-    def __iter__(self) -> Iterator[Tuple[int, int, int, int, int, int]]:
+    def __iter__(self) -> Iterator[Event]:
         """(action, id, size, stream, device, time_ns) for every event."""
-        for action, device, ident, size, stream, time_ns in EVENT.iter_unpack(self.data):
-            yield action, ident, size, stream, device, time_ns
+        return map(_event, EVENT.iter_unpack(self.data))
 
-    def event(self, index: int) -> Tuple[int, int, int, int, int, int]:
-        action, device, ident, size, stream, time_ns = EVENT.unpack_from(self.data, index * EVENT.size)
-        return action, ident, size, stream, device, time_ns
+    def event(self, index: int) -> Event:
+        return _event(EVENT.unpack_from(self.data, index * EVENT.size))
 
     @property
     def builtin_peak_reserved(self) -> Optional[int]:
