@@ -152,9 +152,17 @@ TESTHOOKS_RANKS: dict[str, int] = {"testhooks": 0}
 BRIDGE_RANKS: dict[str, int] = {"bridge_state": 0, "bridge_path": 1, "bridge": 2}
 BRIDGE_TESTHOOKS_RANKS: dict[str, int] = {"bridge_testhooks": 0}
 TORCH_OOM_RANKS: dict[str, int] = {"oom_c10": 0}
-# csrc/fakecuda: the shared declarations; the fake device (allocator, guard, records); the
-# kernels that use it; the module that installs both.
-FAKECUDA_RANKS: dict[str, int] = {"fakecuda": 0, "fakecuda_device": 1, "fakecuda_kernels": 2, "fakecuda_module": 3}
+# csrc/fakecuda: the shared declarations; the one slot of torch's it writes; the fake device
+# (allocator, guard, records); an operation's inputs as a cache key; the kernels that use
+# both; the module that installs it all.
+FAKECUDA_RANKS: dict[str, int] = {
+    "fakecuda": 0,
+    "fakecuda_vtable": 1,
+    "fakecuda_device": 2,
+    "fakecuda_key": 3,
+    "fakecuda_kernels": 4,
+    "fakecuda_module": 5,
+}
 # csrc/standin: one library, the driver stand-in, whose files may call each other in a circle.
 STANDIN_RANKS: dict[str, int] = dict.fromkeys(
     ("standin", "standin_internal", "standin_copy", "standin_mem", "standin_share", "standin_stream"), 0
