@@ -2,7 +2,7 @@
 the fake GPU below Python, built against the installed torch (pybind11) and driven by
 cudapool.fakegpu.native. Tensors are ``Any`` here: the stubs do not import torch."""
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 #: The torch version the module was built against (``torch.__version__``).
 torch_version: str
@@ -16,5 +16,11 @@ def install(
     scratch_ops: Sequence[str],
 ) -> int: ...
 def uninstall() -> None: ...
-def events(start: int = 0) -> List[Tuple[int, int, int, int, int, int]]: ...
+def append_records(records: bytearray) -> int: ...
+
+#: Bytes of one record the fake device writes (core/trace_event.h's cp_trace_event_t).
+record_size: int
+#: (field, byte offset, byte size) of each field of a record, in order.
+record_layout: Tuple[Tuple[str, int, int], ...]
+
 def counts() -> Dict[str, int]: ...
