@@ -18,6 +18,7 @@ written, 3 when the script failed, 2 on a bad command line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import runpy
@@ -118,6 +119,11 @@ def trace_script(
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
                 if code != 0:
                     status, exit_code = "exit", code
+            finally:
+                # What the script left as garbage in cycles (a stopped script's frames, through the
+                # exception's traceback) is freed while the fake GPU still records, whenever the
+                # collector last ran: the trace ends the same whatever Python allocated meanwhile.
+                gc.collect()
     except Exception as exc:  # noqa: BLE001 - the script's failure, reported in one line
         own = script_error(exc, script)
         if own is not None:
