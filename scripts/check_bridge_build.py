@@ -7,7 +7,7 @@
 The bridge is compiled against the torch it runs with (torch's allocator interface changes
 between releases), so this checks that the sources still build for a torch users have, without
 installing it: it unpacks the wheel's headers and libraries into a scratch folder, compiles the
-bridge's three files with warnings as errors, and links them into a shared library against that
+bridge's files and its test hooks' with warnings as errors, and links them into a shared library against that
 torch's libc10, libc10_cuda, libtorch_cuda, libtorch_cpu and libtorch, the CUDA runtime and the
 built cudapool._C with --no-undefined: every symbol the bridge uses must exist in that torch.
 The CUDA runtime headers come from the installed torch's nvidia wheel (or CUDA_HOME), as setup.py
