@@ -13,8 +13,9 @@ headers, links it against its libraries, and then, in a fresh interpreter whose 
 torch before the installed one (its nvidia libraries are the installed ones), imports it with a
 copy of this tree's package and traces two forward and backward passes of a small model on it
 (autograd's engine asks the patched slot) on the native engine and, where cudapool.fakegpu
-runs them on that torch, on torch's fake tensors, whose peaks must agree; torch answers as before
-once the fake GPU is gone. A CPU build of torch has no
+runs them on that torch, on torch's fake tensors, whose peaks must agree, then two AdamW steps on
+each (what an optimizer's step asks of torch.cuda changes between releases); torch answers as
+before once the fake GPU is gone. A CPU build of torch has no
 CUDA library to link or patch: its check compiles the files only. Prints what it ran; exits
 non-zero on a failure. The build of this tree comes first (cudapool._C).
 """
@@ -60,18 +61,31 @@ def step(engine):
             model(x).pow(2).mean().backward()  # autograd's engine asks the patched slot
         return len(fg.tracer.events), fg.tracer.peak_bytes
 
+def optimizer_steps(engine):  # an optimizer's step asks torch.cuda what differs between releases
+    with FakeGPU(gpu_model("H100"), engine=engine) as fg:
+        model = nn.Linear(64, 64).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            model(torch.randn(8, 64, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return len(fg.tracer.events)
+
 before = context()
 native = step("native")
+optimizer_steps("native")
 after = context()
 assert after == before, (before, after)
 try:
     python = step("python")
+    optimizer_steps("python")
     same = "the same as torch's fake tensors'"
 except Exception as exc:  # cudapool.fakegpu's own use of that torch
     python, same = None, "not compared: torch's fake tensors fail here: " + str(exc).splitlines()[0]
 assert python is None or native[1] == python[1], ("peaks differ", native, python)
 print(f"check_fakecuda_build: torch {{torch.__version__}}: two forward and backward passes traced on the native "
-      f"engine, {{native[0]}} events, peak {{native[1]:,}} B, {{same}}; hasPrimaryContext answers as before: {{after}}")
+      f"engine, {{native[0]}} events, peak {{native[1]:,}} B, {{same}}; two AdamW steps traced; "
+      f"hasPrimaryContext answers as before: {{after}}")
 """
 
 

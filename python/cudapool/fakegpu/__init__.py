@@ -321,6 +321,8 @@ class FakeGPU(ScriptIO):
             "current_stream": lambda device=None: _Stream(),
             "default_stream": lambda device=None: _Stream(),
             "stream": lambda stream=None: contextlib.nullcontext(),
+            # No capture runs on the fake GPU (what an optimizer's step asks before torch 2.13).
+            "is_current_stream_capturing": lambda: False,
             "_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
             "_maybe_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
         }

@@ -67,6 +67,12 @@ class PythonEngine(Engine):
         self._patch_module_moves(patch)
         self._patch_module_ties(patch)
         self._patch_attention(patch)
+        # Before torch 2.13 a fake CUDA tensor's first making asks torch.cuda.is_available() (True
+        # here) and then makes a real CUDA context: there is none to make on the fake GPU.
+        import torch._subclasses.fake_tensor as fake_tensor
+
+        if hasattr(fake_tensor, "init_gpu_context"):
+            patch(fake_tensor, "init_gpu_context", lambda device: None)
 
     def _patch_values(self, patch: Patch) -> None:
         from torch._subclasses.fake_tensor import FakeTensor
