@@ -147,9 +147,10 @@ PYTHON_RANKS: dict[str, int] = {
     "module": 3,
 }
 TESTHOOKS_RANKS: dict[str, int] = {"testhooks": 0}
-# csrc/bridge: what the bridge keeps of torch's; the hot path every tensor takes (it calls the
-# state's notes and failure); torch's allocator interface over both.
-BRIDGE_RANKS: dict[str, int] = {"bridge_state": 0, "bridge_path": 1, "bridge": 2}
+# csrc/bridge: what the hot path calls of the state (bridge_notes.h) and what the bridge keeps of
+# torch's; the hot path every tensor takes (it calls the state's notes and failure); torch's
+# allocator interface over both.
+BRIDGE_RANKS: dict[str, int] = {"bridge_notes": 0, "bridge_state": 0, "bridge_path": 1, "bridge": 2}
 BRIDGE_TESTHOOKS_RANKS: dict[str, int] = {"bridge_testhooks": 0}
 TORCH_OOM_RANKS: dict[str, int] = {"oom_c10": 0}
 # csrc/fakecuda: the shared declarations; the one slot of torch's it writes; the fake device

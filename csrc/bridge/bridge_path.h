@@ -31,16 +31,9 @@ extern "C" {
 #include "devices/abi.h"
 }
 
-namespace cudapool_bridge {
+#include "bridge/bridge_notes.h"
 
-// Set while torch's history records contexts (bridge.cpp); read on every allocation and free.
-extern std::atomic<bool> recording;
-void note_alloc(void *ptr) noexcept;
-void note_free(void *ptr) noexcept;
-// A failed allocation: cpd_throw_alloc_failure with torch's out-of-memory observers told and
-// torch's types thrown (c10::OutOfMemoryError for CP_ERR_OOM, c10::Error otherwise). Defined by
-// the bridge (and by the benchmark, which never fails).
-[[noreturn]] void fail(int status, size_t size, int device);
+namespace cudapool_bridge {
 
 // The device bits of a context (Note [The bridge's data pointers]).
 constexpr uintptr_t kDeviceBits = 255;

@@ -19,15 +19,16 @@ extern "C" {
 #include "devices/abi.h"
 #include "devices/devices.h"
 }
+#include "bridge/bridge_notes.h"
 #include "core/snapshot.h"
 #include "devices/graphs.h"
 #include "torch_oom/oom_c10.h"
 
 namespace cudapool_bridge {
 
-// The hot path's (bridge_path.h) flag and, below, what it calls (note_alloc, note_free, fail):
-// defined here, where what they touch is kept. This file does not include the hot path: the
-// path calls the state, never the other way.
+// The hot path's (bridge_path.h) flag and, below, what it calls (note_alloc, note_free, fail;
+// declared in bridge_notes.h): defined here, where what they touch is kept. This file does not
+// include the hot path: the path calls the state, never the other way.
 std::atomic<bool> recording{false};
 
 History &history() {
