@@ -143,6 +143,7 @@ PYTHON_RANKS: dict[str, int] = {
     "hooks_api": 0,
     "stacks": 0,
     "pool": 1,
+    "pool_snapshot": 2,
     "pool_sim": 2,
     "module": 3,
 }
