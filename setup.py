@@ -119,6 +119,9 @@ class BuildExt(build_ext):
         c_ext = copy.copy(ext)
         c_ext.sources = [s for s in ext.sources if Path(s).suffix not in CXX_SUFFIXES]
         c_ext.extra_objects = list(ext.extra_objects or []) + cxx_objects
+        # setuptools links only when a source or a dependency is newer than the library: an
+        # extension of C++ alone has no C source left, so its objects are what must be compared.
+        c_ext.depends = list(ext.depends or []) + cxx_objects
         c_ext.language = "c++"  # link with the C++ driver so libstdc++ comes along
         return super().build_extension(c_ext)
 

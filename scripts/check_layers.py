@@ -160,6 +160,7 @@ TORCH_OOM_RANKS: dict[str, int] = {"oom_c10": 0}
 FAKECUDA_RANKS: dict[str, int] = {
     "fakecuda": 0,
     "fakecuda_vtable": 1,
+    "fakecuda_reducer": 1,
     "fakecuda_device": 2,
     "fakecuda_key": 3,
     "fakecuda_kernels": 4,

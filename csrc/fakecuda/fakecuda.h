@@ -1,6 +1,7 @@
 // fakecuda.h — the fake GPU below Python, for `ab --simulate`: what its files share.
 // fakecuda_device.cpp has the device (the recording allocator, the device guard), calling
-// fakecuda_vtable.cpp for the answer to autograd's context question; fakecuda_kernels.cpp the
+// fakecuda_vtable.cpp for the answer to autograd's context question and fakecuda_reducer.cpp for
+// DistributedDataParallel's timer; fakecuda_kernels.cpp the
 // kernels that stand for torch's CUDA kernels, with the cache of what they return, keyed by
 // fakecuda_key.cpp; fakecuda_module.cpp the module cudapool._torch_fakecuda that Python installs
 // them with (cudapool.fakegpu.native). Note [Fake CUDA in C++] in fakecuda_kernels.cpp.
@@ -26,8 +27,14 @@ namespace cudapool_fakecuda {
 
 // ---- fakecuda_device.cpp ------------------------------------------------------------------
 
+// The calling thread's current device and stream (torch.cuda.set_device and torch.cuda.stream
+// on the fake GPU set them through fakecuda_module.cpp; the device guard through torch), and how
+// many devices the fake GPU has.
 c10::DeviceIndex current_device();
 c10::StreamId current_stream();
+int device_count();
+void set_current_device(c10::DeviceIndex device);
+void set_current_stream(c10::StreamId stream);
 c10::DeviceIndex index_of(c10::Device d); // a device's index, the current one for "cuda"
 // A block of the recording allocator on device (no memory: an address never dereferenced).
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device);
@@ -46,6 +53,11 @@ struct RecordCounts {
   int64_t live, peak;
 };
 RecordCounts record_counts();
+
+// ---- fakecuda_reducer.cpp (Note [The reducer's timer]) ---------------------------------------
+
+// Makes DistributedDataParallel's reducer time its iterations on the host on CUDA devices.
+void install_reducer_timer();
 
 // ---- fakecuda_vtable.cpp (Note [The primary-context slot]) ------------------------------
 

@@ -138,6 +138,9 @@ bool has_context(const at::CUDAHooksInterface *, c10::DeviceIndex i) { return i 
 
 c10::DeviceIndex current_device() { return t_device; }
 c10::StreamId current_stream() { return t_stream; }
+int device_count() { return ndevices; }
+void set_current_device(c10::DeviceIndex device) { t_device = device; }
+void set_current_stream(c10::StreamId stream) { t_stream = stream; }
 c10::DeviceIndex index_of(c10::Device d) { return d.index() < 0 ? t_device : d.index(); }
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device) { return allocator.on(n, device); }
 c10::Allocator *recording_allocator() { return &allocator; }
@@ -156,6 +159,9 @@ std::string install_device(int devices) {
   std::string why = patch_primary_context(&has_context);
   if (!why.empty()) return why;
   ndevices = devices;
+  t_device = 0;
+  t_stream = 0;
+  install_reducer_timer();
   torch_guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, &guard);
   std::lock_guard<std::mutex> lock(rec.mu);

@@ -2,6 +2,7 @@
 // (fakecuda.h; Note [Fake CUDA in C++] in fakecuda_kernels.cpp) with Python's answers to what its
 // kernels ask, and hands the recorded events to cudapool.fakegpu.native as the trace's own records. Built by setup.py against
 // the installed torch and its Python bindings; used only when it was built for the running torch.
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <pybind11/pybind11.h>
@@ -112,6 +113,30 @@ py::tuple record_layout() {
                         py::make_tuple("time_ns", offsetof(E, time_ns), sizeof(E::time_ns)));
 }
 
+// The calling thread's current device of the fake GPU: torch.cuda.set_device's (Python's patch).
+void set_device(int64_t device) {
+  TORCH_CHECK(device >= 0 && device < device_count(), "cudapool's fake GPU has ", device_count(),
+              " device(s): there is no cuda:", device);
+  set_current_device(static_cast<c10::DeviceIndex>(device));
+}
+
+// UntypedStorage.resize_ of a storage of the fake GPU (Python's patch; FSDP frees and refills its
+// unsharded parameters so): as CUDA's, a new block of nbytes (none for 0) and the old one freed
+// after it; the values, which are not there, are not copied.
+void resize_storage(py::object storage, int64_t nbytes) {
+  TORCH_CHECK(nbytes >= 0, "cudapool's fake GPU: a storage cannot be resized to ", nbytes, " bytes");
+  PyObject *o = storage.ptr();
+  if (!THPStorage_Check(o)) throw py::type_error("resize_storage takes a torch.UntypedStorage");
+  c10::StorageImpl *impl = THPStorage_Unpack(o).unsafeGetStorageImpl();
+  TORCH_CHECK(impl->device_type() == c10::kCUDA, "cudapool's fake GPU: resize_storage takes a CUDA storage");
+  TORCH_CHECK(impl->resizable(), "cudapool's fake GPU: the storage is not resizable");
+  c10::DeviceIndex device = impl->device().index();
+  c10::DataPtr fresh = nbytes == 0 ? c10::DataPtr(nullptr, impl->device())
+                                   : allocate(static_cast<size_t>(nbytes), device < 0 ? current_device() : device);
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(static_cast<size_t>(nbytes));
+}
+
 py::dict counts() {
   RecordCounts r = record_counts();
   KernelCounts k = kernel_counts();
@@ -139,4 +164,10 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
   m.attr("record_size") = sizeof(cp_trace_event_t);
   m.attr("record_layout") = record_layout();
   m.def("counts", &counts);
+  m.def("set_device", &set_device, py::arg("device"));
+  m.def("resize_storage", &resize_storage, py::arg("storage"), py::arg("nbytes"));
+  m.def("current_device", [] { return static_cast<int64_t>(current_device()); });
+  m.def("set_stream", [](int64_t stream) { set_current_stream(static_cast<c10::StreamId>(stream)); },
+        py::arg("stream"));
+  m.def("current_stream", [] { return static_cast<int64_t>(current_stream()); });
 }

@@ -48,7 +48,6 @@ operation and the script's line.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import traceback
@@ -64,6 +63,7 @@ from .engine import Engine
 from .failures import LIBRARY_DIRS, ValueRead, explain_failure, script_error
 from .models import GPUS, GPUModel, cublas_workspace_bytes, gpu_model
 from .scriptio import ScriptIO
+from .streams import FakeEvent, stream_classes
 
 __all__ = [
     "ENGINES",
@@ -77,56 +77,6 @@ __all__ = [
     "resolve_engine",
     "script_error",
 ]
-
-
-class _Stream:
-    """torch.cuda.Stream on the fake GPU: work is not run, so there is nothing to wait for."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("cuda", 0)
-        self.priority = priority
-        self.cuda_stream = 0
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> "_Event":
-        return event if event is not None else _Event()
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def __enter__(self) -> "_Stream":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-class _Event:
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        pass
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: Any) -> float:
-        return 0.0
 
 
 ENGINES = ("auto", "native", "python")
@@ -180,9 +130,14 @@ class FakeGPU(ScriptIO):
         strict_values: bool = False,
         script: Optional[str] = None,
         engine: str = "auto",
+        devices: int = 1,
         **tracer_kw: Any,
     ):
+        if not 1 <= int(devices) <= 64:
+            raise ValueError(f"devices must be 1..64, not {devices}")
         self.model = model
+        #: The node's devices: cuda:0 .. cuda:devices-1, each of ``model``.
+        self.devices = int(devices)
         self.strict_values = strict_values
         self.script = os.path.abspath(script) if script else None
         tracer_kw.setdefault("workspace_bytes", cublas_workspace_bytes(model))
@@ -221,6 +176,8 @@ class FakeGPU(ScriptIO):
         self.memory_fraction: Optional[float] = None
         #: The most data loader workers a loader asked for (they run in the main process).
         self.loader_workers = 0
+        #: ``Tensor.record_stream`` calls (not modelled: Note [Streams of the fake GPU]).
+        self.record_streams = 0
         self._patched: List[Tuple[Any, str, Any]] = []
 
     # -- what the script sees ------------------------------------------------------------------
@@ -248,12 +205,44 @@ class FakeGPU(ScriptIO):
         return int(self.tracer.peak_bytes)
 
     def _device_index(self, device: Any = None) -> int:
+        """The index of ``device`` (None, an int, "cuda", "cuda:1", a torch.device): the current
+        device where it names none; RuntimeError for a device the fake GPU does not have."""
         if device is None:
-            return 0
-        index = device if isinstance(device, int) else torch.device(device).index
-        if index not in (None, 0):
-            raise RuntimeError(f"cudapool's simulated GPU is one device (cuda:0); the script asked for cuda:{index}")
-        return 0
+            return self.engine.current_device()
+        if isinstance(device, torch.device) or isinstance(device, str):
+            device = torch.device(device)
+            if device.type != "cuda":
+                raise ValueError(f"expected a CUDA device, not {device}")
+            index = device.index
+        else:
+            index = int(device)
+        if index is None or index < 0:
+            return self.engine.current_device()
+        if index >= self.devices:
+            if self.devices == 1:
+                raise RuntimeError(
+                    f"cudapool's simulated GPU is one device (cuda:0); the script asked for cuda:{index} "
+                    "(a multi-GPU run: ab --simulate --nproc-per-node N)"
+                )
+            raise RuntimeError(
+                f"cudapool's simulated node has {self.devices} GPUs (cuda:0 .. cuda:{self.devices - 1}); the script "
+                f"asked for cuda:{index}"
+            )
+        return index
+
+    def _set_device(self, device: Any) -> None:
+        self.engine.set_device(self._device_index(device))
+
+    def _exchange_device(self, device: int) -> int:
+        """torch.cuda's device switch: make ``device`` current (nothing for a negative one); the
+        device that was."""
+        was = self.engine.current_device()
+        if device >= 0:
+            self._set_device(device)
+        return was
+
+    def _record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        self.record_streams += 1
 
     def _bf16_supported(self, including_emulation: bool = True) -> bool:
         """As torch answers on the GPU: natively from compute capability 8.0, emulated on any."""
@@ -296,13 +285,14 @@ class FakeGPU(ScriptIO):
     def _patch_cuda(self) -> None:
         cuda = torch.cuda
         props = self._props()
+        streams = stream_classes(self.engine)
         one = {
             "is_available": lambda: True,
-            "device_count": lambda: 1,
-            "current_device": lambda: 0,
+            "device_count": lambda: self.devices,
+            "current_device": lambda: self.engine.current_device(),
             "_lazy_init": lambda: None,
             "init": lambda: None,
-            "set_device": lambda device: self._device_index(device),
+            "set_device": self._set_device,
             "get_device_name": lambda device=None: (self._device_index(device), props.name)[1],
             "get_device_properties": lambda device=None: (self._device_index(device), props)[1],
             "get_device_capability": lambda device=None: (props.major, props.minor),
@@ -316,24 +306,53 @@ class FakeGPU(ScriptIO):
             "max_memory_reserved": lambda device=None: self._peak(),
             "reset_peak_memory_stats": lambda device=None: None,
             "set_per_process_memory_fraction": self._set_fraction,
-            "Stream": _Stream,
-            "Event": _Event,
-            "current_stream": lambda device=None: _Stream(),
-            "default_stream": lambda device=None: _Stream(),
-            "stream": lambda stream=None: contextlib.nullcontext(),
+            "Stream": streams.Stream,
+            "Event": FakeEvent,
+            "current_stream": streams.current_stream,
+            "default_stream": streams.default_stream,
+            "stream": streams.stream,
+            "StreamContext": streams.StreamContext,
+            "set_stream": streams.set_stream,
             # No capture runs on the fake GPU (what an optimizer's step asks before torch 2.13).
             "is_current_stream_capturing": lambda: False,
-            "_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
-            "_maybe_exchange_device": lambda device: self._device_index(device) if device >= 0 else 0,
+            "_exchange_device": self._exchange_device,
+            "_maybe_exchange_device": self._exchange_device,
         }
         for name, value in one.items():
             if hasattr(cuda, name):
                 self._patch(cuda, name, value)
+        self._patch(torch.Tensor, "record_stream", self._record_stream)
+        self._patch_accelerator(streams)
         # A data loader's pinned batches: pinning needs the driver; a fake copy needs none.
         self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)
         import torch.utils.data._utils.pin_memory as pin
 
         self._patch(pin, "pin_memory", lambda data, device=None: data)
+
+    def _patch_accelerator(self, streams: Any) -> None:
+        """torch.accelerator and the accelerator torch's own code asks for (FSDP's default mesh,
+        device meshes): CUDA, with the fake GPU's devices and streams."""
+        cuda = torch.device("cuda")
+        for name in ("_get_accelerator", "_accelerator_getAccelerator"):
+            if hasattr(torch._C, name):
+                self._patch(torch._C, name, lambda: cuda)
+        acc = getattr(torch, "accelerator", None)
+        if acc is None:
+            return
+        for name, value in (
+            ("current_accelerator", lambda check_available=False: cuda),
+            ("is_available", lambda: True),
+            ("device_count", lambda: self.devices),
+            ("current_device_index", lambda: self.engine.current_device()),
+            ("current_device_idx", lambda: self.engine.current_device()),
+            ("set_device_index", self._set_device),
+            ("set_device_idx", self._set_device),
+            ("current_stream", streams.current_stream),
+            ("set_stream", streams.set_stream),
+            ("synchronize", lambda device=None: None),
+        ):
+            if hasattr(acc, name):
+                self._patch(acc, name, value)
 
     def _patch_loaders(self) -> None:
         """Data loader workers run in the main process: a worker process would have to send
@@ -454,6 +473,8 @@ class FakeGPU(ScriptIO):
             "compiled": self.compiled,
             "memory_fraction": self.memory_fraction,
             "loader_workers": self.loader_workers,
+            "devices": self.devices,
+            "record_streams": self.record_streams,
             "host_copies": self.host_copies,
             "saved_placeholders": self.saved_placeholders,
             "loaded_to_gpu": self.loaded_to_gpu,

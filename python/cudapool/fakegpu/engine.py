@@ -28,6 +28,8 @@ class Host(Protocol):
     #: The GPU model (cudapool.fakegpu.models.GPUModel): compute capability for the attention
     #: kernel, memory and multiprocessors for ``torch.cuda``'s answers.
     model: Any
+    #: How many devices of that model the fake GPU has (a node's: cuda:0 .. cuda:devices-1).
+    devices: int
     #: scaled_dot_product_attention calls per backend chosen.
     sdpa: Dict[str, int]
 
@@ -64,6 +66,25 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def is_fake(self, t: Any) -> bool:
         """Whether ``t`` is a tensor of the fake GPU."""
+
+    def set_device(self, index: int) -> None:
+        """Make device ``index`` the calling thread's current one (checked by the FakeGPU against
+        its device count). An engine of one device takes only 0."""
+        if index != 0:
+            raise RuntimeError(f"the {self.name} engine simulates one device (cuda:0), not cuda:{index}")
+
+    def current_device(self) -> int:
+        """The calling thread's current device."""
+        return 0
+
+    def set_stream(self, stream: int) -> None:
+        """Make ``stream`` (a number; 0 is the default stream) the calling thread's current one:
+        what it allocates from now on is on that stream."""
+        self._stream = int(stream)
+
+    def current_stream(self) -> int:
+        """The calling thread's current stream."""
+        return int(getattr(self, "_stream", 0))
 
     @abc.abstractmethod
     def patch(self, patch: Patch) -> None:

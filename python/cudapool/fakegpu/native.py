@@ -112,6 +112,11 @@ class NativeTracer:
         module.uninstall()
         self._state = "done"
 
+    @staticmethod
+    def module() -> Any:
+        """cudapool._torch_fakecuda: the calling thread's device and stream are set there."""
+        return _module()
+
     # ---- hooks the module calls (with the GIL) -------------------------------------------------
 
     def _on_read(self, what: str, t: Optional[torch.Tensor]) -> None:

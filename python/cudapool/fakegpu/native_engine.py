@@ -27,7 +27,9 @@ class NativeEngine(Engine):
         if unknown:
             raise ValueError(f"the native engine takes no tracer options {sorted(unknown)}: use engine='python'")
         self.gpu = gpu
-        self.tracer = NativeTracer(read=self._read, sdp_choice=self._sdp_choice, gpu=gpu._props(), **tracer_kw)
+        self.tracer = NativeTracer(
+            read=self._read, sdp_choice=self._sdp_choice, gpu=gpu._props(), devices=gpu.devices, **tracer_kw
+        )
 
     why_unavailable = staticmethod(why_unavailable)
 
@@ -37,9 +39,33 @@ class NativeEngine(Engine):
     def is_fake(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and t.device.type == "cuda"
 
+    def set_device(self, index: int) -> None:
+        self.tracer.module().set_device(int(index))
+
+    def current_device(self) -> int:
+        return int(self.tracer.module().current_device())
+
+    def set_stream(self, stream: int) -> None:
+        self.tracer.module().set_stream(int(stream))
+
+    def current_stream(self) -> int:
+        return int(self.tracer.module().current_stream())
+
     def patch(self, patch: Patch) -> None:
         # Recurrent layers run torch's own cells (FakeGPU's patch of them): no cuDNN flat weights either.
         patch(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
+        # A CUDA storage's resize (FSDP frees and refills its unsharded parameters so) goes to the
+        # CUDA runtime in torch; the fake GPU's allocator does it here.
+        original = torch.UntypedStorage.resize_
+        module = self.tracer.module()
+
+        def resize_(storage: Any, size: int) -> Any:
+            if storage.device.type != "cuda":
+                return original(storage, size)
+            module.resize_storage(storage, int(size))
+            return storage
+
+        patch(torch.UntypedStorage, "resize_", resize_)
 
     def _read(self, t: Optional[torch.Tensor], what: str) -> None:
         """A read of values on this fake GPU (its C++ kernels ask)."""

@@ -60,6 +60,12 @@ class PythonEngine(Engine):
 
         return isinstance(t, FakeTensor)
 
+    def set_stream(self, stream: int) -> None:
+        self.tracer.set_stream(stream)
+
+    def current_stream(self) -> int:
+        return self.tracer.current_stream()
+
     def patch(self, patch: Patch) -> None:
         """What the native engine's kernels do below Python: values, parameter moves and ties,
         the attention kernel."""

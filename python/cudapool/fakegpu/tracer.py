@@ -221,6 +221,16 @@ class Tracer:
                         fin.detach()
                     live.finalizers.clear()
 
+    def set_stream(self, n: int) -> None:
+        """Allocations made from now on are on virtual stream ``n``."""
+        if n < 0:
+            raise ValueError(f"stream must be >= 0, not {n}")
+        self._stream = int(n)
+
+    def current_stream(self) -> int:
+        """The virtual stream allocations are made on now."""
+        return self._stream
+
     @contextlib.contextmanager
     def stream(self, n: int) -> Iterator[None]:
         """Allocations made inside are on virtual stream ``n`` (nesting restores the outer one)."""
