@@ -233,8 +233,10 @@ PY_LAYERS: dict[str, int] = {
     "regions": 1,
     "fakegpu.models": 1,
     "_torch_libraries": 1,
-    # 2: traces, the simulated pool, torch's functions, what the fake GPU's tracer runs on
+    # 2: traces, the simulated pool, torch's functions, what the fake GPU's tracer runs on; the
+    # estimate of what a rank holds outside torch's allocator
     "lab.trace": 2,
+    "ab.outside": 2,
     "fakegpu.backward": 2,
     "fakegpu.kernel_scratch": 2,
     "fakegpu.attention": 2,

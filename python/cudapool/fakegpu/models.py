@@ -1,5 +1,6 @@
 """The GPUs the fake GPU can be: their names, memory and multiprocessors as a script sees
-them in ``torch.cuda.get_device_properties()``, and the cuBLAS workspace torch gives each."""
+them in ``torch.cuda.get_device_properties()``, how they are linked to the other GPUs of their
+board, and the cuBLAS workspace torch gives each."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ __all__ = ["DEFAULT_GPU", "GPUModel", "GPUS", "cublas_workspace_bytes", "gpu_mod
 
 
 class GPUModel(NamedTuple):
-    """A GPU as a script sees it: ``torch.cuda.get_device_properties()``'s main fields."""
+    """A GPU as a script sees it: ``torch.cuda.get_device_properties()``'s main fields; then
+    its links to the other GPUs of the usual board that carries it (for NCCL's buffers,
+    cudapool.ab.outside): NVLink links per GPU (0: PCIe only) and whether they go through
+    NVSwitches (every GPU one hop from every other, and NVLink SHARP from compute capability 9.0)."""
 
     name: str
     total_memory: int
@@ -21,22 +25,26 @@ class GPUModel(NamedTuple):
     max_threads_per_multi_processor: int
     major: int
     minor: int
+    nvlinks: int = 0
+    nvswitch: bool = False
 
 
 #: Common GPUs: total memory as ``nvidia-smi`` lists it for the card (MiB), multiprocessors and
-#: threads per multiprocessor of the chip, compute capability. Keys are matched without case,
-#: spaces, dashes or underscores.
+#: threads per multiprocessor of the chip, compute capability; NVLink links and NVSwitch of the
+#: 8-GPU board (HGX/DGX H100 and H200: 18 NVLink 4 links through NVSwitches; HGX A100: 12 NVLink 3
+#: links through NVSwitches; DGX-1 V100: 6 NVLink 2 links, GPU to GPU; the others are PCIe cards).
+#: Keys are matched without case, spaces, dashes or underscores.
 GPUS: Dict[str, GPUModel] = {
-    "h200": GPUModel("NVIDIA H200", 143771 * MIB, 132, 2048, 9, 0),
-    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 132, 2048, 9, 0),
-    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 108, 2048, 8, 0),
-    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * MIB, 108, 2048, 8, 0),
+    "h200": GPUModel("NVIDIA H200", 143771 * MIB, 132, 2048, 9, 0, 18, True),
+    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 132, 2048, 9, 0, 18, True),
+    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 108, 2048, 8, 0, 12, True),
+    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * MIB, 108, 2048, 8, 0, 12, True),
     "l40s": GPUModel("NVIDIA L40S", 46068 * MIB, 142, 1536, 8, 9),
     "rtx4090": GPUModel("NVIDIA GeForce RTX 4090", 24564 * MIB, 128, 1536, 8, 9),
     "rtx3090": GPUModel("NVIDIA GeForce RTX 3090", 24576 * MIB, 82, 1536, 8, 6),
     "a10g": GPUModel("NVIDIA A10G", 23028 * MIB, 80, 1536, 8, 6),
     "l4": GPUModel("NVIDIA L4", 23034 * MIB, 58, 1536, 8, 9),
-    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * MIB, 80, 2048, 7, 0),
+    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * MIB, 80, 2048, 7, 0, 6),
     "t4": GPUModel("Tesla T4", 15360 * MIB, 40, 1024, 7, 5),
 }
 _ALIASES = {"h10080gb": "h100", "a100": "a10080gb", "4090": "rtx4090", "3090": "rtx3090", "v100": "v10032gb"}
@@ -49,7 +57,7 @@ def _key(text: str) -> str:
 
 def gpu_model(spec: str) -> GPUModel:
     """The GPU ``spec`` names: a key of :data:`GPUS` (``H100``, ``a100-40gb``, ``RTX 4090``...)
-    or a memory size (``24GB``, ``80GiB``, bytes), then with an H100's multiprocessors.
+    or a memory size (``24GB``, ``80GiB``, bytes), then with an H100's multiprocessors and links.
     ValueError naming the known models otherwise."""
     key = _key(spec)
     key = _ALIASES.get(key, key)
