@@ -35,20 +35,23 @@ int64_t now_ns() {
       .count();
 }
 
-// Appends one record (rec.mu held): on the thread's current stream, now.
-void push_locked(uint8_t action, int64_t id, int64_t size, int64_t device) {
+// Appends one record (rec.mu held), now. An allocation is on the thread's current stream; its free
+// names the same stream, whichever stream is current where it is freed (the trace's rule: a block
+// belongs to the stream it was allocated on, lab/trace.py).
+void push_locked(uint8_t action, int64_t id, int64_t size, int64_t device, c10::StreamId stream) {
   cp_trace_event_t e{};
   e.action = action;
   e.device = static_cast<int32_t>(device);
   e.id = static_cast<uint64_t>(id);
   e.size = static_cast<uint64_t>(size);
-  e.stream = static_cast<uint64_t>(t_stream);
+  e.stream = static_cast<uint64_t>(stream);
   e.time_ns = now_ns();
   rec.events.push_back(e);
 }
 
 struct Block { // a DataPtr's context: what its free records
   int64_t id, size, device;
+  c10::StreamId stream;
 };
 
 void record_free(void *ctx) {
@@ -56,7 +59,7 @@ void record_free(void *ctx) {
   {
     std::lock_guard<std::mutex> lock(rec.mu);
     if (rec.tracing) {
-      push_locked(CP_TRACE_FREE, b->id, b->size, b->device);
+      push_locked(CP_TRACE_FREE, b->id, b->size, b->device, b->stream);
       rec.live -= b->size;
     }
   }
@@ -70,7 +73,7 @@ std::pair<int64_t, uint64_t> record_alloc(int64_t n, int64_t device) {
   uint64_t addr = rec.next_addr;
   rec.next_addr += (static_cast<uint64_t>(n) + 1023u) & ~uint64_t{511}; // 512-aligned, a gap between blocks
   if (rec.tracing) {
-    push_locked(CP_TRACE_ALLOC, id, n, device);
+    push_locked(CP_TRACE_ALLOC, id, n, device, t_stream);
     rec.live += n;
     if (rec.live > rec.peak) rec.peak = rec.live;
   }
@@ -83,8 +86,8 @@ struct RecordingAllocator final : c10::Allocator {
     c10::Device where(c10::kCUDA, device);
     if (n == 0) return c10::DataPtr(nullptr, where);
     auto [id, addr] = record_alloc(static_cast<int64_t>(n), device);
-    return c10::DataPtr(reinterpret_cast<void *>(addr), new Block{id, static_cast<int64_t>(n), device}, &record_free,
-                        where);
+    return c10::DataPtr(reinterpret_cast<void *>(addr), new Block{id, static_cast<int64_t>(n), device, t_stream},
+                        &record_free, where);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void *, const void *, std::size_t) const override {} // no values to copy
@@ -150,7 +153,7 @@ int64_t record_scratch(int64_t n, int64_t device) { return record_alloc(n, devic
 void record_scratch_free(int64_t id, int64_t n, int64_t device) {
   std::lock_guard<std::mutex> lock(rec.mu);
   if (rec.tracing) {
-    push_locked(CP_TRACE_FREE, id, n, device);
+    push_locked(CP_TRACE_FREE, id, n, device, t_stream); // a kernel's scratch: freed where it was made
     rec.live -= n;
   }
 }

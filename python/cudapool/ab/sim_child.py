@@ -1,7 +1,7 @@
 """The child of ``python -m cudapool ab --simulate``: one trace of the user's script on a fake GPU.
 
     python -m cudapool.ab.sim_child --gpu H100 --out DIR [--max-steps N] [--strict-values] \\
-        [--engine auto|native|python] -- SCRIPT [ARGS...]
+        [--engine auto|native|python] [--rank R --nproc-per-node N [--nnodes M]] -- SCRIPT [ARGS...]
 
 Runs SCRIPT unchanged as ``__main__``, with ``sys.argv = [SCRIPT, *ARGS]`` and its directory
 first on ``sys.path``, inside :class:`cudapool.fakegpu.FakeGPU` (fake CUDA tensors, the
@@ -10,7 +10,11 @@ GPU's ``torch.cuda`` answers, the tracer recording), and writes ``DIR/trace.cptr
 script's ``exit_code``, or "failed" with ``message``: the operation and the script's line),
 or "script_error" with ``message``: an exception of the script's own code, its line),
 ``steps`` (``cudapool.ab.step()`` marks), ``optimizer_steps``, ``events``, ``peak_allocated``,
-``seconds`` and what the fake GPU noticed (value reads, ``torch.compile`` calls). A progress
+``seconds`` and what the fake GPU noticed (value reads, ``torch.compile`` calls). With
+``--rank``, the script runs as that rank of a torchrun job of ``--nnodes`` nodes of
+``--nproc-per-node`` GPUs (:mod:`cudapool.ab.ranks`: torchrun's variables; the fake GPU a node of
+that many devices; torch.distributed on :class:`cudapool.fakegpu.distributed.FakeWorld`), and
+``world`` in the result says which process groups it was in. A progress
 line (steps, events, elapsed) goes to stderr while it traces. Exit status 0 when a trace was
 written, 3 when the script failed, 2 on a bad command line.
 """
@@ -72,17 +76,29 @@ def trace_script(
     max_steps: Optional[int] = None,
     strict_values: bool = False,
     engine: str = "auto",
+    rank: Optional[int] = None,
+    world: Optional[Any] = None,
 ) -> Dict[str, Any]:
     """Trace ``script`` on a fake ``gpu`` into ``out_dir``; the result (also written as
-    result.json). Runs in this process: the command starts a fresh one for each trace."""
+    result.json). Runs in this process: the command starts a fresh one for each trace. With
+    ``rank`` and ``world`` (a :class:`cudapool.ab.ranks.World`), as that rank of that job."""
 
     import cudapool.ab as ab
+    from cudapool.ab.ranks import rank_env
     from cudapool.fakegpu import FakeGPU, explain_failure, gpu_model, script_error
+    from cudapool.ab.ranks import TORCHRUN_VARS
+    from cudapool.fakegpu.distributed import HOW_TO_GIVE_RANKS, FakeWorld, NoWorld
     from cudapool.lab.trace import save
 
     model = gpu_model(gpu)
     counter = _Counter(max_steps)
-    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine)
+    devices = world.nproc_per_node if world is not None else 1
+    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices)
+    if world is not None and rank is not None:
+        os.environ.update(rank_env(world, rank))
+        ranks: Any = FakeWorld(fake, rank=rank, world_size=world.size, local_world_size=world.nproc_per_node)
+    else:
+        ranks = NoWorld()
 
     def on_step() -> None:
         counter.steps += 1
@@ -110,7 +126,7 @@ def trace_script(
     exit_code: Optional[int] = 0
     message: Optional[str] = None
     try:
-        with fake:
+        with fake, ranks:
             try:
                 runpy.run_path(script, run_name="__main__")
             except _Stop:
@@ -128,6 +144,8 @@ def trace_script(
         own = script_error(exc, script)
         if own is not None:
             status, exit_code, message = "script_error", 1, own
+            if world is None and isinstance(exc, KeyError) and exc.args and exc.args[0] in TORCHRUN_VARS:
+                message += f" (torchrun sets {exc.args[0]}: {HOW_TO_GIVE_RANKS})"
         else:
             status, exit_code, message = "failed", None, explain_failure(exc, script)
     finally:
@@ -149,6 +167,7 @@ def trace_script(
         peak_allocated=fake.tracer.peak_bytes,
         seconds=time.monotonic() - start,
         fake_gpu=fake.summary(),
+        world=ranks.summary(),
     )
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -163,6 +182,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--strict-values", action="store_true")
     parser.add_argument("--engine", choices=("auto", "native", "python"), default="auto")
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--nproc-per-node", type=int)
+    parser.add_argument("--nnodes", type=int, default=1)
     if "--" not in argv:
         print("usage: python -m cudapool.ab.sim_child [OPTIONS] -- SCRIPT [ARGS...]", file=sys.stderr)
         return 2
@@ -172,8 +194,18 @@ def main(argv: List[str]) -> int:
     if not rest or not os.path.isfile(rest[0]):
         print(f"cudapool ab --simulate: no script to run: {rest[:1]}", file=sys.stderr)
         return 2
+    world = None
+    if ns.nproc_per_node is not None:
+        from cudapool.ab.ranks import World
+
+        world = World(ns.nproc_per_node, ns.nnodes)
+        if ns.rank is None or not 0 <= ns.rank < world.size:
+            print(f"cudapool ab --simulate: --rank must be in 0..{world.size - 1}", file=sys.stderr)
+            return 2
     try:
-        result = trace_script(rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values, ns.engine)
+        result = trace_script(
+            rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values, ns.engine, ns.rank, world
+        )
     except RuntimeError as exc:  # --engine native where it cannot run
         print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
         return 2

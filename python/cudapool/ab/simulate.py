@@ -2,7 +2,7 @@
 
     python -m cudapool ab --simulate [--gpu NAME_OR_BYTES] [--allocators LIST] [--max-steps N]
         [--strict-values] [--find-max-batch ARG [--max-batch-range LO:HI]] [--json PATH]
-        -- SCRIPT [ARGS...]
+        [--nproc-per-node N [--nnodes M] [--ranks LIST]] -- SCRIPT [ARGS...]
 
 The script runs once, unchanged, in a fresh process (:mod:`cudapool.ab.sim_child`) on a fake
 GPU of the given model (:mod:`cudapool.fakegpu`: fake CUDA tensors, CUDA's autocast rules,
@@ -14,6 +14,9 @@ the whole out-of-memory ladder), the smallest GPU memory it fits in
 prediction and the table says so. ``async`` (cudaMallocAsync) has no model: its row says so.
 ``--find-max-batch ARG`` traces the script again for each value it tries (each in a fresh
 process; one trace serves every allocator) and reports the largest that fits per allocator.
+``--nproc-per-node N`` runs the script as the ranks of a torchrun job of ``--nnodes`` nodes of N
+GPUs (:mod:`cudapool.ab.sim_ranks`): a row per group of ranks, the memory outside PyTorch's
+allocator counted; run under torchrun itself, it takes the job from torchrun's variables.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class SimOptions(NamedTuple):
     script: str
     args: List[str]
     engine: str = "auto"
+    #: The job's world (None: one GPU, no ranks) and the ranks --ranks named (None: default).
+    world: Optional[Any] = None
+    ranks: Optional[List[int]] = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", metavar="PATH", help="also keep the script's trace there (python -m cudapool replay PATH)"
     )
     p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="run the script as torchrun would on each node of N GPUs: one process per traced rank, each rank's GPU "
+        "cuda:LOCAL_RANK of the node, torch.distributed on the fake GPU",
+    )
+    p.add_argument("--nnodes", type=int, default=1, metavar="M", help="with --nproc-per-node: M nodes (default 1)")
+    p.add_argument(
+        "--ranks",
+        metavar="LIST",
+        help="with --nproc-per-node: the ranks to trace, e.g. 0,7 or 0-3 or all (default: the first and the last; "
+        "ranks whose traces are identical make one row)",
+    )
+    p.add_argument(
         "--engine",
         choices=("auto", "native", "python"),
         default="auto",
@@ -143,6 +163,19 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
             raise common.UsageError(f"--engine native: {exc}") from None
     if ns.find_max_batch is not None and not ns.find_max_batch.startswith("-"):
         raise common.UsageError(f"--find-max-batch {ns.find_max_batch!r}: name the script's option, e.g. --batch-size")
+    from . import ranks as _ranks
+    from .sim_ranks import usage_checks
+
+    world = usage_checks(ns.nproc_per_node, ns.nnodes, ns.ranks)
+    if world is None:
+        launched = _ranks.from_torchrun_env(os.environ)
+        if launched is not None:
+            world = launched[0]
+    traced = None
+    if world is not None:
+        traced = _ranks.parse_ranks(ns.ranks, world) if ns.ranks else _ranks.default_ranks(world)
+        if ns.engine == "python":
+            raise common.UsageError("--engine python simulates one GPU: ranks need the native engine")
     if not rest:
         raise common.UsageError("no script after --")
     if not os.path.isfile(rest[0]):
@@ -162,27 +195,34 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         rest[0],
         rest[1:],
         ns.engine,
+        world,
+        traced,
     )
 
 
 # -- tracing --------------------------------------------------------------------------------------
 
 
-def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str, Any]:
-    """Trace the script with ``args`` in a fresh process; its result.json (status "failed"
-    with a message when it could not run, "timeout" past --timeout)."""
+def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str, rank: Optional[int] = None) -> Dict[str, Any]:
+    """Trace the script with ``args`` in a fresh process (as rank ``rank`` of the job with
+    ranks); its result.json (status "failed" with a message when it could not run, "timeout"
+    past --timeout)."""
     cmd = [sys.executable, "-m", "cudapool.ab.sim_child", "--gpu", opts.gpu, "--out", out_dir]
     if opts.max_steps is not None:
         cmd += ["--max-steps", str(opts.max_steps)]
     if opts.strict_values:
         cmd.append("--strict-values")
+    if rank is not None and opts.world is not None:
+        cmd += ["--rank", str(rank), "--nproc-per-node", str(opts.world.nproc_per_node)]
+        cmd += ["--nnodes", str(opts.world.nnodes)]
     cmd += ["--engine", opts.engine, "--", opts.script, *args]
     env = common.with_package_on_path(dict(os.environ))
     started = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "stdout.txt")
     try:
-        returncode = _run_showing(cmd, env, out_path, opts.timeout, show=not opts.hide_output)
+        prefix = "| " if rank is None else f"| [rank {rank}] "
+        returncode = _run_showing(cmd, env, out_path, opts.timeout, show=not opts.hide_output, prefix=prefix)
     except subprocess.TimeoutExpired:
         return {
             "status": "timeout",
@@ -208,10 +248,12 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str) -> Dict[str,
     return result
 
 
-def _run_showing(cmd: List[str], env: Dict[str, str], out_path: str, timeout: Optional[float], show: bool) -> int:
+def _run_showing(
+    cmd: List[str], env: Dict[str, str], out_path: str, timeout: Optional[float], show: bool, prefix: str = "| "
+) -> int:
     """Run the tracing child with the script's stdout kept in ``out_path`` and, with ``show``,
-    shown on stderr as it comes (each line after "| "; the child's own progress lines and the
-    script's stderr go to stderr as they are). Its exit status; TimeoutExpired past ``timeout``."""
+    shown on stderr as it comes (each line after ``prefix``; the child's own progress lines and
+    the script's stderr go to stderr as they are). Its exit status; TimeoutExpired past ``timeout``."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with open(out_path, "wb") as out:
         child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE)
@@ -226,7 +268,7 @@ def _run_showing(cmd: List[str], env: Dict[str, str], out_path: str, timeout: Op
             for line in child.stdout:
                 out.write(line)
                 if show:
-                    sys.stderr.write("| " + line.decode("utf-8", "replace"))
+                    sys.stderr.write(prefix + line.decode("utf-8", "replace"))
                     sys.stderr.flush()
             returncode = child.wait()
         finally:
@@ -255,8 +297,9 @@ def policy_and_config(alloc: common.Allocator) -> Optional[Tuple[str, Optional[s
     return policy, ",".join(rest) or None
 
 
-def predict(trace: Any, alloc: common.Allocator, capacity: int) -> Dict[str, Any]:
-    """One row's figures: replays unlimited and at the GPU's memory, and the smallest device."""
+def predict(trace: Any, alloc: common.Allocator, capacity: int, outside: int = 0) -> Dict[str, Any]:
+    """One row's figures: replays unlimited and at the GPU's memory (less ``outside``: what the
+    process holds outside PyTorch's allocator), and the smallest device (``outside`` added)."""
     from ..lab.capacity import min_capacity
     from ..lab.replay import replay
 
@@ -265,7 +308,7 @@ def predict(trace: Any, alloc: common.Allocator, capacity: int) -> Dict[str, Any
         return {"allocator": alloc.label, "simulated": False, "why": "no model of cudaMallocAsync's pool"}
     policy, config = pc
     free = replay(trace, policy=policy, config=config)
-    there = replay(trace, policy=policy, config=config, capacity=capacity)
+    there = replay(trace, policy=policy, config=config, capacity=max(1, capacity - outside))
     smallest = min_capacity(trace, policy=policy, config=config, unlimited=free)
     keys = ("peak_allocated", "peak_reserved", "utilization", "device_calls_total", "device_call_ms", "device_faults")
     return {
@@ -277,7 +320,7 @@ def predict(trace: Any, alloc: common.Allocator, capacity: int) -> Dict[str, Any
         "fits": not there["oom"],
         "oom_event": there.get("oom_event"),
         "oom_size": there.get("oom_size"),
-        "min_capacity": smallest["min_capacity"],
+        "min_capacity": smallest["min_capacity"] + outside,
     }
 
 
@@ -287,35 +330,58 @@ def usable(trace_result: Dict[str, Any], total: int) -> int:
     return total if fraction is None else max(1, int(fraction * total))
 
 
-def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int) -> bool:
+def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outside: int = 0) -> bool:
     """Whether a traced run (its "trace": loaded once, shared by the allocators) fits in the
-    memory it may use under ``alloc``."""
+    memory it may use under ``alloc``, ``outside`` bytes of it held outside PyTorch's allocator."""
     from ..lab.replay import replay
 
     pc = policy_and_config(alloc)
     if pc is None or trace_result.get("trace") is None:
         return False
-    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=usable(trace_result, total))["oom"]
+    room = max(1, usable(trace_result, total) - outside)
+    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=room)["oom"]
 
 
-def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[str], None]) -> Dict[str, Any]:
-    """Per allocator, the largest value of --find-max-batch whose trace fits; one trace (a
-    fresh process) per value tried, shared by the allocators."""
+def find_max(
+    opts: SimOptions, capacity: int, workdir: str, progress: Callable[[str], None], gpu: Any = None
+) -> Dict[str, Any]:
+    """Per allocator, the largest value of --find-max-batch whose trace fits (with ranks: on
+    every traced rank, each with the memory it holds outside PyTorch's allocator); one trace (a
+    fresh process per rank) per value tried, shared by the allocators."""
     from ..lab.trace import load
 
     assert opts.find_max_batch is not None
     name = opts.find_max_batch
     lo, hi = opts.max_batch_range
     traces: Dict[int, Dict[str, Any]] = {}
+    per_rank: Dict[int, List[Tuple[Dict[str, Any], int]]] = {}
 
     def traced(value: int) -> Dict[str, Any]:
         if value not in traces:
             progress(f"max {name}: tracing {name} {value} ...")
-            t = trace_once(opts, common.with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}"))
-            t["trace"] = load(t["trace_path"]) if t["status"] in ("finished", "stopped") else None
+            args, where = common.with_arg(opts.args, name, value), os.path.join(workdir, f"batch-{value}")
+            if opts.world is None:
+                t = trace_once(opts, args, where)
+                t["trace"] = load(t["trace_path"]) if t["status"] in ("finished", "stopped") else None
+                per_rank[value] = [(t, 0)]
+            else:
+                from . import sim_ranks
+
+                done = sim_ranks.trace_ranks(
+                    lambda r, d: trace_once(opts, args, d, rank=r), opts.ranks or [], where, progress, f"{name} {value}: "
+                )
+                per_rank[value] = [
+                    (t, sim_ranks.outside_of(t, opts.world, gpu).total if t.get("world") else 0) for t in done.values()
+                ]
+                # the value's status is the first failing rank's, if one failed
+                t = min(done.values(), key=lambda r: r["status"] in ("finished", "stopped"))
             traces[value] = t
             progress(f"max {name}: {name} {value}: {traces[value]['status']}")
         return traces[value]
+
+    def fits_all(value: int, alloc: common.Allocator) -> bool:
+        traced(value)
+        return all(fits(t, alloc, capacity, outside) for t, outside in per_rank[value])
 
     results: Dict[str, Dict[str, Any]] = {}
     for alloc in opts.allocators:
@@ -325,7 +391,7 @@ def find_max(opts: SimOptions, capacity: int, workdir: str, progress: Callable[[
         tried: List[Dict[str, Any]] = []
 
         def ok(value: int, alloc: common.Allocator = alloc, tried: List[Dict[str, Any]] = tried) -> bool:
-            good = fits(traced(value), alloc, capacity)
+            good = fits_all(value, alloc)
             tried.append({"value": value, "fits": good, "trace": traced(value)["status"]})
             return good
 
@@ -390,14 +456,26 @@ def _engine_words(t: Dict[str, Any]) -> str:
 
 
 def report(result: Dict[str, Any]) -> str:
-    t, gpu = result["trace"], result["gpu"]
-    head = f"python -m cudapool ab --simulate --gpu {result['options']['gpu']} -- {' '.join(result['argv'])}\n"
-    head += (
-        f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script traced "
-        f"once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, {t['events']:,} "
-        f"events, {t['seconds']:.1f} s{_engine_words(t)}), its trace replayed under each allocator's rules on "
-        "cudapool's simulated device\n"
-    )
+    t, gpu, o = result["trace"], result["gpu"], result["options"]
+    job = ""
+    if o.get("nproc_per_node"):
+        job = f" --nproc-per-node {o['nproc_per_node']}" + (f" --nnodes {o['nnodes']}" if o["nnodes"] != 1 else "")
+    head = f"python -m cudapool ab --simulate --gpu {o['gpu']}{job} -- {' '.join(result['argv'])}\n"
+    if "rank_rows" in result:
+        head += (
+            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated per rank; "
+            f"{result['traced_text']}; each traced on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} "
+            f"optimizer steps, {t['events']:,} events on rank {result['rank_rows'][0]['rank']}{_engine_words(t)}), "
+            "torch.distributed on the fake GPU's process group, each trace replayed under each allocator's rules on "
+            "cudapool's simulated device\n"
+        )
+    else:
+        head += (
+            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script "
+            f"traced once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, "
+            f"{t['events']:,} events, {t['seconds']:.1f} s{_engine_words(t)}), its trace replayed under each "
+            "allocator's rules on cudapool's simulated device\n"
+        )
     notes = []
     if t["status"] == "stopped":
         notes.append(f"the script was stopped after --max-steps {result['options']['max_steps']}")
@@ -417,7 +495,27 @@ def report(result: Dict[str, Any]) -> str:
         )
     if fg.get("host_value_reads"):
         notes.append(f"{fg['host_value_reads']:,} read(s) of fake host tensors got zeros")
-    if any(d != 0 for d in result.get("devices") or ()):
+    for rr in result.get("rank_rows") or ():
+        own = rr["rank"] % o["nproc_per_node"]
+        if any(d != own for d in rr["devices"]):
+            notes.append(
+                f"rank {rr['rank']} allocated on devices {rr['devices']}, not only its own cuda:{own} (did the script "
+                "call torch.cuda.set_device(LOCAL_RANK)?): each device's memory is replayed on its own pool and "
+                "added up"
+            )
+    world = t.get("world") or {}
+    if world.get("object_collectives"):
+        calls = ", ".join(f"{n:,} {k}" for k, n in sorted(world["object_collectives"].items()))
+        notes.append(
+            f"object collectives ({calls}) were answered as if every rank held this rank's objects (a receiving "
+            "rank keeps its own)"
+        )
+    if fg.get("record_streams"):
+        notes.append(
+            f"Tensor.record_stream was called {fg['record_streams']:,} time(s): the blocks were freed where the program "
+            "dropped them, not when the other stream's work passed (a GPU may hold them a little longer)"
+        )
+    if "rank_rows" not in result and any(d != 0 for d in result.get("devices") or ()):
         notes.append(
             f"the script allocated on devices {result['devices']}: one GPU is simulated, and each device's "
             "memory is replayed on its own pool and added up"
@@ -458,20 +556,30 @@ def report(result: Dict[str, Any]) -> str:
             "memory snapshots written from the simulated run (the built-in allocator's rules): "
             + ", ".join(fg["snapshots_written"])
         )
-    for r in result["rows"]:
-        if not r["simulated"]:
-            notes.append(f"{r['allocator']}: not simulated ({r['why']})")
+    for label, why in dict((r["allocator"], r.get("why")) for r in result["rows"] if not r["simulated"]).items():
+        notes.append(f"{label}: not simulated ({why})")
     ws = fg.get("cublas_workspace_bytes")
     if ws:
         notes.append(
             f"cuBLAS workspaces are in the trace ({format_bytes(ws)} per thread and stream on this GPU, as torch "
             "allocates them: the forward's and autograd's backward thread's)"
         )
-    notes.append(
-        "the CUDA context, cuDNN workspaces and memory outside PyTorch's allocator are not in the trace: leave "
-        "about 0.5–1 GiB of the GPU for them"
-    )
-    return head + "\n" + common.format_table(result["cells"]) + "\n" + "".join(f"note: {n}\n" for n in notes)
+    if "rank_rows" in result:
+        from .sim_ranks import summary_lines
+
+        notes.append(
+            "fits and smallest GPU memory count each rank's CUDA context and NCCL buffers (estimates: the lines "
+            "below); cuDNN workspaces and other memory outside PyTorch's allocator are not counted"
+        )
+        tail = "".join(f"{line}\n" for line in summary_lines(result))
+    else:
+        notes.append(
+            "the CUDA context, cuDNN workspaces and memory outside PyTorch's allocator are not in the trace: leave "
+            "about 0.5–1 GiB of the GPU for them"
+        )
+        tail = ""
+    table_text = common.format_table(result["cells"])
+    return head + "\n" + table_text + "\n" + tail + "".join(f"note: {n}\n" for n in notes)
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -483,9 +591,6 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
 
     gpu = gpu_model(opts.gpu)
     with tempfile.TemporaryDirectory(prefix="cudapool-ab-sim-") as workdir:
-        progress(f"tracing {opts.script} on a simulated {gpu.name} ...")
-        traced = trace_once(opts, opts.args, os.path.join(workdir, "run"))
-        progress(f"traced: {traced['status']} ({traced.get('seconds', 0):.1f} s)")
         result: Dict[str, Any] = {
             "argv": [opts.script, *opts.args],
             "predicted": True,
@@ -498,9 +603,17 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
                 "engine": opts.engine,
                 "find_max_batch": opts.find_max_batch,
                 "max_batch_range": list(opts.max_batch_range) if opts.find_max_batch else None,
+                "nproc_per_node": opts.world.nproc_per_node if opts.world else None,
+                "nnodes": opts.world.nnodes if opts.world else None,
+                "ranks": opts.ranks,
             },
-            "trace": {k: v for k, v in traced.items() if k != "trace_path"},
         }
+        if opts.world is not None:
+            return _run_ranks(opts, gpu, result, workdir, progress)
+        progress(f"tracing {opts.script} on a simulated {gpu.name} ...")
+        traced = trace_once(opts, opts.args, os.path.join(workdir, "run"))
+        progress(f"traced: {traced['status']} ({traced.get('seconds', 0):.1f} s)")
+        result["trace"] = {k: v for k, v in traced.items() if k != "trace_path"}
         if traced["status"] not in ("finished", "stopped", "exit"):
             return result
         trace = load(traced["trace_path"])
@@ -520,6 +633,66 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
     return result
 
 
+def _run_ranks(
+    opts: SimOptions, gpu: Any, result: Dict[str, Any], workdir: str, progress: Callable[[str], None]
+) -> Dict[str, Any]:
+    """run() for a job of several ranks (cudapool.ab.sim_ranks): a row per group of identical
+    ranks and allocator."""
+    from . import sim_ranks
+
+    world, traced_ranks = opts.world, opts.ranks or []
+    progress(
+        f"tracing {opts.script} as rank(s) {', '.join(map(str, traced_ranks))} of {world.size} on simulated "
+        f"{gpu.name}s ..."
+    )
+    done = sim_ranks.trace_ranks(
+        lambda r, d: trace_once(opts, opts.args, d, rank=r), traced_ranks, os.path.join(workdir, "run"), progress
+    )
+    result["traces"] = {str(r): {k: v for k, v in t.items() if k not in ("trace_path", "trace")} for r, t in done.items()}
+    failed = [r for r, t in done.items() if t["status"] not in ("finished", "stopped", "exit")]
+    first = done[failed[0]] if failed else done[traced_ranks[0]]
+    result["trace"] = {k: v for k, v in first.items() if k not in ("trace_path", "trace")}
+    if failed:
+        result["trace"]["rank"] = failed[0]
+        return result
+    groups = sim_ranks.rank_groups(done, world)
+    answers = sim_ranks.stands_for(groups, traced_ranks, world)
+    rank_rows = []
+    for rank, stands in answers.items():
+        t = done[rank]
+        outside = sim_ranks.outside_of(t, world, gpu)
+        capacity = usable(t, gpu.total_memory)
+        rows = []
+        for i, alloc in enumerate(opts.allocators, 1):
+            progress(f"rank {rank}: [{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
+            rows.append(predict(t["trace"], alloc, capacity, outside.total))
+        rank_rows.append(
+            {
+                "rank": rank,
+                "stands_for": stands,
+                "traced_same": next(g for g in groups if g[0] == rank),
+                "devices": t["trace"].devices(),
+                "outside": sim_ranks.outside_dict(outside),
+                "capacity": capacity,
+                "rows": rows,
+            }
+        )
+    if opts.trace:
+        for rank, t in done.items():
+            path = opts.trace if len(done) == 1 else f"{opts.trace}.rank{rank}"
+            shutil.copyfile(t["trace_path"], path)
+    result["groups"] = groups
+    result["traced_text"] = sim_ranks.traced_text(world, traced_ranks, groups)
+    result["rank_rows"] = rank_rows
+    result["worst"] = sim_ranks.worst(rank_rows)
+    result["rows"] = [dict(r, rank=rr["rank"]) for rr in rank_rows for r in rr["rows"]]
+    result["max_batch"] = (
+        find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu) if opts.find_max_batch else None
+    )
+    result["cells"] = sim_ranks.rows_text(rank_rows, result["max_batch"])
+    return result
+
+
 def main(argv: Sequence[str]) -> int:
     """0 once the prediction is printed, 1 when the script could not be traced (the message
     names the operation and the line), 2 on a bad command line."""
@@ -528,10 +701,19 @@ def main(argv: Sequence[str]) -> int:
     except common.UsageError as exc:
         print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
         return common.EXIT_USAGE
+    from .ranks import from_torchrun_env
+
+    launched = from_torchrun_env(os.environ)
+    if launched is not None and launched[1] != 0 and "--nproc-per-node" not in argv:
+        # Started by torchrun: rank 0 answers for the whole job (the world of torchrun's variables).
+        print(f"cudapool ab --simulate: rank {launched[1]} of torchrun's job: rank 0 prints the prediction", file=sys.stderr)
+        return 0
     result = run(opts, common.progress_printer("cudapool ab --simulate: "))
     rc = 0
     if "rows" not in result:
         t = result["trace"]
+        if t.get("rank") is not None:
+            opts = opts._replace(script=f"{opts.script} (rank {t['rank']})")
         if t.get("status") == "script_error":
             reads = (t.get("fake_gpu") or {}).get("value_reads") or 0
             why = (

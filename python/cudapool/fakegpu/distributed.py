@@ -21,7 +21,8 @@ A rank runs alone: no other process answers its collectives. What rank-dependent
 from the others is answered as if every rank held what this one holds:
 - ``all_gather_object`` and ``gather_object`` fill their lists with this rank's object;
   ``broadcast_object_list`` and ``scatter_object_list`` leave a receiving rank's list as the
-  script made it (the sender's objects are not known here); counted in :attr:`object_collectives`.
+  script made it (the sender's objects are not known here); ``send_object_list`` sends nothing
+  and ``recv_object_list`` fails saying so; counted in :attr:`object_collectives`.
 - DDP's check that every rank has parameters of the same shapes compares values gathered from
   the others; here it would compare zeros, so it is skipped (the ranks run the same script).
 - DDP rebuilds its gradient buckets after the first iteration in the order the gradients
@@ -38,7 +39,16 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, List, NamedTuple, Optional
 
-__all__ = ["FakeWorld", "Group", "available"]
+__all__ = ["FakeWorld", "Group", "NoWorld", "RanksNeeded", "available"]
+
+#: How a run is given ranks, said wherever a script needs them and has none.
+HOW_TO_GIVE_RANKS = (
+    "give its ranks as torchrun would: python -m cudapool ab --simulate --nproc-per-node N [--nnodes M] -- SCRIPT"
+)
+
+
+class RanksNeeded(RuntimeError):
+    """The script set up torch.distributed in a run given no ranks."""
 
 
 class Group(NamedTuple):
@@ -231,6 +241,39 @@ def _register_backend() -> Any:
 _asking: List[str] = []
 
 
+class NoWorld:
+    """A run given no ranks: torch.distributed's ``init_process_group`` raises
+    :class:`RanksNeeded` saying how to give them (on a GPU it would wait for a rendezvous or
+    miss torchrun's variables)."""
+
+    def __init__(self) -> None:
+        self._patched: List[Any] = []
+
+    def __enter__(self) -> "NoWorld":
+        try:
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+        except ImportError:  # pragma: no cover - every supported torch has it
+            return self
+
+        def init_process_group(*args: Any, **kwargs: Any) -> None:
+            raise RanksNeeded(f"the script initialises torch.distributed (init_process_group): {HOW_TO_GIVE_RANKS}")
+
+        for owner in (dist, c10d):
+            if hasattr(owner, "init_process_group"):
+                self._patched.append((owner, owner.init_process_group))
+                owner.init_process_group = init_process_group
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._patched:
+            owner, value = self._patched.pop()
+            owner.init_process_group = value
+
+    def summary(self) -> None:
+        return None
+
+
 class FakeWorld:
     """This process as rank ``rank`` of ``world_size`` ranks, ``local_world_size`` per node,
     inside a :class:`cudapool.fakegpu.FakeGPU` (``gpu``: its device ``rank %
@@ -366,11 +409,22 @@ class FakeWorld:
             if inputs:
                 output[0] = inputs[min(world.rank, len(inputs) - 1)]
 
+        def send_object_list(object_list: List[Any], *a: Any, **k: Any) -> None:
+            count("send_object_list")
+
+        def recv_object_list(object_list: List[Any], *a: Any, **k: Any) -> None:
+            raise RuntimeError(
+                "recv_object_list: the objects another rank sends are not known to one rank on the fake GPU (a "
+                "pipeline stage infers its input shapes so: give PipelineStage its input_args and output_args)"
+            )
+
         for name, fn in (
             ("all_gather_object", all_gather_object),
             ("gather_object", gather_object),
             ("broadcast_object_list", broadcast_object_list),
             ("scatter_object_list", scatter_object_list),
+            ("send_object_list", send_object_list),
+            ("recv_object_list", recv_object_list),
         ):
             for owner in (dist, c10d):
                 if hasattr(owner, name):

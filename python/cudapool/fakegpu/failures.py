@@ -80,10 +80,22 @@ def explain_failure(exc: BaseException, script: str) -> str:
     kind = type(exc).__name__
     if isinstance(exc, ValueRead):
         return str(exc)
-    if any(k in kind for k in ("DataDependent", "DynamicOutputShape")) or "data-dependent" in str(exc).lower():
+    from .distributed import RanksNeeded
+
+    if isinstance(exc, RanksNeeded):
+        return f"{where}: `{code}`: {exc}" if code else f"{where}: {exc}"
+    if "INTERNAL ASSERT FAILED" in str(exc):
+        # torch's own consistency check, tripped by what the fake GPU does differently: never
+        # passed on as a bug of torch's, nor of the script's.
+        text = text.split(", please report a bug to PyTorch")[0]
+        why = f"torch's internal check failed on the fake GPU ({text}): a limit of cudapool's simulation"
+    elif any(k in kind for k in ("DataDependent", "DynamicOutputShape")) or "data-dependent" in str(exc).lower():
         why = "its output's shape depends on tensor values, which a fake tensor does not have"
     elif "nccl" in str(exc).lower() or "process group" in str(exc).lower() or "distributed" in kind.lower():
-        why = "NCCL collectives and process groups are not simulated (one fake GPU)"
+        why = (
+            "torch.distributed runs on the fake GPU's own process group, which has no NCCL-specific calls "
+            "(communicators, streams, registration)"
+        )
     elif "driver version is insufficient" in str(exc) or "no nvidia driver" in str(exc).lower():
         why = "it ran real CUDA code, which needs a GPU (a custom CUDA extension's own kernel?)"
     elif op_name is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
