@@ -77,12 +77,29 @@ def outside_of(result: Dict[str, Any], world: ranks.World, gpu: Any) -> OutsideE
     return estimate_outside(gpu, communicators(result, world), os.environ)
 
 
-def stands_for(groups: List[List[int]], traced: Sequence[int], world: ranks.World) -> Dict[int, List[int]]:
-    """Each group's first rank and the ranks its row answers for: its own; with every traced
-    rank in one group, every rank of the world (the untraced ones assumed to run as it)."""
-    if len(groups) == 1 and len(traced) > 0:
+def second_look(done: Dict[int, Dict[str, Any]], world: ranks.World) -> Optional[int]:
+    """The rank to trace next when the default ranks (the first and the last) differ: rank 1,
+    where it was not traced (Note [Which ranks are traced]); else None."""
+    if world.size <= 2 or 1 in done or len(done) != 2:
+        return None
+    if any(t.get("trace") is None for t in done.values()):
+        return None
+    return 1 if len(rank_groups(done, world)) > 1 else None
+
+
+def stands_for(groups: List[List[int]], world: ranks.World) -> Dict[int, List[int]]:
+    """Each group's first rank and the ranks its row answers for (Note [Which ranks are
+    traced]): its own; with every traced rank in one group, every rank of the world; else the
+    group holding both rank 1 and the last rank answers for the untraced ranks too."""
+    if len(groups) == 1:
         return {groups[0][0]: list(range(world.size))}
-    return {g[0]: list(g) for g in groups}
+    traced = {r for g in groups for r in g}
+    out = {g[0]: list(g) for g in groups}
+    last = world.size - 1
+    for g in groups:
+        if 1 in g and last in g and len(g) < last:
+            out[g[0]] = sorted(set(g) | (set(range(1, last)) - traced))
+    return out
 
 
 def rows_text(rank_rows: List[Dict[str, Any]], max_batch: Optional[Dict[str, Any]]) -> List[List[str]]:
@@ -166,16 +183,17 @@ def traced_text(world: ranks.World, traced: Sequence[int], groups: List[List[int
     """How the ranks were traced and grouped, for the report."""
     text = f"{world.size} ranks ({world.nnodes} node(s) of {world.nproc_per_node} GPUs); traced: rank(s) "
     text += ranks.ranks_text(traced)
+    answered = {r for rs in stands_for(groups, world).values() for r in rs}
+    if len(groups) == 1 and len(traced) < world.size:
+        text += ": their allocations are identical, so the others are taken to run as they do"
+    elif len(groups) > 1:
+        text += f": {len(groups)} different programs among them"
+        if len(answered) < world.size:
+            text += f"; ranks {ranks.ranks_text(set(range(world.size)) - answered)} are not answered for"
+        elif len(traced) < world.size:
+            text += f"; the untraced ranks are taken to run as the traced rank 1 and rank {world.size - 1} do"
     if len(traced) < world.size:
-        if len(groups) == 1:
-            text += (
-                f": their allocations are identical, so the others are taken to run as they do "
-                "(--ranks all traces every rank)"
-            )
-        else:
-            text += ": their allocations differ; ranks not traced are not answered for (--ranks all traces every rank)"
-    elif len(groups) < len(traced):
-        text += f": {len(groups)} distinct program(s) among them"
+        text += " (--ranks all traces every rank)"
     return text
 
 

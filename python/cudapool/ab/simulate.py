@@ -58,7 +58,8 @@ class SimOptions(NamedTuple):
     script: str
     args: List[str]
     engine: str = "auto"
-    #: The job's world (None: one GPU, no ranks) and the ranks --ranks named (None: default).
+    #: The job's world (None: one GPU, no ranks) and the ranks --ranks named (None: the default,
+    #: Note [Which ranks are traced] in cudapool.ab.ranks).
     world: Optional[Any] = None
     ranks: Optional[List[int]] = None
 
@@ -173,7 +174,7 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
             world = launched[0]
     traced = None
     if world is not None:
-        traced = _ranks.parse_ranks(ns.ranks, world) if ns.ranks else _ranks.default_ranks(world)
+        traced = _ranks.parse_ranks(ns.ranks, world) if ns.ranks else None
         if ns.engine == "python":
             raise common.UsageError("--engine python simulates one GPU: ranks need the native engine")
     if not rest:
@@ -343,11 +344,17 @@ def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outs
 
 
 def find_max(
-    opts: SimOptions, capacity: int, workdir: str, progress: Callable[[str], None], gpu: Any = None
+    opts: SimOptions,
+    capacity: int,
+    workdir: str,
+    progress: Callable[[str], None],
+    gpu: Any = None,
+    rank_list: Sequence[int] = (),
 ) -> Dict[str, Any]:
     """Per allocator, the largest value of --find-max-batch whose trace fits (with ranks: on
-    every traced rank, each with the memory it holds outside PyTorch's allocator); one trace (a
-    fresh process per rank) per value tried, shared by the allocators."""
+    every rank of ``rank_list``, the one traced rank of each group of the first run, each with
+    the memory it holds outside PyTorch's allocator); one trace (a fresh process per rank) per
+    value tried, shared by the allocators."""
     from ..lab.trace import load
 
     assert opts.find_max_batch is not None
@@ -368,7 +375,7 @@ def find_max(
                 from . import sim_ranks
 
                 done = sim_ranks.trace_ranks(
-                    lambda r, d: trace_once(opts, args, d, rank=r), opts.ranks or [], where, progress, f"{name} {value}: "
+                    lambda r, d: trace_once(opts, args, d, rank=r), list(rank_list), where, progress, f"{name} {value}: "
                 )
                 per_rank[value] = [
                     (t, sim_ranks.outside_of(t, opts.world, gpu).total if t.get("world") else 0) for t in done.values()
@@ -640,7 +647,10 @@ def _run_ranks(
     ranks and allocator."""
     from . import sim_ranks
 
-    world, traced_ranks = opts.world, opts.ranks or []
+    from .ranks import default_ranks
+
+    world = opts.world
+    traced_ranks = opts.ranks or default_ranks(world)
     progress(
         f"tracing {opts.script} as rank(s) {', '.join(map(str, traced_ranks))} of {world.size} on simulated "
         f"{gpu.name}s ..."
@@ -648,6 +658,15 @@ def _run_ranks(
     done = sim_ranks.trace_ranks(
         lambda r, d: trace_once(opts, opts.args, d, rank=r), traced_ranks, os.path.join(workdir, "run"), progress
     )
+    second = sim_ranks.second_look(done, world) if opts.ranks is None else None
+    if second is not None:
+        progress(f"ranks {traced_ranks[0]} and {traced_ranks[-1]} differ: tracing rank {second} too ...")
+        done.update(
+            sim_ranks.trace_ranks(
+                lambda r, d: trace_once(opts, opts.args, d, rank=r), [second], os.path.join(workdir, "run"), progress
+            )
+        )
+        traced_ranks = sorted(done)
     result["traces"] = {str(r): {k: v for k, v in t.items() if k not in ("trace_path", "trace")} for r, t in done.items()}
     failed = [r for r, t in done.items() if t["status"] not in ("finished", "stopped", "exit")]
     first = done[failed[0]] if failed else done[traced_ranks[0]]
@@ -656,7 +675,7 @@ def _run_ranks(
         result["trace"]["rank"] = failed[0]
         return result
     groups = sim_ranks.rank_groups(done, world)
-    answers = sim_ranks.stands_for(groups, traced_ranks, world)
+    answers = sim_ranks.stands_for(groups, world)
     rank_rows = []
     for rank, stands in answers.items():
         t = done[rank]
@@ -687,7 +706,9 @@ def _run_ranks(
     result["worst"] = sim_ranks.worst(rank_rows)
     result["rows"] = [dict(r, rank=rr["rank"]) for rr in rank_rows for r in rr["rows"]]
     result["max_batch"] = (
-        find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu) if opts.find_max_batch else None
+        find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu, rank_list=[rr["rank"] for rr in rank_rows])
+        if opts.find_max_batch
+        else None
     )
     result["cells"] = sim_ranks.rows_text(rank_rows, result["max_batch"])
     return result

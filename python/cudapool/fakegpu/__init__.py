@@ -321,7 +321,7 @@ class FakeGPU(ScriptIO):
         for name, value in one.items():
             if hasattr(cuda, name):
                 self._patch(cuda, name, value)
-        self._patch(torch.Tensor, "record_stream", self._record_stream)
+        self._patch(torch.Tensor, "record_stream", lambda t, stream: self._record_stream(t, stream))
         self._patch_accelerator(streams)
         # A data loader's pinned batches: pinning needs the driver; a fake copy needs none.
         self._patch(torch.Tensor, "pin_memory", lambda t, *a, **k: t)

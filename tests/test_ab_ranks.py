@@ -1,0 +1,210 @@
+"""``ab --simulate --nproc-per-node N``: a torchrun job's ranks traced on the fake GPU.
+
+Each script below is written as people write multi-GPU scripts (torchrun's variables,
+``init_process_group("nccl")``, DDP, FSDP2's ``fully_shard``, DTensor's ``parallelize_module``, a
+2-D device mesh, activation checkpointing) and runs unchanged. The checks compare the prediction
+with what the configuration says a rank must hold (parameters, gradients, shards, optimizer
+state), worked out here from the model's sizes, not from the trace.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cudapool.ab import ranks  # noqa: E402
+from cudapool.fakegpu.native import why_unavailable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {k: v for k, v in os.environ.items() if k not in ranks.TORCHRUN_VARS}
+ENV["PYTHONPATH"] = str(ROOT / "python")
+NATIVE_WHY = why_unavailable()
+needs_native = pytest.mark.skipif(NATIVE_WHY is not None, reason=f"the native engine cannot run here: {NATIVE_WHY}")
+MiB = 1 << 20
+
+
+def simulate(
+    tmp_path: Path, source: str, *argv: str, args: tuple = (), expect: int = 0, env: dict = ENV
+) -> tuple:
+    """Run ab --simulate on ``source`` (written to job.py) with ``argv`` before ``--`` and the
+    script's ``args`` after it; (the completed process, the JSON result or None)."""
+    (tmp_path / "job.py").write_text(textwrap.dedent(source))
+    out = tmp_path / "out.json"
+    if out.exists():
+        out.unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "cudapool", "ab", "--simulate", "--json", str(out), *argv, "--", "job.py", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == expect, done.stdout + done.stderr
+    return done, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def peak(result: dict, rank: int = 0, allocator: str = "builtin") -> int:
+    rr = next(r for r in result["rank_rows"] if r["rank"] == rank)
+    return next(r for r in rr["rows"] if r["allocator"] == allocator)["peak_allocated"]
+
+
+# -- the world ------------------------------------------------------------------------------------
+
+
+def test_rank_env_is_torchruns() -> None:
+    world = ranks.World(4, 2)
+    env = ranks.rank_env(world, 6)
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "6", "2", "1", "8", "4",
+    )  # fmt: skip
+    assert ranks.from_torchrun_env(env) == (world, 6)
+    assert ranks.from_torchrun_env({"RANK": "1"}) is None
+    assert ranks.from_torchrun_env({"RANK": "9", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}) is None
+
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [("all", list(range(8))), ("0,7", [0, 7]), ("2-4,0", [0, 2, 3, 4]), (" 5 ", [5]), ("1,1", [1])],
+)
+def test_ranks_parse(text: str, expect: list) -> None:
+    assert ranks.parse_ranks(text, ranks.World(8)) == expect
+
+
+@pytest.mark.parametrize(
+    "text, says", [("8", "rank 8 is not in a world of 8"), ("a", "'a' is not a rank"), ("3-1", "empty"), (",", "no rank")]
+)
+def test_bad_ranks_say_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        ranks.parse_ranks(text, ranks.World(8))
+
+
+def test_ranks_text_and_groups() -> None:
+    assert ranks.ranks_text([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert ranks.group_ranks({0: "a", 3: "b", 1: "a"}) == [[0, 1], [3]]
+    assert ranks.default_ranks(ranks.World(8, 2)) == [0, 15]
+    assert ranks.default_ranks(ranks.World(1)) == [0]
+
+
+def test_a_fingerprint_ignores_times_and_the_devices_number() -> None:
+    from cudapool.lab._events import EVENT
+
+    def data(device: int, time: int) -> bytes:
+        return EVENT.pack(0, device, 1, 512, 0, time) + EVENT.pack(1, device, 1, 512, 0, time + 5)
+
+    assert ranks.fingerprint(data(0, 10), 0) == ranks.fingerprint(data(3, 99), 3)
+    assert ranks.fingerprint(data(0, 10), 0) != ranks.fingerprint(data(0, 10), 1)  # not on its own GPU
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node must be 1..64"),
+        (["--nproc-per-node", "65"], "--nproc-per-node must be 1..64"),
+        (["--nnodes", "2"], "--nnodes goes with --nproc-per-node"),
+        (["--ranks", "0"], "--ranks goes with --nproc-per-node"),
+        (["--nproc-per-node", "2", "--ranks", "2"], "rank 2 is not in a world of 2"),
+        (["--nproc-per-node", "2", "--engine", "python"], "ranks need the native engine"),
+    ],
+)
+def test_bad_command_lines_exit_2(tmp_path: Path, argv: list, says: str) -> None:
+    done, _ = simulate(tmp_path, "pass\n", *argv, expect=2)
+    assert says in done.stderr
+
+
+# -- scripts -------------------------------------------------------------------------------------
+
+TORCHRUN_HEAD = """
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+"""
+
+DDP = (
+    TORCHRUN_HEAD
+    + """
+import sys
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+view = sys.argv[1:] == ["view"]
+model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(8)]).cuda()
+ddp = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=view)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for step in range(3):
+    ddp(torch.randn(16, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+dist.destroy_process_group()
+"""
+)
+
+
+@needs_native
+def test_ddp_buckets_hold_a_copy_of_the_gradients_unless_they_are_views(tmp_path: Path) -> None:
+    # 8 layers of 1024 x 1024 fp32: 32 MiB of parameters. DDP's buckets (25 MiB each, the first
+    # 1 MiB) hold every gradient; with gradient_as_bucket_view the gradients are those buckets,
+    # without it each gradient is a tensor of its own beside them: 32 MiB more.
+    P = 8 * 1024 * 1024 * 4
+    _, copies = simulate(tmp_path, DDP, "--nproc-per-node", "2", "--allocators", "builtin")
+    _, views = simulate(tmp_path, DDP, "--nproc-per-node", "2", "--allocators", "builtin", args=("view",))
+    assert peak(copies) - peak(views) == P
+    # At the peak (in the backward): the parameters, the buckets and the gradients, each the
+    # parameters' size; the cuBLAS workspaces of the forward's thread and autograd's; the layer
+    # gradient being made (4 MiB); the saved activations of the step (the input and 8 outputs
+    # of 16 x 1024 fp32: 64 KiB each); DDP's two 4-byte counters (512 bytes each, rounded).
+    W = 32 * MiB  # an H100's cuBLAS workspace
+    assert peak(copies) == 3 * P + 2 * W + 4 * MiB + 9 * 64 * 1024 + 2 * 512
+    assert copies["groups"] == [[0, 1]]  # the two ranks traced the same program
+    assert [r["stands_for"] for r in copies["rank_rows"]] == [[0, 1]]
+
+
+FSDP2 = (
+    TORCHRUN_HEAD
+    + """
+import sys
+from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+
+reshard = sys.argv[1] == "reshard"
+model = nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(8)]).cuda()
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for layer in model:
+    fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp)
+fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
+opt = torch.optim.AdamW(model.parameters())
+for step in range(2):
+    model(torch.randn(32, 2048, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+print("rank", rank, "shard", model[0].weight.to_local().shape)
+"""
+)
+
+
+@needs_native
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_fsdp2_shards_fall_with_the_world(tmp_path: Path, nproc: int) -> None:
+    # 8 layers of 2048 x 2048 fp32 = 128 MiB of parameters; sharded over the world, each rank
+    # holds its shard of the parameters, the gradients and AdamW's two states: 4 x 128 MiB / N,
+    # and the unsharded bf16 layers it all-gathers (at most all 8 without resharding: 64 MiB).
+    P = 8 * 2048 * 2048 * 4
+    done, res = simulate(tmp_path, FSDP2, "--nproc-per-node", str(nproc), "--allocators", "builtin", args=("reshard",))
+    assert f"| [rank 0] rank 0 shard torch.Size([{2048 // nproc}, 2048])" in done.stderr
+    sharded = 4 * P // nproc
+    assert sharded <= peak(res) <= sharded + P // 2 + 96 * MiB
+    # FSDP2 all-gathers and reduce-scatters on streams of its own: their buffers are allocated there.
+    rank_trace = res["traces"]["0"]
+    assert rank_trace["fake_gpu"]["devices"] == nproc
+    assert len(res["rank_rows"]) == 1 and res["rank_rows"][0]["stands_for"] == list(range(nproc))
