@@ -208,3 +208,223 @@ def test_fsdp2_shards_fall_with_the_world(tmp_path: Path, nproc: int) -> None:
     rank_trace = res["traces"]["0"]
     assert rank_trace["fake_gpu"]["devices"] == nproc
     assert len(res["rank_rows"]) == 1 and res["rank_rows"][0]["stands_for"] == list(range(nproc))
+
+
+TP_2D = """
+import os
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils.checkpoint import checkpoint
+
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+world = int(os.environ["WORLD_SIZE"])
+mesh = init_device_mesh("cuda", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(1024, 4096, bias=False)
+        self.w2 = nn.Linear(4096, 1024, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([MLP() for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False)
+        return x
+
+
+model = Net().cuda()
+for layer in model.layers:
+    parallelize_module(layer, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(layer, mesh=mesh["dp"])
+fully_shard(model, mesh=mesh["dp"])
+print("local weight", tuple(model.layers[0].w1.weight.to_local().shape))
+opt = torch.optim.AdamW(model.parameters())
+for step in range(2):
+    model(torch.randn(8, 128, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@needs_native
+def test_fsdp_by_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
+    done, res = simulate(tmp_path, TP_2D, "--nproc-per-node", "4", "--allocators", "builtin,cudapool")
+    # 4096 x 1024 split in 2 by tensor parallelism, then in 2 by FSDP: 1024 rows of 1024 here.
+    assert "| [rank 0] local weight (1024, 1024)" in done.stderr
+    world = res["traces"]["0"]["world"]
+    # the world's group, and the rank's dp and tp groups of 2: three NCCL communicators
+    assert sorted(len(g["ranks"]) for g in world["groups"]) == [2, 2, 4]
+    assert "NCCL: 3 communicators" in done.stdout
+    # each rank holds 1/4 of the 32 MiB of weights, their gradients and AdamW's two states
+    assert peak(res) >= 4 * (8 * 1024 * 4096 * 4) // 4
+
+
+ASYMMETRIC = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+if dist.get_rank() == 0:  # rank 0 evaluates
+    y = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+print("node", os.environ["GROUP_RANK"], "local", os.environ["LOCAL_RANK"], "rank", os.environ["RANK"])
+"""
+
+
+@needs_native
+def test_ranks_that_differ_have_rows_of_their_own_and_the_worst_answers(tmp_path: Path) -> None:
+    done, res = simulate(tmp_path, ASYMMETRIC, "--nproc-per-node", "2", "--nnodes", "3", "--allocators", "builtin")
+    # ranks 0 and 5 differ, so rank 1 is traced too: it is rank 5's program
+    assert sorted(int(r) for r in res["traces"]) == [0, 1, 5]
+    assert [(r["rank"], r["stands_for"]) for r in res["rank_rows"]] == [(0, [0]), (1, [1, 2, 3, 4, 5])]
+    assert "| [rank 5] node 2 local 1 rank 5" in done.stderr
+    assert peak(res, 0) == 320 * MiB and peak(res, 1) == 64 * MiB
+    assert res["worst"]["builtin"]["rank"] == 0
+    assert "the most GPU memory a rank needs is rank 0's" in done.stdout
+    # --ranks: exactly those, each its own row unless the same
+    _, picked = simulate(tmp_path, ASYMMETRIC, "--nproc-per-node", "2", "--ranks", "1", "--allocators", "builtin")
+    assert [(r["rank"], r["stands_for"]) for r in picked["rank_rows"]] == [(1, [0, 1])]
+
+
+@needs_native
+def test_outside_memory_decides_fits_and_the_smallest_gpu(tmp_path: Path) -> None:
+    # 1 GiB of tensors on a 2 GB GPU fits one process without ranks; a rank also holds a CUDA
+    # context and NCCL buffers, and then it does not.
+    source = ASYMMETRIC.replace("64 << 20", "1 << 30").replace("256 << 20", "1")
+    done, res = simulate(tmp_path, source, "--nproc-per-node", "2", "--gpu", "2GB", "--allocators", "builtin")
+    rr = res["rank_rows"][0]
+    row = rr["rows"][0]
+    assert rr["outside"]["context"] > 0 and rr["outside"]["nccl"] > 0
+    assert row["peak_reserved"] < 2 * 1000**3 < row["peak_reserved"] + rr["outside"]["total"]
+    assert not row["fits"] and not res["worst"]["builtin"]["fits"]
+    assert row["min_capacity"] >= row["peak_reserved"] + rr["outside"]["total"]
+    assert "does NOT fit on every rank" in done.stdout
+
+
+@needs_native
+def test_a_job_launched_by_torchrun_is_answered_by_rank_0(tmp_path: Path) -> None:
+    env = dict(ENV, **ranks.rank_env(ranks.World(2, 2), 2))
+    done, res = simulate(tmp_path, ASYMMETRIC, "--allocators", "builtin", env=env)
+    assert "rank 2 of torchrun's job: rank 0 prints the prediction" in done.stderr and res is None
+    env = dict(ENV, **ranks.rank_env(ranks.World(2, 2), 0))
+    done, res = simulate(tmp_path, ASYMMETRIC, "--allocators", "builtin", env=env)
+    assert res["options"]["nproc_per_node"] == 2 and res["options"]["nnodes"] == 2
+    assert "4 ranks (2 node(s) of 2 GPUs)" in done.stdout
+
+
+@needs_native
+def test_a_script_that_needs_ranks_and_has_none_says_how_to_give_them(tmp_path: Path) -> None:
+    done, _ = simulate(tmp_path, TORCHRUN_HEAD.replace('dist.init_process_group("nccl")\n', ""), expect=1)
+    assert "KeyError: 'LOCAL_RANK' (torchrun sets LOCAL_RANK: give its ranks as torchrun would" in done.stderr
+    assert "--nproc-per-node N" in done.stderr
+    done, _ = simulate(tmp_path, TORCHRUN_HEAD, expect=1)
+    assert "job.py:7: `dist.init_process_group(\"nccl\")`: the script initialises torch.distributed" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+FIND_MAX = """
+import argparse, os
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch-size", type=int, default=1)
+args = p.parse_args()
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+x = torch.empty(args.batch_size << 20, dtype=torch.uint8, device="cuda")
+"""
+
+
+@needs_native
+def test_find_max_batch_is_the_largest_that_fits_on_every_rank(tmp_path: Path) -> None:
+    done, res = simulate(
+        tmp_path, FIND_MAX, "--nproc-per-node", "2", "--gpu", "4GB", "--allocators", "builtin",
+        "--find-max-batch", "--batch-size", "--max-batch-range", "1:8192", "--max-batch-step", "1",
+    )  # fmt: skip
+    best = res["max_batch"]["results"]["builtin"]["max"]
+    outside = res["rank_rows"][0]["outside"]["total"]
+    # the largest whole MiB that fits beside the outside memory (the built-in allocator rounds
+    # a large request up to 2 MiB)
+    room = 4 * 1000**3 - outside
+    assert best is not None and (best + 1) * MiB > room - 2 * MiB and best * MiB <= room
+
+
+OTHER_PARALLELISMS = {
+    "fsdp1": """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+m = FSDP(nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]).cuda())
+opt = torch.optim.AdamW(m.parameters())
+for i in range(2):
+    m(torch.randn(16, 1024, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+""",
+    "fsdp2 cpu offload": """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy
+dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+m = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])
+for layer in m: fully_shard(layer, offload_policy=CPUOffloadPolicy())
+fully_shard(m, offload_policy=CPUOffloadPolicy())
+opt = torch.optim.AdamW(m.parameters())
+for i in range(2):
+    m(torch.randn(16, 1024, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+""",
+    "ddp static graph, gloo objects": """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+cpu = dist.new_group(backend="gloo")
+got = [None] * dist.get_world_size()
+dist.all_gather_object(got, {"rank": dist.get_rank()}, group=cpu)
+assert got[0] == {"rank": dist.get_rank()}
+m = DDP(nn.Linear(512, 512).cuda(), static_graph=True)
+for i in range(3):
+    m(torch.randn(8, 512, device="cuda")).sum().backward()
+dist.barrier()
+""",
+}
+
+
+@needs_native
+@pytest.mark.parametrize("name", sorted(OTHER_PARALLELISMS))
+def test_other_parallelisms_run(tmp_path: Path, name: str) -> None:
+    done, res = simulate(tmp_path, OTHER_PARALLELISMS[name], "--nproc-per-node", "2", "--allocators", "builtin")
+    assert res["rank_rows"][0]["rows"][0]["peak_allocated"] > 0
+    if name.startswith("ddp"):
+        groups = res["traces"]["0"]["world"]["groups"]
+        assert [g["backend"] for g in groups] == ["nccl", "gloo"]
+        assert "NCCL: 1 communicator" in done.stdout  # the gloo group has none
+        assert "object collectives (1 all_gather_object)" in done.stdout
+
+
+@needs_native
+def test_pipeline_shape_inference_is_not_simulated_and_says_so(tmp_path: Path) -> None:
+    source = """
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+dist.init_process_group("nccl"); r = int(os.environ["LOCAL_RANK"]); torch.cuda.set_device(r)
+stage = PipelineStage(nn.Linear(256, 256).cuda(), r, 2, torch.device("cuda", r))
+sched = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda o, t: o.sum())
+x = torch.randn(16, 256, device="cuda")
+sched.step(x) if r == 0 else sched.step(target=x, losses=[])
+"""
+    done, _ = simulate(tmp_path, source, "--nproc-per-node", "2", expect=1)
+    assert "recv_object_list: the objects another rank sends are not known" in done.stderr
+    assert "(rank 0)" in done.stderr and "Traceback" not in done.stderr

@@ -42,8 +42,9 @@ c10::Allocator *recording_allocator();
 // A kernel's scratch: its allocation (the id) and its free.
 int64_t record_scratch(int64_t n, int64_t device);
 void record_scratch_free(int64_t id, int64_t n, int64_t device);
-// Installs the device guard and the hooks' answer, and starts recording; "" or why it cannot.
-std::string install_device(int devices);
+// Installs the device guard and the hooks' answers (init and the pinned allocator too with
+// whole_process), and starts recording; "" or why it cannot.
+std::string install_device(int devices, bool whole_process);
 void uninstall_device();
 // The records from index start on, copied under the record's lock into room(n): room for n
 // records that the caller makes (it may throw). How many were copied.
@@ -63,10 +64,18 @@ void install_reducer_timer();
 
 // What hasPrimaryContext answers while installed (called as the member function it replaces).
 using ContextAnswer = bool (*)(const at::CUDAHooksInterface *hooks, c10::DeviceIndex device);
-// Makes torch's CUDA hooks answer with `answer`: "" when done, else why not (nothing changed).
-std::string patch_primary_context(ContextAnswer answer);
-// Gives torch's answer back (nothing when it was not patched).
-void unpatch_primary_context();
+// What init, getPinnedMemoryAllocator and isPinnedPtr answer in a process of the fake GPU's own (Note [A
+// process of the fake GPU's own]).
+struct ProcessAnswers {
+  void (*init)(const at::CUDAHooksInterface *hooks);
+  c10::Allocator *(*pinned_allocator)(const at::CUDAHooksInterface *hooks);
+  bool (*is_pinned)(const at::CUDAHooksInterface *hooks, const void *data);
+};
+// Makes torch's CUDA hooks answer with `context` (and `process`'s answers when given): "" when
+// done, else why not (nothing changed).
+std::string patch_hooks(ContextAnswer context, const ProcessAnswers *process);
+// Gives torch's answers back (nothing when none was patched).
+void unpatch_hooks();
 
 // ---- fakecuda_key.cpp ----------------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 // fakecuda_kernels.cpp): the allocator that records each allocation and free, the device guard
 // that stands for CUDA's, and the answer to autograd's question whether a device has a context
 // (given to torch by fakecuda_vtable.cpp).
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -136,6 +138,47 @@ const c10::impl::DeviceGuardImplInterface *torch_guard = nullptr;
 // ---- the CUDA hooks' primary-context question (fakecuda_vtable.cpp) -----------------------
 
 bool has_context(const at::CUDAHooksInterface *, c10::DeviceIndex i) { return i >= 0 && i < ndevices; }
+void no_init(const at::CUDAHooksInterface *) {}
+
+// "Pinned" host memory of the fake GPU: plain host memory, remembered so that the hooks can say a
+// pointer into it is pinned (DDP's reducer checks what it asked for).
+std::mutex pinned_mu;
+std::map<uintptr_t, size_t> pinned; // start -> bytes
+
+void pinned_free(void *p) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mu);
+    pinned.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  c10::free_cpu(p);
+}
+
+struct PinnedHostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void *p = n == 0 ? nullptr : c10::alloc_cpu(n);
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(pinned_mu);
+      pinned[reinterpret_cast<uintptr_t>(p)] = n;
+    }
+    return c10::DataPtr(p, p, p == nullptr ? nullptr : &pinned_free, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_free; }
+  void copy_data(void *dest, const void *src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+PinnedHostAllocator pinned_allocator;
+
+c10::Allocator *host_allocator(const at::CUDAHooksInterface *) { return &pinned_allocator; }
+
+bool is_pinned(const at::CUDAHooksInterface *, const void *data) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(pinned_mu);
+  auto it = pinned.upper_bound(at);
+  if (it == pinned.begin()) return false;
+  --it;
+  return at < it->first + it->second;
+}
+
+const ProcessAnswers process_answers{&no_init, &host_allocator, &is_pinned};
 
 } // namespace
 
@@ -158,8 +201,8 @@ void record_scratch_free(int64_t id, int64_t n, int64_t device) {
   }
 }
 
-std::string install_device(int devices) {
-  std::string why = patch_primary_context(&has_context);
+std::string install_device(int devices, bool whole_process) {
+  std::string why = patch_hooks(&has_context, whole_process ? &process_answers : nullptr);
   if (!why.empty()) return why;
   ndevices = devices;
   t_device = 0;
@@ -179,7 +222,7 @@ void uninstall_device() {
     std::lock_guard<std::mutex> lock(rec.mu);
     rec.tracing = false;
   }
-  unpatch_primary_context();
+  unpatch_hooks();
   if (torch_guard != nullptr) c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, torch_guard);
   torch_guard = nullptr;
 }

@@ -67,7 +67,7 @@ struct PythonHooks final : Hooks {
 };
 
 int64_t install(int devices, int64_t workspace_bytes, py::object read, py::object scratch, py::object sdp_choice,
-                std::vector<std::string> scratch_ops) {
+                std::vector<std::string> scratch_ops, bool whole_process) {
   TORCH_CHECK(devices >= 1 && devices <= 64, "cudapool's fake GPU: devices must be 1..64, not ", devices);
   auto hooks = std::make_unique<PythonHooks>();
   hooks->on_read = std::move(read);
@@ -76,7 +76,7 @@ int64_t install(int devices, int64_t workspace_bytes, py::object read, py::objec
   hooks->scratch_ops.insert(scratch_ops.begin(), scratch_ops.end());
   hooks->workspace_bytes = workspace_bytes;
   int64_t kernels = install_kernels(std::move(hooks));
-  std::string why = install_device(devices);
+  std::string why = install_device(devices, whole_process);
   if (!why.empty()) {
     uninstall_kernels();
     TORCH_CHECK(false, "cudapool's fake GPU: ", why);
@@ -158,7 +158,7 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
       "A CUDA device that is not there, below Python (Note [Fake CUDA in C++] in csrc/fakecuda/fakecuda_kernels.cpp).";
   m.attr("torch_version") = CUDAPOOL_TORCH_VERSION;
   m.def("install", &install, py::arg("devices"), py::arg("workspace_bytes"), py::arg("read"), py::arg("scratch"),
-        py::arg("sdp_choice"), py::arg("scratch_ops"));
+        py::arg("sdp_choice"), py::arg("scratch_ops"), py::arg("whole_process") = false);
   m.def("uninstall", &uninstall);
   m.def("append_records", &append_records, py::arg("records"));
   m.attr("record_size") = sizeof(cp_trace_event_t);

@@ -1,6 +1,7 @@
-// fakecuda_vtable.cpp — the one write into torch's own code the fake GPU makes (fakecuda.h): while
-// it is installed, the slot of hasPrimaryContext in the virtual table of torch's CUDA hooks holds
-// the fake device's answer.
+// fakecuda_vtable.cpp — the one kind of write into torch's own code the fake GPU makes
+// (fakecuda.h): while it is installed, slots of the virtual table of torch's CUDA hooks hold the
+// fake device's answers (hasPrimaryContext always; init, getPinnedMemoryAllocator and isPinnedPtr
+// in a process that is the trace's alone: Note [A process of the fake GPU's own]).
 //
 // Note [The primary-context slot]
 // Before a backward that runs on CUDA streams, autograd's engine keeps the caller's current stream
@@ -25,6 +26,18 @@
 // class, so its dynamic symbols do not name it). Anything else (another layout of the hooks, a
 // hooks object of another class, a library without its symbol table) refuses, naming the torch
 // version this module was built for, and the fake GPU does not install.
+//
+// Note [A process of the fake GPU's own]
+// Pinned host memory (DDP's reducer pins a copy of its used-parameter map with static_graph or
+// find_unused_parameters) is allocated through the CUDA hooks: at::globalContext() first runs the
+// hooks' init once per process (a c10::once_flag), which asks the driver, then takes the hooks'
+// pinned allocator, which asks it again, and the reducer asks the hooks whether what it got is
+// pinned. The fake answers all three: init with nothing, the pinned allocator with plain host
+// memory it remembers (the host is real; pinning only speeds copies), and whether a pointer is in
+// such memory — but only where the
+// process is the trace's alone (ab --simulate's child): the once_flag stays set after uninstall,
+// so a real GPU could not be initialised in that process afterwards. Elsewhere those slots are
+// left alone and pinned allocations fail as they would without a GPU.
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -36,6 +49,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "fakecuda/fakecuda.h"
 
@@ -46,17 +60,22 @@
 namespace cudapool_fakecuda {
 namespace {
 
-// The slot's expected function: at::cuda::detail::CUDAHooks::hasPrimaryContext(DeviceIndex) const.
+// The slots' expected functions, members of at::cuda::detail::CUDAHooks.
 static_assert(std::is_same_v<c10::DeviceIndex, int8_t>, "the mangled name below takes a signed char");
-constexpr const char *kTorchAnswer = "_ZNK2at4cuda6detail9CUDAHooks17hasPrimaryContextEa";
+constexpr const char *kTorchContext = "_ZNK2at4cuda6detail9CUDAHooks17hasPrimaryContextEa";
+constexpr const char *kTorchInit = "_ZNK2at4cuda6detail9CUDAHooks4initEv";
+constexpr const char *kTorchPinned = "_ZNK2at4cuda6detail9CUDAHooks24getPinnedMemoryAllocatorEv";
+constexpr const char *kTorchIsPinned = "_ZNK2at4cuda6detail9CUDAHooks11isPinnedPtrEPKv";
 
-void **patched_slot = nullptr; // set while patched
-void *torch_answer = nullptr;  // what the slot held before
+struct Written {
+  void **slot; // set while patched
+  void *was;   // what the slot held before
+};
+std::vector<Written> written; // in the order written
 
-// The slot of CUDAHooksInterface::hasPrimaryContext in the hooks object's virtual table (a
-// pointer to a virtual member function holds its byte offset plus one: the Itanium C++ ABI).
-void **find_slot(const at::CUDAHooksInterface &hooks) {
-  auto member = &at::CUDAHooksInterface::hasPrimaryContext;
+// The slot of the virtual member function `member` in the hooks object's virtual table (a pointer
+// to a virtual member function holds its byte offset plus one: the Itanium C++ ABI).
+template <typename Member> void **find_slot(const at::CUDAHooksInterface &hooks, Member member) {
   struct {
     ptrdiff_t ptr, adj;
   } rep;
@@ -138,32 +157,48 @@ std::string refused(const std::string &why) {
          "; Note [The primary-context slot] in csrc/fakecuda/fakecuda_vtable.cpp)";
 }
 
-} // namespace
-
-std::string patch_primary_context(ContextAnswer answer) {
-  if (patched_slot != nullptr) return "the fake GPU is installed already";
-  void **slot = find_slot(at::detail::getCUDAHooks());
-  if (slot == nullptr) return refused("hasPrimaryContext is not a virtual function of the Itanium C++ ABI");
+// Writes `answer` into `slot` once it holds exactly torch's function `expected` (mangled): "" when
+// written, else why not (nothing written).
+std::string write_checked(void **slot, const char *expected, void *answer) {
+  const std::string name = expected;
+  if (slot == nullptr) return refused(name + " is not a virtual function of the Itanium C++ ABI");
   void *current = *slot;
   std::string library;
-  void *expected = function_named(current, kTorchAnswer, &library);
-  if (expected == nullptr)
-    return refused("no at::cuda::detail::CUDAHooks::hasPrimaryContext in the symbol table of " +
+  void *want = function_named(current, expected, &library);
+  if (want == nullptr)
+    return refused("no " + name + " in the symbol table of " +
                    (library.empty() ? std::string("the library holding the hooks' function") : library));
-  if (current != expected)
-    return refused("the hooks' hasPrimaryContext is not at::cuda::detail::CUDAHooks::hasPrimaryContext of " + library);
-  if (!write_slot(slot, reinterpret_cast<void *>(answer)))
-    return "cannot make torch's CUDA hooks answer for the fake GPU (mprotect failed)";
-  patched_slot = slot;
-  torch_answer = current;
+  if (current != want) return refused("the hooks' function is not " + name + " of " + library);
+  if (!write_slot(slot, answer)) return "cannot make torch's CUDA hooks answer for the fake GPU (mprotect failed)";
+  written.push_back({slot, current});
   return "";
 }
 
-void unpatch_primary_context() {
-  if (patched_slot == nullptr) return;
-  write_slot(patched_slot, torch_answer);
-  patched_slot = nullptr;
-  torch_answer = nullptr;
+} // namespace
+
+std::string patch_hooks(ContextAnswer context, const ProcessAnswers *process) {
+  if (!written.empty()) return "the fake GPU is installed already";
+  const at::CUDAHooksInterface &hooks = at::detail::getCUDAHooks();
+  std::string why = write_checked(find_slot(hooks, &at::CUDAHooksInterface::hasPrimaryContext), kTorchContext,
+                                  reinterpret_cast<void *>(context));
+  if (why.empty() && process != nullptr)
+    why = write_checked(find_slot(hooks, &at::CUDAHooksInterface::init), kTorchInit,
+                        reinterpret_cast<void *>(process->init));
+  if (why.empty() && process != nullptr)
+    why = write_checked(find_slot(hooks, &at::CUDAHooksInterface::getPinnedMemoryAllocator), kTorchPinned,
+                        reinterpret_cast<void *>(process->pinned_allocator));
+  if (why.empty() && process != nullptr)
+    why = write_checked(find_slot(hooks, &at::CUDAHooksInterface::isPinnedPtr), kTorchIsPinned,
+                        reinterpret_cast<void *>(process->is_pinned));
+  if (!why.empty()) unpatch_hooks();
+  return why;
+}
+
+void unpatch_hooks() {
+  while (!written.empty()) {
+    write_slot(written.back().slot, written.back().was);
+    written.pop_back();
+  }
 }
 
 } // namespace cudapool_fakecuda

@@ -10,11 +10,13 @@ A job of 64 ranks is answered without 64 traces. Unless ``--ranks`` names them, 
 the last rank are traced (rank 0 is where scripts log, evaluate and save; the last rank is where
 uneven splits of data, of layers and of shards leave a remainder). Their traces are compared
 event by event (:func:`fingerprint`: each allocation and free, its size, stream and whether it is
-on the rank's own GPU, in order; not times, not addresses): ranks whose traces are identical ran
-the same program as far as memory goes and make one row. When the two differ, the ranks between
-them are not known to run either program, so the report says the answer holds for the traced
-ranks, and ``--ranks all`` traces every rank (each in its own process, two at a time). A rank
-not traced is assumed to run as the traced rank that stands for it: the report names both.
+on the rank's own GPU, in order up to the last allocation; not times, not addresses): ranks
+whose traces are identical ran the same program as far as memory goes and make one row. When
+the two differ, rank 1 is traced too: where it runs the last rank's program, rank 0 is the odd
+one out (the common case: rank 0 logs and evaluates) and rank 1's row answers for every rank
+not traced; otherwise the untraced ranks are not answered for, and the report says so.
+``--ranks LIST`` traces exactly those ranks (``all``: every one, as many at once as there are
+CPUs). A rank not traced is assumed to run as the traced rank whose row names it.
 """
 
 from __future__ import annotations
@@ -124,12 +126,16 @@ def default_ranks(world: World) -> List[int]:
 def fingerprint(data: bytes, own_device: int) -> str:
     """What decides whether two ranks' traces are the same program (Note [Which ranks are
     traced]): a digest of each event's action, id, size, stream and whether it is on the rank's
-    own GPU, in order."""
-    from ..lab._events import EVENT
+    own GPU, in order, up to the last allocation."""
+    from ..lab._events import ALLOC, EVENT
 
+    events = list(EVENT.iter_unpack(bytes(data[: len(data) - len(data) % EVENT.size])))
+    # The frees after the last allocation change no figure, and when the last of them come is
+    # not the program's: objects that autograd's threads let go of as the script ends.
+    while events and events[-1][0] != ALLOC:
+        events.pop()
     h = hashlib.sha256()
-    whole = len(data) - len(data) % EVENT.size
-    for action, device, ident, size, stream, _time in EVENT.iter_unpack(bytes(data[:whole])):
+    for action, device, ident, size, stream, _time in events:
         h.update(b"%d %d %d %d %d;" % (action, ident, size, stream, int(device == own_device)))
     return h.hexdigest()
 

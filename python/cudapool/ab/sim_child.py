@@ -85,7 +85,7 @@ def trace_script(
 
     import cudapool.ab as ab
     from cudapool.ab.ranks import rank_env
-    from cudapool.fakegpu import FakeGPU, explain_failure, gpu_model, script_error
+    from cudapool.fakegpu import FakeGPU, explain_failure, gpu_model, resolve_engine, script_error
     from cudapool.ab.ranks import TORCHRUN_VARS
     from cudapool.fakegpu.distributed import HOW_TO_GIVE_RANKS, FakeWorld, NoWorld
     from cudapool.lab.trace import save
@@ -93,7 +93,9 @@ def trace_script(
     model = gpu_model(gpu)
     counter = _Counter(max_steps)
     devices = world.nproc_per_node if world is not None else 1
-    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices)
+    # This process traces and ends: the native engine may answer for it whole (pinned memory).
+    own = {"whole_process": True} if resolve_engine(engine) == "native" else {}
+    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices, **own)
     if world is not None and rank is not None:
         os.environ.update(rank_env(world, rank))
         ranks: Any = FakeWorld(fake, rank=rank, world_size=world.size, local_world_size=world.nproc_per_node)

@@ -4,13 +4,24 @@
         runpy.run_path("train.py", run_name="__main__")   # unchanged: init_process_group("nccl"), DDP, FSDP2, DTensor
 
 Every process group the script makes (``init_process_group``, ``new_group``, a device mesh's
-groups) is made by torch's c10d machinery as usual, with torch's fake backend (``"fake"``:
-:class:`torch._C._distributed_c10d.FakeProcessGroup`) in place of NCCL or Gloo, and a store that
-needs no other process. Collectives run through torch as on a GPU: their outputs are allocated
-where torch allocates them (by the caller, by the functional collectives, by DDP's buckets and
-FSDP's all-gather buffers), on the streams torch uses; the fake backend computes nothing (it
-copies the input's shape where torch's result would be), so the values are zeros as everywhere
-on the fake GPU. Note [One rank of a world].
+groups) is made by torch's c10d machinery as usual, with the fake GPU's process group in place of
+NCCL or Gloo (Note [The fake GPU's process group]) and a store that needs no other process.
+Collectives run through torch as on a GPU: their outputs are allocated where torch allocates them
+(by the caller, by the functional collectives, by DDP's buckets and FSDP's all-gather buffers),
+on the streams torch uses; the group computes nothing, so the values are zeros as everywhere on
+the fake GPU. Note [One rank of a world].
+
+Note [The fake GPU's process group]
+torch's own fake backend (torch._C._distributed_c10d.FakeProcessGroup) completes every
+collective with a future that holds nothing, where NCCL's holds the output tensors: DDP's reducer
+reads its buckets back from that future and fails. So the group is a ProcessGroup of its own, a
+Python subclass of torch's (a "Python process group", which c10d calls through its trampoline),
+registered with ``torch.distributed.Backend.register_backend``: each collective returns work
+already done whose future holds the outputs, on their CUDA devices. Where ProcessGroupNCCL itself
+allocates (a list all-gather or reduce-scatter stages through one flat buffer of the whole
+world's data; a barrier all-reduces a 1-element tensor), the group allocates the same on the
+caller's stream, for a group made for NCCL; it is freed as the collective returns, where NCCL
+frees it when the work completes.
 
 What the world records for the report: the groups this rank is a member of (their sizes and
 ranks: each of more than one rank is an NCCL communicator on a GPU, with buffers of its own
@@ -29,8 +40,9 @@ from the others is answered as if every rank held what this one holds:
   became ready there, taking rank 0's order from a broadcast it reads back from the GPU: values
   the fake GPU does not have. Its buckets keep their first assignment instead: the same bytes
   (the buckets partition the gradients either way), in parameter order.
-- The rendezvous (``MASTER_ADDR``, ``init_method``, a TCP store) is not made: the fake backend
-  needs a store no other process writes to, and the script's own ``store=`` is replaced.
+- The rendezvous (``MASTER_ADDR``, ``init_method``) is not made: the fake backend needs a store
+  no other process writes to. (A ``store=`` the script makes itself, a TCPStore, would wait for
+  the other ranks: such a script is not simulated.)
 Nothing of these changes what a rank allocates on its GPU.
 """
 
@@ -242,33 +254,31 @@ _asking: List[str] = []
 
 
 class NoWorld:
-    """A run given no ranks: torch.distributed's ``init_process_group`` raises
-    :class:`RanksNeeded` saying how to give them (on a GPU it would wait for a rendezvous or
-    miss torchrun's variables)."""
+    """A run given no ranks: torch.distributed's rendezvous (``init_process_group``'s, whoever
+    calls it) raises :class:`RanksNeeded` saying how to give them (on a GPU it would wait for the
+    other ranks, or miss torchrun's variables)."""
 
     def __init__(self) -> None:
         self._patched: List[Any] = []
 
     def __enter__(self) -> "NoWorld":
         try:
-            import torch.distributed as dist
             import torch.distributed.distributed_c10d as c10d
         except ImportError:  # pragma: no cover - every supported torch has it
             return self
 
-        def init_process_group(*args: Any, **kwargs: Any) -> None:
+        def rendezvous(*args: Any, **kwargs: Any) -> None:
             raise RanksNeeded(f"the script initialises torch.distributed (init_process_group): {HOW_TO_GIVE_RANKS}")
 
-        for owner in (dist, c10d):
-            if hasattr(owner, "init_process_group"):
-                self._patched.append((owner, owner.init_process_group))
-                owner.init_process_group = init_process_group
+        if hasattr(c10d, "rendezvous"):
+            self._patched.append((c10d, c10d.rendezvous))
+            c10d.rendezvous = rendezvous
         return self
 
     def __exit__(self, *exc: Any) -> None:
         while self._patched:
             owner, value = self._patched.pop()
-            owner.init_process_group = value
+            owner.rendezvous = value
 
     def summary(self) -> None:
         return None
@@ -336,19 +346,19 @@ class FakeWorld:
             setattr(owner, name, value)
 
     def _patch_init(self, dist: Any, c10d: Any) -> None:
-        original = c10d.init_process_group
+        """torch's own init_process_group runs (a device mesh calls it too, by a name it imported
+        itself): its rendezvous gives a store no other process needs and this rank, and the
+        backend the script asked for is what ``get_backend`` answers."""
         world = self
 
-        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-            bound = inspect.signature(original).bind_partial(backend, *args, **kwargs).arguments
-            world.backend = str(bound.get("backend") or "nccl")
-            for name in ("init_method", "store", "pg_options", "device_id"):
-                bound.pop(name, None)
-            bound.update(backend=BACKEND, store=_fake_store(), rank=world.rank, world_size=world.world_size)
-            return original(**bound)
+        def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -> Any:
+            yield (
+                _fake_store(),
+                rank if rank >= 0 else world.rank,
+                world_size if world_size >= 0 else world.world_size,
+            )
 
-        self._patch(c10d, "init_process_group", init_process_group)
-        self._patch(dist, "init_process_group", init_process_group)
+        self._patch(c10d, "rendezvous", rendezvous)
 
         def get_backend(group: Any = None) -> str:
             return world.backend or "nccl"
@@ -373,6 +383,8 @@ class FakeWorld:
                 bound.arguments["device_id"] = None
             name = str(asked).lower() if asked not in (None, "undefined", BACKEND) else (world.backend or "nccl")
             name = "nccl" if ("nccl" in name or name in ("cuda", BACKEND)) else name
+            if world.backend is None:  # the first group is the default one
+                world.backend = name
             bound.arguments["backend"] = c10d.Backend(BACKEND)
             _asking.append(name)
             try:

@@ -44,7 +44,8 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
             f"{os.path.relpath(path, here)}:{exc.lineno}: `{(exc.text or '').strip()}`: "
             f"{type(exc).__name__}: {exc.msg} (Python {version} compiled it)"
         )
-    frames = list(traceback.walk_tb(exc.__traceback__))
+    # Python's own frozen modules (os.environ's lookup, say) are not where a script's error is.
+    frames = [f for f in traceback.walk_tb(exc.__traceback__) if not f[0].f_code.co_filename.startswith("<frozen")]
     if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc):
         return None  # the simulation's limit (the native engine raises from below the script's line)
     filename = frames[-1][0].f_code.co_filename

@@ -60,7 +60,8 @@ class NativeTracer:
     ``.item()``, a copy to the host; it may raise to refuse it), ``sdp_choice(args, kwargs)``
     answers torch's ``_fused_sdp_choice`` (the attention kernel, as torch's SDPBackend value).
     ``workspace_bytes``: the cuBLAS workspace of each thread and stream (0: none); ``gpu``: the
-    GPU kernel scratch is sized for (:func:`cudapool.fakegpu.kernel_scratch.gpu_shape`)."""
+    GPU kernel scratch is sized for (:func:`cudapool.fakegpu.kernel_scratch.gpu_shape`);
+    ``devices``: how many; ``whole_process``: see the attribute."""
 
     backward = "torch"
 
@@ -73,6 +74,7 @@ class NativeTracer:
         kernel_scratch: bool = True,
         gpu: Any = None,
         devices: int = 1,
+        whole_process: bool = False,
     ) -> None:
         if workspace_bytes is not None and workspace_bytes < 0:
             raise ValueError(f"workspace_bytes must be >= 0, not {workspace_bytes}")
@@ -80,6 +82,10 @@ class NativeTracer:
         self.cuda_scratch = bool(kernel_scratch)
         self.gpu = _kernel_scratch.gpu_shape(gpu)
         self.devices = int(devices)
+        #: The process is the trace's alone (Note [A process of the fake GPU's own] in
+        #: csrc/fakecuda/fakecuda_vtable.cpp): pinned host memory works, and no real GPU can be
+        #: used in it afterwards.
+        self.whole_process = bool(whole_process)
         self._read = read
         self._sdp_choice = sdp_choice
         self._records = bytearray()  # the module's records, as C has them (cudapool.lab._events.EVENT)
@@ -99,6 +105,7 @@ class NativeTracer:
             scratch=self._on_scratch,
             sdp_choice=self._sdp_choice,
             scratch_ops=sorted(_kernel_scratch.OPS) if self.cuda_scratch else [],
+            whole_process=self.whole_process,
         )
         self._state = "tracing"
         return self

@@ -17,13 +17,13 @@ __all__ = ["NativeEngine"]
 
 class NativeEngine(Engine):
     """The fake GPU below Python, for one FakeGPU: a :class:`NativeTracer` whose reads and
-    attention choices the FakeGPU answers. ``tracer_kw``: ``workspace_bytes`` and
-    ``kernel_scratch`` only (ValueError naming any other: the Python engine takes them)."""
+    attention choices the FakeGPU answers. ``tracer_kw``: ``workspace_bytes``,
+    ``kernel_scratch`` and ``whole_process`` only (ValueError naming any other: the Python engine takes them)."""
 
     name = "native"
 
     def __init__(self, gpu: Host, tracer_kw: Dict[str, Any]) -> None:
-        unknown = set(tracer_kw) - {"workspace_bytes", "kernel_scratch"}
+        unknown = set(tracer_kw) - {"workspace_bytes", "kernel_scratch", "whole_process"}
         if unknown:
             raise ValueError(f"the native engine takes no tracer options {sorted(unknown)}: use engine='python'")
         self.gpu = gpu
