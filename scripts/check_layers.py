@@ -223,8 +223,9 @@ PY_LAYERS: dict[str, int] = {
     "lab._progress": 0,
     "lab.device_costs": 0,
     "fakegpu.engine": 0,
-    "fakegpu.failures": 0,
     "fakegpu.leaves": 0,
+    "fakegpu.streams": 0,
+    "fakegpu.distributed": 0,
     # 1: formats and configuration
     "lab.torch_snapshot": 1,
     "snapshots": 1,
@@ -232,6 +233,8 @@ PY_LAYERS: dict[str, int] = {
     "_config": 1,
     "regions": 1,
     "fakegpu.models": 1,
+    "fakegpu.failures": 1,
+    "ab.ranks": 1,
     "_torch_libraries": 1,
     # 2: traces, the simulated pool, torch's functions, what the fake GPU's tracer runs on; the
     # estimate of what a rank holds outside torch's allocator
@@ -267,6 +270,7 @@ PY_LAYERS: dict[str, int] = {
     "ab.command": 7,
     "ab.child": 7,
     "ab.sim_child": 7,
+    "ab.sim_ranks": 7,
     "ab.simulate": 8,
     "__main__": 9,
 }

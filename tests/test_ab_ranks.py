@@ -29,9 +29,7 @@ needs_native = pytest.mark.skipif(NATIVE_WHY is not None, reason=f"the native en
 MiB = 1 << 20
 
 
-def simulate(
-    tmp_path: Path, source: str, *argv: str, args: tuple = (), expect: int = 0, env: dict = ENV
-) -> tuple:
+def simulate(tmp_path: Path, source: str, *argv: str, args: tuple = (), expect: int = 0, env: dict = ENV) -> tuple:
     """Run ab --simulate on ``source`` (written to job.py) with ``argv`` before ``--`` and the
     script's ``args`` after it; (the completed process, the JSON result or None)."""
     (tmp_path / "job.py").write_text(textwrap.dedent(source))
@@ -71,15 +69,15 @@ def test_rank_env_is_torchruns() -> None:
 
 
 @pytest.mark.parametrize(
-    "text, expect",
-    [("all", list(range(8))), ("0,7", [0, 7]), ("2-4,0", [0, 2, 3, 4]), (" 5 ", [5]), ("1,1", [1])],
+    "text, expect", [("all", list(range(8))), ("0,7", [0, 7]), ("2-4,0", [0, 2, 3, 4]), (" 5 ", [5]), ("1,1", [1])]
 )
 def test_ranks_parse(text: str, expect: list) -> None:
     assert ranks.parse_ranks(text, ranks.World(8)) == expect
 
 
 @pytest.mark.parametrize(
-    "text, says", [("8", "rank 8 is not in a world of 8"), ("a", "'a' is not a rank"), ("3-1", "empty"), (",", "no rank")]
+    "text, says",
+    [("8", "rank 8 is not in a world of 8"), ("a", "'a' is not a rank"), ("3-1", "empty"), (",", "no rank")],
 )
 def test_bad_ranks_say_what_is_wrong(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):
@@ -333,7 +331,7 @@ def test_a_script_that_needs_ranks_and_has_none_says_how_to_give_them(tmp_path: 
     assert "KeyError: 'LOCAL_RANK' (torchrun sets LOCAL_RANK: give its ranks as torchrun would" in done.stderr
     assert "--nproc-per-node N" in done.stderr
     done, _ = simulate(tmp_path, TORCHRUN_HEAD, expect=1)
-    assert "job.py:7: `dist.init_process_group(\"nccl\")`: the script initialises torch.distributed" in done.stderr
+    assert 'job.py:7: `dist.init_process_group("nccl")`: the script initialises torch.distributed' in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -84,9 +84,8 @@ def trace_script(
     ``rank`` and ``world`` (a :class:`cudapool.ab.ranks.World`), as that rank of that job."""
 
     import cudapool.ab as ab
-    from cudapool.ab.ranks import rank_env
+    from cudapool.ab.ranks import TORCHRUN_VARS, rank_env
     from cudapool.fakegpu import FakeGPU, explain_failure, gpu_model, resolve_engine, script_error
-    from cudapool.ab.ranks import TORCHRUN_VARS
     from cudapool.fakegpu.distributed import HOW_TO_GIVE_RANKS, FakeWorld, NoWorld
     from cudapool.lab.trace import save
 
@@ -94,8 +93,8 @@ def trace_script(
     counter = _Counter(max_steps)
     devices = world.nproc_per_node if world is not None else 1
     # This process traces and ends: the native engine may answer for it whole (pinned memory).
-    own = {"whole_process": True} if resolve_engine(engine) == "native" else {}
-    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices, **own)
+    whole = {"whole_process": True} if resolve_engine(engine) == "native" else {}
+    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices, **whole)
     if world is not None and rank is not None:
         os.environ.update(rank_env(world, rank))
         ranks: Any = FakeWorld(fake, rank=rank, world_size=world.size, local_world_size=world.nproc_per_node)
@@ -145,9 +144,9 @@ def trace_script(
     except Exception as exc:  # noqa: BLE001 - the script's failure, reported in one line
         own = script_error(exc, script)
         if own is not None:
-            status, exit_code, message = "script_error", 1, own
             if world is None and isinstance(exc, KeyError) and exc.args and exc.args[0] in TORCHRUN_VARS:
-                message += f" (torchrun sets {exc.args[0]}: {HOW_TO_GIVE_RANKS})"
+                own += f" (torchrun sets {exc.args[0]}: {HOW_TO_GIVE_RANKS})"
+            status, exit_code, message = "script_error", 1, own
         else:
             status, exit_code, message = "failed", None, explain_failure(exc, script)
     finally:
@@ -215,4 +214,9 @@ def main(argv: List[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # The result is written: the process ends here, without the interpreter's shutdown, where
+    # autograd's device threads can still let go of a graph (and abort: pytorch/pytorch#38228).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -177,6 +177,11 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         traced = _ranks.parse_ranks(ns.ranks, world) if ns.ranks else None
         if ns.engine == "python":
             raise common.UsageError("--engine python simulates one GPU: ranks need the native engine")
+        from ..fakegpu.native import why_unavailable
+
+        why = why_unavailable()
+        if why is not None:
+            raise common.UsageError(f"ranks need cudapool's native fake GPU, which cannot run here: {why}")
     if not rest:
         raise common.UsageError("no script after --")
     if not os.path.isfile(rest[0]):
@@ -375,7 +380,11 @@ def find_max(
                 from . import sim_ranks
 
                 done = sim_ranks.trace_ranks(
-                    lambda r, d: trace_once(opts, args, d, rank=r), list(rank_list), where, progress, f"{name} {value}: "
+                    lambda r, d: trace_once(opts, args, d, rank=r),
+                    list(rank_list),
+                    where,
+                    progress,
+                    f"{name} {value}: ",
                 )
                 per_rank[value] = [
                     (t, sim_ranks.outside_of(t, opts.world, gpu).total if t.get("world") else 0) for t in done.values()
@@ -646,10 +655,10 @@ def _run_ranks(
     """run() for a job of several ranks (cudapool.ab.sim_ranks): a row per group of identical
     ranks and allocator."""
     from . import sim_ranks
-
     from .ranks import default_ranks
 
     world = opts.world
+    assert world is not None
     traced_ranks = opts.ranks or default_ranks(world)
     progress(
         f"tracing {opts.script} as rank(s) {', '.join(map(str, traced_ranks))} of {world.size} on simulated "
@@ -667,7 +676,9 @@ def _run_ranks(
             )
         )
         traced_ranks = sorted(done)
-    result["traces"] = {str(r): {k: v for k, v in t.items() if k not in ("trace_path", "trace")} for r, t in done.items()}
+    result["traces"] = {
+        str(r): {k: v for k, v in t.items() if k not in ("trace_path", "trace")} for r, t in done.items()
+    }
     failed = [r for r, t in done.items() if t["status"] not in ("finished", "stopped", "exit")]
     first = done[failed[0]] if failed else done[traced_ranks[0]]
     result["trace"] = {k: v for k, v in first.items() if k not in ("trace_path", "trace")}
@@ -727,7 +738,10 @@ def main(argv: Sequence[str]) -> int:
     launched = from_torchrun_env(os.environ)
     if launched is not None and launched[1] != 0 and "--nproc-per-node" not in argv:
         # Started by torchrun: rank 0 answers for the whole job (the world of torchrun's variables).
-        print(f"cudapool ab --simulate: rank {launched[1]} of torchrun's job: rank 0 prints the prediction", file=sys.stderr)
+        print(
+            f"cudapool ab --simulate: rank {launched[1]} of torchrun's job: rank 0 prints the prediction",
+            file=sys.stderr,
+        )
         return 0
     result = run(opts, common.progress_printer("cudapool ab --simulate: "))
     rc = 0

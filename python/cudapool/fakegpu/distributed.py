@@ -119,7 +119,7 @@ def _process_group_class() -> Any:
     import torch.distributed as dist
     from torch._C._distributed_c10d import _create_work_from_future
 
-    class RankGroup(dist.ProcessGroup):  # type: ignore[misc]
+    class RankGroup(dist.ProcessGroup):
         def __init__(self, rank: int, size: int, asked: str) -> None:
             super().__init__(rank, size)
             self.asked = asked
@@ -140,6 +140,15 @@ def _process_group_class() -> Any:
         @property
         def group_desc(self) -> str:
             return self._desc
+
+        @property
+        def _device_types(self) -> List[Any]:
+            """The devices the backend asked for serves (torch's answer for its own groups)."""
+            if self.asked == "nccl":
+                return [torch.device("cuda")]
+            if self.asked == "gloo":
+                return [torch.device("cpu")]
+            return [torch.device("cpu"), torch.device("cuda")]
 
         def getBackendName(self) -> str:
             return self.asked
@@ -443,10 +452,9 @@ class FakeWorld:
                     self._patch(owner, name, fn)
 
     def _patch_checks(self) -> None:
+        import torch.distributed as dist
         import torch.distributed.utils as du
         import torch.nn.parallel.distributed as ddp
-
-        import torch.distributed as dist
 
         skip = lambda *a, **k: None  # noqa: E731
         for owner in (du, ddp):
@@ -454,7 +462,7 @@ class FakeWorld:
                 self._patch(owner, "_verify_param_shape_across_processes", skip)
         if hasattr(dist, "Reducer"):
 
-            class Reducer(dist.Reducer):  # type: ignore[misc, name-defined]
+            class Reducer(dist.Reducer):
                 def _rebuild_buckets(self) -> bool:
                     return False
 
