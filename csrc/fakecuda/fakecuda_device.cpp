@@ -2,8 +2,8 @@
 // fakecuda_kernels.cpp): the allocator that records each allocation and free, the device guard
 // that stands for CUDA's, and the answer to autograd's question whether a device has a context
 // (given to torch by fakecuda_vtable.cpp).
-#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <chrono>
 #include <cstring>

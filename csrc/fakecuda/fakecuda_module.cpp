@@ -167,7 +167,7 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
   m.def("set_device", &set_device, py::arg("device"));
   m.def("resize_storage", &resize_storage, py::arg("storage"), py::arg("nbytes"));
   m.def("current_device", [] { return static_cast<int64_t>(current_device()); });
-  m.def("set_stream", [](int64_t stream) { set_current_stream(static_cast<c10::StreamId>(stream)); },
-        py::arg("stream"));
+  m.def(
+      "set_stream", [](int64_t stream) { set_current_stream(static_cast<c10::StreamId>(stream)); }, py::arg("stream"));
   m.def("current_stream", [] { return static_cast<int64_t>(current_stream()); });
 }

@@ -75,7 +75,8 @@ std::vector<Written> written; // in the order written
 
 // The slot of the virtual member function `member` in the hooks object's virtual table (a pointer
 // to a virtual member function holds its byte offset plus one: the Itanium C++ ABI).
-template <typename Member> void **find_slot(const at::CUDAHooksInterface &hooks, Member member) {
+template <typename Member>
+void **find_slot(const at::CUDAHooksInterface &hooks, Member member) {
   struct {
     ptrdiff_t ptr, adj;
   } rep;
