@@ -102,45 +102,6 @@ def stands_for(groups: List[List[int]], world: ranks.World) -> Dict[int, List[in
     return out
 
 
-def rows_text(rank_rows: List[Dict[str, Any]], max_batch: Optional[Dict[str, Any]]) -> List[List[str]]:
-    """The table: a row per (group of ranks, allocator)."""
-    head = [
-        "ranks",
-        "allocator",
-        "predicted peak allocated",
-        "predicted peak reserved",
-        "outside PyTorch (est.)",
-        "fits",
-        "smallest GPU memory",
-        "device calls",
-    ]
-    if max_batch is not None:
-        head.append(f"max {max_batch['arg']}")
-    cells = [head]
-    for rr in rank_rows:
-        who = f"{rr['rank']} (for {ranks.ranks_text(rr['stands_for'])})"
-        for r in rr["rows"]:
-            if not r["simulated"]:
-                line = [who, r["allocator"], "not simulated", "-", "-", "-", "-", "-"]
-            else:
-                fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
-                line = [
-                    who,
-                    r["allocator"],
-                    format_bytes(r["peak_allocated"]),
-                    format_bytes(r["peak_reserved"]),
-                    format_bytes(rr["outside"]["total"]),
-                    fit,
-                    format_bytes(r["min_capacity"]),
-                    f"{r['device_calls_total']:,}",
-                ]
-            if max_batch is not None:
-                m = max_batch["results"][r["allocator"]]["max"]
-                line.append("-" if not r["simulated"] else ("none" if m is None else str(m)))
-            cells.append(line)
-    return cells
-
-
 def worst(rank_rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Per allocator, the rank that needs the most GPU memory, and whether every rank fits."""
     out: Dict[str, Any] = {}

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from .._units import format_bytes
 from . import common
+from .ranks import ranks_text
 
 #: The replay policy of each of torch's rows.
 POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
@@ -425,40 +426,51 @@ def _brief(t: Dict[str, Any]) -> Dict[str, Any]:
 # -- the table ------------------------------------------------------------------------------------
 
 
-def table(rows: List[Dict[str, Any]], gpu_spec: str, max_batch: Optional[Dict[str, Any]]) -> List[List[str]]:
-    short = gpu_spec
-    head = [
-        "allocator",
-        "predicted peak allocated",
-        "predicted peak reserved",
-        "predicted utilization",
-        f"fits on {short}",
-        "smallest GPU memory",
-        "device calls",
-        "est. device time",
-    ]
+def table(
+    rows: List[Dict[str, Any]],
+    gpu_spec: str,
+    max_batch: Optional[Dict[str, Any]],
+    rank_rows: Optional[List[Dict[str, Any]]] = None,
+) -> List[List[str]]:
+    """The report's table: a row per allocator; with ``rank_rows`` (a job of several ranks), a
+    row per group of ranks and allocator, with the ranks it stands for and what each rank holds
+    outside PyTorch's allocator."""
+    head = ["allocator", "predicted peak allocated", "predicted peak reserved", "predicted utilization"]
+    if rank_rows is not None:
+        head = ["ranks", *head, "outside PyTorch (est.)"]
+    head += [f"fits on {gpu_spec}", "smallest GPU memory", "device calls", "est. device time"]
     if max_batch is not None:
         head.append(f"max {max_batch['arg']}")
+    groups = (
+        [(None, None, rows)]
+        if rank_rows is None
+        else [
+            (f"{rr['rank']} (for {ranks_text(rr['stands_for'])})", rr["outside"]["total"], rr["rows"])
+            for rr in rank_rows
+        ]
+    )
     cells = [head]
-    for r in rows:
-        if not r["simulated"]:
-            line = [r["allocator"], "not simulated", "-", "-", "-", "-", "-", "-"]
-        else:
-            fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
-            line = [
-                r["allocator"],
-                format_bytes(r["peak_allocated"]),
-                format_bytes(r["peak_reserved"]),
-                f"{r['utilization'] * 100:.1f} %",
-                fit,
-                format_bytes(r["min_capacity"]),
-                f"{r['device_calls_total']:,}",
-                f"{r['device_call_ms']:.1f} ms",
-            ]
-        if max_batch is not None:
-            m = max_batch["results"][r["allocator"]]["max"]
-            line.append("-" if not r["simulated"] else ("none" if m is None else str(m)))
-        cells.append(line)
+    for who, outside, group in groups:
+        for r in group:
+            if not r["simulated"]:
+                figures = ["not simulated"] + ["-"] * (len(head) - 2 - (who is not None) - (max_batch is not None))
+            else:
+                fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
+                figures = [
+                    format_bytes(r["peak_allocated"]),
+                    format_bytes(r["peak_reserved"]),
+                    f"{r['utilization'] * 100:.1f} %",
+                    *([] if outside is None else [format_bytes(outside)]),
+                    fit,
+                    format_bytes(r["min_capacity"]),
+                    f"{r['device_calls_total']:,}",
+                    f"{r['device_call_ms']:.1f} ms",
+                ]
+            line = ([] if who is None else [who]) + [r["allocator"], *figures]
+            if max_batch is not None:
+                m = max_batch["results"][r["allocator"]]["max"]
+                line.append("-" if not r["simulated"] else ("none" if m is None else str(m)))
+            cells.append(line)
     return cells
 
 
@@ -721,7 +733,7 @@ def _run_ranks(
         if opts.find_max_batch
         else None
     )
-    result["cells"] = sim_ranks.rows_text(rank_rows, result["max_batch"])
+    result["cells"] = table(result["rows"], opts.gpu, result["max_batch"], rank_rows)
     return result
 
 
