@@ -426,3 +426,22 @@ sched.step(x) if r == 0 else sched.step(target=x, losses=[])
     done, _ = simulate(tmp_path, source, "--nproc-per-node", "2", expect=1)
     assert "recv_object_list: the objects another rank sends are not known" in done.stderr
     assert "(rank 0)" in done.stderr and "Traceback" not in done.stderr
+
+
+@needs_native
+def test_what_only_another_rank_knows_is_refused_naming_the_rank_to_trace(tmp_path: Path) -> None:
+    source = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+shapes = [{"w": (1024, 1024)}] if dist.get_rank() == 0 else [{}]  # rank 0 read a checkpoint
+dist.broadcast_object_list(shapes, src=0)
+config = [{"lr": 0.1}]  # every rank made the same
+dist.broadcast_object_list(config, src=0)
+w = torch.empty(shapes[0]["w"], device="cuda")
+"""
+    done, _ = simulate(tmp_path, source, "--nproc-per-node", "2", expect=1)
+    assert "broadcast_object_list: rank 1 receives objects only rank 0 has" in done.stderr
+    assert "(--ranks 0)" in done.stderr
+    _, res = simulate(tmp_path, source, "--nproc-per-node", "2", "--ranks", "0", "--allocators", "builtin")
+    assert peak(res) == 4 * MiB
+    assert res["traces"]["0"]["world"]["object_collectives"] == {"broadcast_object_list": 2}

@@ -32,7 +32,9 @@ A rank runs alone: no other process answers its collectives. What rank-dependent
 from the others is answered as if every rank held what this one holds:
 - ``all_gather_object`` and ``gather_object`` fill their lists with this rank's object;
   ``broadcast_object_list`` and ``scatter_object_list`` leave a receiving rank's list as the
-  script made it (the sender's objects are not known here); ``send_object_list`` sends nothing
+  script made it (the sender's objects are not known here; a list of nothing but None or empty
+  containers, which only the sender could fill, fails saying which rank to trace instead: the
+  broadcast of a checkpoint rank 0 loaded, for one); ``send_object_list`` sends nothing
   and ``recv_object_list`` fails saying so; counted in :attr:`object_collectives`.
 - DDP's check that every rank has parameters of the same shapes compares values gathered from
   the others; here it would compare zeros, so it is skipped (the ranks run the same script).
@@ -84,6 +86,12 @@ def available() -> Optional[str]:
     except ImportError:
         return "this torch build has no fake process group (torch._C._distributed_c10d.FakeProcessGroup)"
     return None
+
+
+def _unfilled(o: Any) -> bool:
+    """Whether a receiving rank's object is a placeholder only the sender fills: None, or an
+    empty container."""
+    return o is None or (isinstance(o, (dict, list, tuple, set)) and not o)
 
 
 def _fake_store() -> Any:
@@ -422,8 +430,15 @@ class FakeWorld:
             for i in range(len(object_gather_list or ())):
                 object_gather_list[i] = obj  # type: ignore[index]
 
-        def broadcast_object_list(object_list: List[Any], *a: Any, **k: Any) -> None:
+        def broadcast_object_list(object_list: List[Any], src: Optional[int] = None, *a: Any, **k: Any) -> None:
             count("broadcast_object_list")
+            source = 0 if src is None else src
+            if world.rank != source and object_list and all(_unfilled(o) for o in object_list):
+                raise RuntimeError(
+                    f"broadcast_object_list: rank {world.rank} receives objects only rank {source} has (a checkpoint "
+                    f"rank {source} loaded, say), which one rank alone does not know: trace rank {source} "
+                    f"(--ranks {source})"
+                )
 
         def scatter_object_list(output: List[Any], inputs: Optional[List[Any]] = None, *a: Any, **k: Any) -> None:
             count("scatter_object_list")
