@@ -445,3 +445,25 @@ w = torch.empty(shapes[0]["w"], device="cuda")
     _, res = simulate(tmp_path, source, "--nproc-per-node", "2", "--ranks", "0", "--allocators", "builtin")
     assert peak(res) == 4 * MiB
     assert res["traces"]["0"]["world"]["object_collectives"] == {"broadcast_object_list": 2}
+
+
+@needs_native
+def test_a_ranks_files_are_its_own_and_the_scripts_folder_is_untouched(tmp_path: Path) -> None:
+    # Rank 0 saves a checkpoint at the end; a rank traced at the same time or later must not find
+    # it at the start (on a GPU every rank looks before rank 0 saves), and nothing is left behind.
+    source = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+resumed = os.path.exists("snap.pt")
+w = torch.load("snap.pt")["w"] if resumed else torch.zeros(1024, 1024, device="cuda")
+print("rank", dist.get_rank(), "resumed", resumed)
+if dist.get_rank() == 0:
+    torch.save({"w": w}, "snap.pt")
+    assert torch.load("snap.pt")["w"].shape == (1024, 1024)  # its own file, read back
+"""
+    for _ in range(2):
+        done, res = simulate(tmp_path, source, "--nproc-per-node", "4", "--ranks", "all", "--allocators", "builtin")
+        assert done.stderr.count("resumed False") == 4
+    assert not (tmp_path / "snap.pt").exists()
+    assert res["traces"]["0"]["fake_gpu"]["scratch_files"] == 1
+    assert "torch.save wrote 1 file(s) on rank 0 into a scratch folder" in done.stdout

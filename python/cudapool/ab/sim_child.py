@@ -94,7 +94,11 @@ def trace_script(
     devices = world.nproc_per_node if world is not None else 1
     # This process traces and ends: the native engine may answer for it whole (pinned memory).
     whole = {"whole_process": True} if resolve_engine(engine) == "native" else {}
-    fake = FakeGPU(model, strict_values=strict_values, script=script, engine=engine, devices=devices, **whole)
+    # A rank's files go to its own scratch folder: another rank traced beside it must not read them.
+    scratch = os.path.join(out_dir, "files") if world is not None else None
+    fake = FakeGPU(
+        model, strict_values=strict_values, script=script, engine=engine, devices=devices, scratch_dir=scratch, **whole
+    )
     if world is not None and rank is not None:
         os.environ.update(rank_env(world, rank))
         ranks: Any = FakeWorld(fake, rank=rank, world_size=world.size, local_world_size=world.nproc_per_node)

@@ -574,7 +574,13 @@ def report(result: Dict[str, Any]) -> str:
             "recurrent layers (" + ", ".join(sorted(fg["rnn_calls"])) + ") ran as torch's own CUDA cells: their "
             "saved gates stand for cuDNN's reserve space (an estimate)"
         )
-    if fg.get("saved_placeholders"):
+    if fg.get("scratch_files"):
+        notes.append(
+            f"torch.save wrote {fg['scratch_files']:,} file(s) on rank {world.get('rank', 0)} into a scratch folder of "
+            "that rank's own, not into the script's folders (a traced rank must not read what another wrote; they are "
+            "gone afterwards)"
+        )
+    elif fg.get("saved_placeholders"):
         notes.append(
             f"torch.save wrote {fg['saved_placeholders']:,} CUDA tensor(s) as placeholders (shape and dtype, no "
             "values): loading them outside ab --simulate gives meta tensors"

@@ -118,7 +118,8 @@ class FakeGPU(ScriptIO):
 
     ``strict_values``: a read of a fake tensor's value raises :class:`ValueRead`. ``script``:
     the script's path, so that value reads are reported at its lines. ``engine``: one of
-    :data:`ENGINES`. Extra keyword arguments go to the engine's tracer (the Python engine's
+    :data:`ENGINES`. ``devices``: the node's GPUs. ``scratch_dir``: where ``torch.save`` writes
+    (:meth:`ScriptIO._scratch_path`). Extra keyword arguments go to the engine's tracer (the Python engine's
     :class:`cudapool.fakegpu.tracer.Tracer` takes them all). Enter once; everything patched is
     put back at exit.
     """
@@ -131,6 +132,7 @@ class FakeGPU(ScriptIO):
         script: Optional[str] = None,
         engine: str = "auto",
         devices: int = 1,
+        scratch_dir: Optional[str] = None,
         **tracer_kw: Any,
     ):
         if not 1 <= int(devices) <= 64:
@@ -138,6 +140,11 @@ class FakeGPU(ScriptIO):
         self.model = model
         #: The node's devices: cuda:0 .. cuda:devices-1, each of ``model``.
         self.devices = int(devices)
+        #: Where ``torch.save`` writes instead of the script's paths (None: the script's paths),
+        #: and the files it wrote there: a rank of a job traced beside others must not read what
+        #: another traced rank wrote, which no rank of a real job could have read yet.
+        self.scratch_dir = scratch_dir
+        self.scratch_files: List[str] = []
         self.strict_values = strict_values
         self.script = os.path.abspath(script) if script else None
         tracer_kw.setdefault("workspace_bytes", cublas_workspace_bytes(model))
@@ -474,6 +481,7 @@ class FakeGPU(ScriptIO):
             "memory_fraction": self.memory_fraction,
             "loader_workers": self.loader_workers,
             "devices": self.devices,
+            "scratch_files": len(self.scratch_files),
             "record_streams": self.record_streams,
             "host_copies": self.host_copies,
             "saved_placeholders": self.saved_placeholders,

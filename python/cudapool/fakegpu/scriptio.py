@@ -7,6 +7,7 @@ simulated run. :class:`ScriptIO` is the part of FakeGPU that patches them.
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,6 +44,8 @@ class ScriptIO:
     tracer: Any
     saved_placeholders: int
     loaded_to_gpu: int
+    scratch_dir: Optional[str]
+    scratch_files: List[str]
     history_from: Optional[int]
     snapshots_written: List[str]
 
@@ -106,7 +109,7 @@ class ScriptIO:
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             if not args:
                 kwargs.setdefault("pickle_module", placeholder_pickle)
-            return save0(obj, f, *args, **kwargs)
+            return save0(obj, gpu._scratch_path(f, writing=True), *args, **kwargs)
 
         def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
             if callable(map_location) and not isinstance(map_location, (str, torch.device)):
@@ -122,7 +125,7 @@ class ScriptIO:
 
             allowed = getattr(torch.serialization, "safe_globals", None)
             with allowed([_placeholder]) if allowed is not None else contextlib.nullcontext():
-                obj = load0(f, on_host, *args, **kwargs)
+                obj = load0(gpu._scratch_path(f, writing=False), on_host, *args, **kwargs)
             if any(t.split(":")[0] == "cuda" for t in targets):
                 gpu.loaded_to_gpu += 1
                 obj = tree_map_only(
@@ -132,6 +135,21 @@ class ScriptIO:
 
         self._patch(torch, "save", save)
         self._patch(torch, "load", load)
+
+    def _scratch_path(self, f: Any, writing: bool) -> Any:
+        """Where ``torch.save`` writes and ``torch.load`` reads the file ``f`` (a path; a file
+        object is itself): with a scratch folder (:class:`FakeGPU`'s ``scratch_dir``), a file
+        written goes there, under its absolute path, and a file read comes from there when it was
+        written there, else from its own place."""
+        if self.scratch_dir is None or not isinstance(f, (str, os.PathLike)):
+            return f
+        mirror = os.path.join(self.scratch_dir, os.path.abspath(os.fspath(f)).lstrip(os.sep))
+        if writing:
+            os.makedirs(os.path.dirname(mirror), exist_ok=True)
+            if mirror not in self.scratch_files:
+                self.scratch_files.append(mirror)
+            return mirror
+        return mirror if os.path.exists(mirror) else f
 
     def _patch_history(self) -> None:
         """``torch.cuda.memory._record_memory_history``, ``_snapshot``, ``_dump_snapshot`` and
