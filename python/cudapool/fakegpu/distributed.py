@@ -450,8 +450,8 @@ class FakeWorld:
 
         def recv_object_list(object_list: List[Any], *a: Any, **k: Any) -> None:
             raise RuntimeError(
-                "recv_object_list: the objects another rank sends are not known to one rank on the fake GPU (a "
-                "pipeline stage infers its input shapes so: give PipelineStage its input_args and output_args)"
+                "recv_object_list: the objects another rank sends are not known to one rank on the fake GPU (pipeline "
+                "stages of torch.distributed.pipelining exchange their shapes so: they are not simulated)"
             )
 
         for name, fn in (
