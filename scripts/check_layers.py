@@ -225,6 +225,7 @@ PY_LAYERS: dict[str, int] = {
     "fakegpu.engine": 0,
     "fakegpu.leaves": 0,
     "fakegpu.streams": 0,
+    "fakegpu.scratch": 0,
     "fakegpu.distributed": 0,
     # 1: formats and configuration
     "lab.torch_snapshot": 1,

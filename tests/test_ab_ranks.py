@@ -455,16 +455,23 @@ def test_a_ranks_files_are_its_own_and_the_scripts_folder_is_untouched(tmp_path:
     source = """
 import os, torch, torch.distributed as dist
 dist.init_process_group("nccl"); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-resumed = os.path.exists("snap.pt")
+resumed = os.path.exists("snap.pt") or os.path.isdir("ck")
 w = torch.load("snap.pt")["w"] if resumed else torch.zeros(1024, 1024, device="cuda")
 print("rank", dist.get_rank(), "resumed", resumed)
 if dist.get_rank() == 0:
     torch.save({"w": w}, "snap.pt")
     assert torch.load("snap.pt")["w"].shape == (1024, 1024)  # its own file, read back
+    os.makedirs("ck/step-1", exist_ok=True)  # a checkpoint folder of its own making
+    with open("ck/step-1/meta.json", "w") as f:
+        f.write("{}")
+    assert os.listdir("ck") == ["step-1"] and open("ck/step-1/meta.json").read() == "{}"
 """
     for _ in range(2):
         done, res = simulate(tmp_path, source, "--nproc-per-node", "4", "--ranks", "all", "--allocators", "builtin")
         assert done.stderr.count("resumed False") == 4
-    assert not (tmp_path / "snap.pt").exists()
-    assert res["traces"]["0"]["fake_gpu"]["scratch_files"] == 1
-    assert "torch.save wrote 1 file(s) on rank 0 into a scratch folder" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py", "out.json"]
+    assert res["traces"]["0"]["fake_gpu"]["scratch_files"] == 2
+    assert (
+        "the script wrote 2 file(s) on rank 0 (torch.save, and open() in folders it made): into a scratch folder"
+        in done.stdout
+    )

@@ -145,7 +145,9 @@ def traced_text(world: ranks.World, traced: Sequence[int], groups: List[List[int
     text = f"{world.size} ranks ({world.nnodes} node(s) of {world.nproc_per_node} GPUs); traced: rank(s) "
     text += ranks.ranks_text(traced)
     answered = {r for rs in stands_for(groups, world).values() for r in rs}
-    if len(groups) == 1 and len(traced) < world.size:
+    if len(traced) == 1 and world.size > 1:
+        text += " alone: the others are taken to run as it does, not compared with it"
+    elif len(groups) == 1 and len(traced) < world.size:
         text += ": their allocations are identical, so the others are taken to run as they do"
     elif len(groups) > 1:
         text += f": {len(groups)} different programs among them"

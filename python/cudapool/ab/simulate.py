@@ -576,9 +576,9 @@ def report(result: Dict[str, Any]) -> str:
         )
     if fg.get("scratch_files"):
         notes.append(
-            f"torch.save wrote {fg['scratch_files']:,} file(s) on rank {world.get('rank', 0)} into a scratch folder of "
-            "that rank's own, not into the script's folders (a traced rank must not read what another wrote; they are "
-            "gone afterwards)"
+            f"the script wrote {fg['scratch_files']:,} file(s) on rank {world.get('rank', 0)} (torch.save, and open() in "
+            "folders it made): into a scratch folder of that rank's own, not into the script's folders (a traced rank "
+            "must not read what another wrote; they are gone afterwards)"
         )
     elif fg.get("saved_placeholders"):
         notes.append(

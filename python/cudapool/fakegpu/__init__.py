@@ -62,6 +62,7 @@ from . import scriptio
 from .engine import Engine
 from .failures import LIBRARY_DIRS, ValueRead, explain_failure, script_error
 from .models import GPUS, GPUModel, cublas_workspace_bytes, gpu_model
+from .scratch import Scratch
 from .scriptio import ScriptIO
 from .streams import FakeEvent, stream_classes
 
@@ -119,7 +120,7 @@ class FakeGPU(ScriptIO):
     ``strict_values``: a read of a fake tensor's value raises :class:`ValueRead`. ``script``:
     the script's path, so that value reads are reported at its lines. ``engine``: one of
     :data:`ENGINES`. ``devices``: the node's GPUs. ``scratch_dir``: where ``torch.save`` writes
-    (:meth:`ScriptIO._scratch_path`). Extra keyword arguments go to the engine's tracer (the Python engine's
+    instead of the script's paths (Note [A rank's files] in scratch.py). Extra keyword arguments go to the engine's tracer (the Python engine's
     :class:`cudapool.fakegpu.tracer.Tracer` takes them all). Enter once; everything patched is
     put back at exit.
     """
@@ -140,11 +141,9 @@ class FakeGPU(ScriptIO):
         self.model = model
         #: The node's devices: cuda:0 .. cuda:devices-1, each of ``model``.
         self.devices = int(devices)
-        #: Where ``torch.save`` writes instead of the script's paths (None: the script's paths),
-        #: and the files it wrote there: a rank of a job traced beside others must not read what
-        #: another traced rank wrote, which no rank of a real job could have read yet.
-        self.scratch_dir = scratch_dir
-        self.scratch_files: List[str] = []
+        #: The scratch folder in front of the script's files (None: the script's own files are
+        #: written): Note [A rank's files] in scratch.py.
+        self.scratch: Optional[Scratch] = Scratch(scratch_dir) if scratch_dir is not None else None
         self.strict_values = strict_values
         self.script = os.path.abspath(script) if script else None
         tracer_kw.setdefault("workspace_bytes", cublas_workspace_bytes(model))
@@ -449,12 +448,16 @@ class FakeGPU(ScriptIO):
             scriptio.ACTIVE = self
             self.tracer.__enter__()
             self._patch(torch.cuda, "is_bf16_supported", self._bf16_supported)  # the tracer's says True
+            if self.scratch is not None:
+                self.scratch.__enter__()
         except BaseException:
             self._restore()
             raise
         return self
 
     def _restore(self) -> None:
+        if self.scratch is not None:
+            self.scratch.__exit__(None, None, None)
         if self._warnings is not None:
             self._warnings.__exit__(None, None, None)
             self._warnings = None
@@ -481,7 +484,7 @@ class FakeGPU(ScriptIO):
             "memory_fraction": self.memory_fraction,
             "loader_workers": self.loader_workers,
             "devices": self.devices,
-            "scratch_files": len(self.scratch_files),
+            "scratch_files": len(self.scratch.files) if self.scratch is not None else 0,
             "record_streams": self.record_streams,
             "host_copies": self.host_copies,
             "saved_placeholders": self.saved_placeholders,

@@ -7,7 +7,6 @@ simulated run. :class:`ScriptIO` is the part of FakeGPU that patches them.
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -44,8 +43,7 @@ class ScriptIO:
     tracer: Any
     saved_placeholders: int
     loaded_to_gpu: int
-    scratch_dir: Optional[str]
-    scratch_files: List[str]
+    scratch: Any
     history_from: Optional[int]
     snapshots_written: List[str]
 
@@ -137,19 +135,9 @@ class ScriptIO:
         self._patch(torch, "load", load)
 
     def _scratch_path(self, f: Any, writing: bool) -> Any:
-        """Where ``torch.save`` writes and ``torch.load`` reads the file ``f`` (a path; a file
-        object is itself): with a scratch folder (:class:`FakeGPU`'s ``scratch_dir``), a file
-        written goes there, under its absolute path, and a file read comes from there when it was
-        written there, else from its own place."""
-        if self.scratch_dir is None or not isinstance(f, (str, os.PathLike)):
-            return f
-        mirror = os.path.join(self.scratch_dir, os.path.abspath(os.fspath(f)).lstrip(os.sep))
-        if writing:
-            os.makedirs(os.path.dirname(mirror), exist_ok=True)
-            if mirror not in self.scratch_files:
-                self.scratch_files.append(mirror)
-            return mirror
-        return mirror if os.path.exists(mirror) else f
+        """Where ``torch.save`` writes and ``torch.load`` reads the file ``f``: its own place,
+        or with a scratch folder its mirror there (Note [A rank's files] in scratch.py)."""
+        return f if self.scratch is None else self.scratch.path(f, writing)
 
     def _patch_history(self) -> None:
         """``torch.cuda.memory._record_memory_history``, ``_snapshot``, ``_dump_snapshot`` and
