@@ -9,8 +9,6 @@ state), worked out here from the model's sizes, not from the trace.
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 from cudapool.ab import ranks  # noqa: E402
 from cudapool.fakegpu.native import why_unavailable  # noqa: E402
+from test_ab_simulate import simulate as run_simulate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ranks.TORCHRUN_VARS}
@@ -36,16 +35,7 @@ def simulate(tmp_path: Path, source: str, *argv: str, args: tuple = (), expect: 
     out = tmp_path / "out.json"
     if out.exists():
         out.unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "cudapool", "ab", "--simulate", "--json", str(out), *argv, "--", "job.py", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == expect, done.stdout + done.stderr
+    done = run_simulate(tmp_path, "--json", str(out), *argv, "--", "job.py", *args, expect=expect, env=env)
     return done, (json.loads(out.read_text()) if out.exists() else None)
 
 

@@ -13,6 +13,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -30,10 +31,10 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
 NATIVE_WHY = why_unavailable()
 
 
-def simulate(tmp_path: Path, *argv: str, expect: int = 0) -> subprocess.CompletedProcess:
+def simulate(tmp_path: Path, *argv: str, expect: int = 0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "-m", "cudapool", "ab", "--simulate", *argv],
-        env=ENV,
+        env=ENV if env is None else env,
         capture_output=True,
         text=True,
         cwd=tmp_path,
