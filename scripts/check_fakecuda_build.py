@@ -15,7 +15,9 @@ copy of this tree's package and traces two forward and backward passes of a smal
 (autograd's engine asks the patched slot) on the native engine and, where cudapool.fakegpu
 runs them on that torch, on torch's fake tensors, whose peaks must agree, then two AdamW steps on
 each (what an optimizer's step asks of torch.cuda changes between releases); torch answers as
-before once the fake GPU is gone. A CPU build of torch has no
+before once the fake GPU is gone. First of all, rank 1 of a job of 2 as ab --simulate
+--nproc-per-node 2 runs it (DDP with a static graph, FSDP2; the slots of a process of the fake
+GPU's own): autograd's engine sizes its device threads once, at a process's first backward. A CPU build of torch has no
 CUDA library to link or patch: its check compiles the files only. Prints what it ran; exits
 non-zero on a failure. The build of this tree comes first (cudapool._C).
 """
@@ -71,7 +73,35 @@ def optimizer_steps(engine):  # an optimizer's step asks torch.cuda what differs
             opt.zero_grad()
         return len(fg.tracer.events)
 
+def ranks():  # rank 1 of 2 with DDP (a static graph: pinned host memory) and FSDP2, as ab --simulate runs it
+    import os
+    from cudapool.ab.ranks import World, rank_env
+    from cudapool.fakegpu.distributed import FakeWorld
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    os.environ.update(rank_env(World(2), 1))
+    fg = FakeGPU(gpu_model("H100"), engine="native", devices=2, whole_process=True)
+    with fg, FakeWorld(fg, rank=1, world_size=2, local_world_size=2):
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(1)
+        ddp = DDP(nn.Linear(256, 256).cuda(), device_ids=[1], static_graph=True)
+        for _ in range(2):
+            ddp(torch.randn(8, 256, device="cuda")).sum().backward()
+        model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256)).cuda()
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+        del ddp, model  # gone while the fake GPU is there: a reducer's end asks the device guard
+        import gc
+        gc.collect()
+        streams = {{e[3] for e in fg.tracer.events}}
+    assert fg.tracer.peak_bytes > 0 and len(streams) > 1, (fg.tracer.peak_bytes, streams)
+    return len(fg.tracer.events), len(streams)
+
 before = context()
+rank_events, rank_streams = ranks()  # first: autograd's engine sizes its device threads at its first backward
 native = step("native")
 optimizer_steps("native")
 after = context()
@@ -83,9 +113,11 @@ try:
 except Exception as exc:  # cudapool.fakegpu's own use of that torch
     python, same = None, "not compared: torch's fake tensors fail here: " + str(exc).splitlines()[0]
 assert python is None or native[1] == python[1], ("peaks differ", native, python)
+
 print(f"check_fakecuda_build: torch {{torch.__version__}}: two forward and backward passes traced on the native "
       f"engine, {{native[0]}} events, peak {{native[1]:,}} B, {{same}}; two AdamW steps traced; "
-      f"hasPrimaryContext answers as before: {{after}}")
+      f"hasPrimaryContext answers as before: {{after}}; rank 1 of 2 with DDP and FSDP2 traced, "
+      f"{{rank_events}} events on {{rank_streams}} streams")
 """
 
 

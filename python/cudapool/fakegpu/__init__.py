@@ -119,7 +119,9 @@ class FakeGPU(ScriptIO):
 
     ``strict_values``: a read of a fake tensor's value raises :class:`ValueRead`. ``script``:
     the script's path, so that value reads are reported at its lines. ``engine``: one of
-    :data:`ENGINES`. ``devices``: the node's GPUs. ``scratch_dir``: where ``torch.save`` writes
+    :data:`ENGINES`. ``devices``: the node's GPUs (autograd's engine sizes its device threads at
+    a process's first backward: a backward on a device beyond the count of that moment fails, so
+    ab --simulate traces each rank in a process of its own). ``scratch_dir``: where ``torch.save`` writes
     instead of the script's paths (Note [A rank's files] in scratch.py). Extra keyword arguments go to the engine's tracer (the Python engine's
     :class:`cudapool.fakegpu.tracer.Tracer` takes them all). Enter once; everything patched is
     put back at exit.
