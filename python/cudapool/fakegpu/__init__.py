@@ -7,7 +7,8 @@ the tracer records what it allocates on fake CUDA tensors.
     trace = fg.tracer.trace()
 
 Inside, a CUDA-only script runs on a machine without a GPU: ``torch.cuda.is_available()`` is
-True, one device of the model's name, memory and multiprocessors is there, tensors made on or
+True, one device (or ``devices``) of the model's name, memory and multiprocessors is there,
+tensors made on or
 moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
 tensors (no memory and no math) with CUDA's autocast rules, and every allocation is recorded.
 Two engines make them (``engine=``; :class:`cudapool.fakegpu.engine.Engine` is what FakeGPU asks
@@ -21,7 +22,8 @@ on any torch build); ``"auto"`` (the default) takes native where it can run. The
 tensors, numpy arrays and Python numbers keep their values, so host code that slices, samples
 or indexes with them runs as on a GPU machine. ``torch.cuda.memory_allocated()`` and ``max_memory_allocated()``
 answer from the tracer's live bytes (the reserved ones likewise: no allocator is simulated
-while tracing). Streams, events and ``synchronize`` do nothing; the CUDA RNG calls are no-ops.
+while tracing). Events and ``synchronize`` do nothing; each stream allocates on its own
+(:mod:`cudapool.fakegpu.streams`); the CUDA RNG calls are no-ops.
 
 Kernels and workspaces as the GPU has them: ``scaled_dot_product_attention`` runs the backend
 torch picks on that GPU (:mod:`cudapool.fakegpu.attention`), recurrent layers run torch's own CUDA
@@ -40,8 +42,11 @@ the run (:meth:`FakeGPU.memory_snapshot`). Data loader workers run in the main p
 batches are the same). ``torch.compile`` returns the function or module unchanged (it runs
 eagerly; counted in :attr:`FakeGPU.compiled`).
 
+A FakeGPU of ``devices`` devices is a node of a multi-GPU job: with
+:class:`cudapool.fakegpu.distributed.FakeWorld` one rank of it runs torch.distributed's own code.
+
 What cannot run fails inside torch: custom CUDA extensions without a fake (meta)
-implementation, NCCL collectives, outputs whose shape depends on values (``nonzero``,
+implementation, NCCL-specific calls, outputs whose shape depends on values (``nonzero``,
 ``unique``). :func:`explain_failure` turns such an exception into one line naming the
 operation and the script's line.
 """
