@@ -8,9 +8,9 @@ the tracer records what it allocates on fake CUDA tensors.
 
 Inside, a CUDA-only script runs on a machine without a GPU: ``torch.cuda.is_available()`` is
 True, one device (or ``devices``) of the model's name, memory and multiprocessors is there,
-tensors made on or
-moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU batches) are fake CUDA
-tensors (no memory and no math) with CUDA's autocast rules, and every allocation is recorded.
+tensors made on or moved to ``"cuda"`` (``.cuda()``, ``.to("cuda")``, a data loader's CPU
+batches) are fake CUDA tensors (no memory and no math) with CUDA's autocast rules, and every
+allocation is recorded.
 Two engines make them (``engine=``; :class:`cudapool.fakegpu.engine.Engine` is what FakeGPU asks
 of them): ``"native"`` (:mod:`cudapool.fakegpu.native_engine`, the module
 cudapool._torch_fakecuda: plain torch CUDA tensors whose kernels compute only shapes, below
