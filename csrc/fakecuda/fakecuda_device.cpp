@@ -1,7 +1,8 @@
 // fakecuda_device.cpp — the fake GPU's device (fakecuda.h; Note [Fake CUDA in C++] in
 // fakecuda_kernels.cpp): the allocator that records each allocation and free, the device guard
-// that stands for CUDA's, and the answer to autograd's question whether a device has a context
-// (given to torch by fakecuda_vtable.cpp).
+// that stands for CUDA's, and what torch's CUDA hooks answer while it is installed (whether a
+// device has a context; in a process of its own, init and pinned host memory), given to torch by
+// fakecuda_vtable.cpp.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -135,7 +136,7 @@ struct FakeGuard final : c10::impl::DeviceGuardImplInterface {
 FakeGuard guard;
 const c10::impl::DeviceGuardImplInterface *torch_guard = nullptr;
 
-// ---- the CUDA hooks' primary-context question (fakecuda_vtable.cpp) -----------------------
+// ---- the CUDA hooks' answers (fakecuda_vtable.cpp) ----------------------------------------
 
 bool has_context(const at::CUDAHooksInterface *, c10::DeviceIndex i) { return i >= 0 && i < ndevices; }
 void no_init(const at::CUDAHooksInterface *) {}

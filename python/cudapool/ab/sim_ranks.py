@@ -49,12 +49,12 @@ def trace_ranks(
 
 def rank_groups(results: Dict[int, Dict[str, Any]], world: ranks.World) -> List[List[int]]:
     """The traced ranks grouped by identical traces (Note [Which ranks are traced]); a rank
-    without a trace is a group of its own."""
-    prints: Dict[int, str] = {}
+    without a trace is a group of its own. Each result keeps its ``"fingerprint"``."""
     for rank, t in results.items():
-        data = t["trace"].data if t.get("trace") is not None else b""
-        prints[rank] = ranks.fingerprint(data, world.local_rank(rank)) if data else f"none-{rank}"
-    return ranks.group_ranks(prints)
+        if "fingerprint" not in t:  # once per trace: the grouping is asked again after a second look
+            data = t["trace"].data if t.get("trace") is not None else b""
+            t["fingerprint"] = ranks.fingerprint(data, world.local_rank(rank)) if data else f"none-{rank}"
+    return ranks.group_ranks({rank: t["fingerprint"] for rank, t in results.items()})
 
 
 def communicators(result: Dict[str, Any], world: ranks.World) -> List[Communicator]:

@@ -682,17 +682,16 @@ def _run_ranks(
         f"tracing {opts.script} as rank(s) {', '.join(map(str, traced_ranks))} of {world.size} on simulated "
         f"{gpu.name}s ..."
     )
-    done = sim_ranks.trace_ranks(
-        lambda r, d: trace_once(opts, opts.args, d, rank=r), traced_ranks, os.path.join(workdir, "run"), progress
-    )
+
+    def trace(rank: Optional[int], out_dir: str) -> Dict[str, Any]:
+        return trace_once(opts, opts.args, out_dir, rank=rank)
+
+    where = os.path.join(workdir, "run")
+    done = sim_ranks.trace_ranks(trace, traced_ranks, where, progress)
     second = sim_ranks.second_look(done, world) if opts.ranks is None else None
     if second is not None:
         progress(f"ranks {traced_ranks[0]} and {traced_ranks[-1]} differ: tracing rank {second} too ...")
-        done.update(
-            sim_ranks.trace_ranks(
-                lambda r, d: trace_once(opts, opts.args, d, rank=r), [second], os.path.join(workdir, "run"), progress
-            )
-        )
+        done.update(sim_ranks.trace_ranks(trace, [second], where, progress))
         traced_ranks = sorted(done)
     result["traces"] = {
         str(r): {k: v for k, v in t.items() if k not in ("trace_path", "trace")} for r, t in done.items()

@@ -126,10 +126,10 @@ class FakeGPU(ScriptIO):
     the script's path, so that value reads are reported at its lines. ``engine``: one of
     :data:`ENGINES`. ``devices``: the node's GPUs (autograd's engine sizes its device threads at
     a process's first backward: a backward on a device beyond the count of that moment fails, so
-    ab --simulate traces each rank in a process of its own). ``scratch_dir``: where ``torch.save`` writes
-    instead of the script's paths (Note [A rank's files] in scratch.py). Extra keyword arguments go to the engine's tracer (the Python engine's
-    :class:`cudapool.fakegpu.tracer.Tracer` takes them all). Enter once; everything patched is
-    put back at exit.
+    ab --simulate traces each rank in a process of its own). ``scratch_dir``: a folder in front
+    of the script's files (Note [A rank's files] in scratch.py). Extra keyword arguments go to
+    the engine's tracer (the Python engine's :class:`cudapool.fakegpu.tracer.Tracer` takes them
+    all). Enter once; everything patched is put back at exit.
     """
 
     def __init__(
@@ -222,7 +222,7 @@ class FakeGPU(ScriptIO):
         device where it names none; RuntimeError for a device the fake GPU does not have."""
         if device is None:
             return self.engine.current_device()
-        if isinstance(device, torch.device) or isinstance(device, str):
+        if isinstance(device, (torch.device, str)):
             device = torch.device(device)
             if device.type != "cuda":
                 raise ValueError(f"expected a CUDA device, not {device}")
@@ -298,7 +298,7 @@ class FakeGPU(ScriptIO):
     def _patch_cuda(self) -> None:
         cuda = torch.cuda
         props = self._props()
-        streams = stream_classes(self.engine)
+        streams = stream_classes(self.engine, self._device_index)
         one = {
             "is_available": lambda: True,
             "device_count": lambda: self.devices,

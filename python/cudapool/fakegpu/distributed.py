@@ -171,11 +171,12 @@ def _process_group_class() -> Any:
             fut.set_result(result)
             return _create_work_from_future(fut)
 
-        def _staged(self, like: Any, count: int) -> None:
-            """NCCL's staging of a list collective: one flat buffer of ``count`` copies of
-            ``like`` on its device, gone when the collective is."""
-            if self.asked == "nccl" and like.device.type == "cuda":
-                torch.empty(like.numel() * count, dtype=like.dtype, device=like.device)
+        def _staged(self, pairs: Any) -> Any:
+            """NCCL's staging of a list collective: for each (tensor, list of its peers' tensors
+            of its shape), one flat buffer of them all on its device, gone when the collective is."""
+            for one, group in pairs:
+                if self.asked == "nccl" and one.device.type == "cuda" and all(t.shape == one.shape for t in group):
+                    torch.empty(one.numel() * len(group), dtype=one.dtype, device=one.device)
 
         # one tensor, or a list, in place
         def allreduce(self, tensors: Any, opts: Any = None) -> Any:
@@ -188,56 +189,34 @@ def _process_group_class() -> Any:
                 torch.zeros(1, device="cuda")  # the 1-element allreduce NCCL's barrier is
             return self._done([])
 
+        # outputs given by the caller: (outputs, inputs, opts)
         def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            for out, inp in zip(outputs, inputs):
-                if all(o.shape == inp.shape for o in out):
-                    self._staged(inp, len(out))
+            self._staged(zip(inputs, outputs))
             return self._done(outputs)
 
-        def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            self._staged(zip(outputs, inputs))
             return self._done(outputs)
-
-        def _allgather_base(self, output: Any, inp: Any, opts: Any = None) -> Any:
-            return self._done([output])
-
-        all_gather_single = _allgather_base
 
         def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
             return self._done(outputs)
 
-        all_gather_single_coalesced = allgather_into_tensor_coalesced
+        all_gather_single_coalesced = allgather_coalesced = allgather_into_tensor_coalesced
         reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced = allgather_into_tensor_coalesced
+        alltoall = gather = scatter = allgather_into_tensor_coalesced
 
-        def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            for out, inp in zip(outputs, inputs):
-                if all(i.shape == out.shape for i in inp):
-                    self._staged(out, len(inp))
-            return self._done(outputs)
-
-        def _reduce_scatter_base(self, output: Any, inp: Any, opts: Any = None) -> Any:
+        # one output tensor: (output, input, ...)
+        def _allgather_base(self, output: Any, inp: Any, *rest: Any) -> Any:
             return self._done([output])
 
-        reduce_scatter_single = _reduce_scatter_base
+        all_gather_single = _reduce_scatter_base = reduce_scatter_single = _allgather_base
+        alltoall_base = all_to_all_single = _allgather_base
 
-        def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            return self._done(outputs)
-
-        def alltoall_base(self, output: Any, inp: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:
-            return self._done([output])
-
-        all_to_all_single = alltoall_base
-
-        def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            return self._done(outputs)
-
-        def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            return self._done(outputs)
-
-        def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+        # point to point: (tensors, peer, tag)
+        def send(self, tensors: Any, peer: int = -1, tag: int = 0) -> Any:
             return self._done(tensors)
 
-        def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
-            return self._done(tensors)
+        recv = send
 
         def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
             return self._done(tensors)

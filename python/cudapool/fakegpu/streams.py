@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -52,9 +52,11 @@ class FakeEvent:
         return 0.0
 
 
-def stream_classes(engine: Any) -> Any:
+def stream_classes(engine: Any, device_index: Callable[[Any], int]) -> Any:
     """The stream class of ``torch.cuda`` for the fake GPU run by ``engine`` (its current
-    device and stream), and the functions of ``torch.cuda`` around it, as a namespace."""
+    device and stream), and the functions of ``torch.cuda`` around it, as a namespace.
+    ``device_index(device)``: the fake GPU's index of a device argument (the current one for
+    None), refusing one it does not have."""
 
     numbers = itertools.count(1)
 
@@ -64,8 +66,7 @@ def stream_classes(engine: Any) -> Any:
         def __init__(
             self, device: Any = None, priority: int = 0, stream_id: Optional[int] = None, **kwargs: Any
         ) -> None:
-            index = engine.current_device() if device is None else _index(device, engine)
-            self.device = torch.device("cuda", index)
+            self.device = torch.device("cuda", device_index(device))
             self.priority = priority
             self.stream_id = next(numbers) if stream_id is None else int(stream_id)
             self.cuda_stream = self.stream_id
@@ -107,12 +108,10 @@ def stream_classes(engine: Any) -> Any:
             return f"<torch.cuda.Stream device={self.device} cuda_stream={self.stream_id:#x} (fake)>"
 
     def current_stream(device: Any = None) -> FakeStream:
-        index = engine.current_device() if device is None else _index(device, engine)
-        return FakeStream(index, stream_id=engine.current_stream())
+        return FakeStream(device, stream_id=engine.current_stream())
 
     def default_stream(device: Any = None) -> FakeStream:
-        index = engine.current_device() if device is None else _index(device, engine)
-        return FakeStream(index, stream_id=0)
+        return FakeStream(device, stream_id=0)
 
     @contextlib.contextmanager
     def stream(s: Any = None) -> Iterator[None]:
@@ -138,10 +137,3 @@ def stream_classes(engine: Any) -> Any:
         StreamContext=stream,
         set_stream=set_stream,
     )
-
-
-def _index(device: Any, engine: Any) -> int:
-    if isinstance(device, int):
-        return device
-    index = torch.device(device).index
-    return engine.current_device() if index is None else int(index)
