@@ -89,6 +89,13 @@ def test_a_fingerprint_ignores_times_and_the_devices_number() -> None:
 
     assert ranks.fingerprint(data(0, 10), 0) == ranks.fingerprint(data(3, 99), 3)
     assert ranks.fingerprint(data(0, 10), 0) != ranks.fingerprint(data(0, 10), 1)  # not on its own GPU
+    alloc = lambda i: EVENT.pack(0, 0, i, 512, 0, 0)  # noqa: E731
+    free = lambda i: EVENT.pack(1, 0, i, 512, 0, 0)  # noqa: E731
+    # frees between two allocations: a set; allocations: an order
+    one = alloc(1) + alloc(2) + free(1) + free(2) + alloc(3)
+    assert ranks.fingerprint(one, 0) == ranks.fingerprint(alloc(1) + alloc(2) + free(2) + free(1) + alloc(3), 0)
+    assert ranks.fingerprint(one, 0) != ranks.fingerprint(alloc(2) + alloc(1) + free(1) + free(2) + alloc(3), 0)
+    assert ranks.fingerprint(one, 0) != ranks.fingerprint(alloc(1) + alloc(2) + free(1) + alloc(3) + free(2), 0)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ A job of 64 ranks is answered without 64 traces. Unless ``--ranks`` names them, 
 the last rank are traced (rank 0 is where scripts log, evaluate and save; the last rank is where
 uneven splits of data, of layers and of shards leave a remainder). Their traces are compared
 event by event (:func:`fingerprint`: each allocation and free, its size, stream and whether it is
-on the rank's own GPU, in order up to the last allocation; not times, not addresses): ranks
+on the rank's own GPU, in order up to the last allocation, the frees between two allocations
+as a set; not times, not addresses): ranks
 whose traces are identical ran the same program as far as memory goes and make one row. When
 the two differ, rank 1 is traced too: where it runs the last rank's program, rank 0 is the odd
 one out (the common case: rank 0 logs and evaluates) and rank 1's row answers for every rank
@@ -126,7 +127,7 @@ def default_ranks(world: World) -> List[int]:
 def fingerprint(data: bytes, own_device: int) -> str:
     """What decides whether two ranks' traces are the same program (Note [Which ranks are
     traced]): a digest of each event's action, id, size, stream and whether it is on the rank's
-    own GPU, in order, up to the last allocation."""
+    own GPU, in order up to the last allocation, the frees between two allocations as a set."""
     from ..lab._events import ALLOC, EVENT
 
     events = list(EVENT.iter_unpack(bytes(data[: len(data) - len(data) % EVENT.size])))
@@ -134,9 +135,17 @@ def fingerprint(data: bytes, own_device: int) -> str:
     # not the program's: objects that autograd's threads let go of as the script ends.
     while events and events[-1][0] != ALLOC:
         events.pop()
+    # The frees between two allocations are compared as a set: their order can follow Python's
+    # iteration of objects by address (a set of tensors let go at once), which differs per process.
     h = hashlib.sha256()
+    frees: List[bytes] = []
     for action, device, ident, size, stream, _time in events:
-        h.update(b"%d %d %d %d %d;" % (action, ident, size, stream, int(device == own_device)))
+        record = b"%d %d %d %d %d;" % (action, ident, size, stream, int(device == own_device))
+        if action == ALLOC:
+            h.update(b"".join(sorted(frees)) + record)
+            frees.clear()
+        else:
+            frees.append(record)
     return h.hexdigest()
 
 

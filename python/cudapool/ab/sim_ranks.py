@@ -110,7 +110,7 @@ def worst(rank_rows: List[Dict[str, Any]]) -> Dict[str, Any]:
             if not r["simulated"]:
                 continue
             w = out.setdefault(r["allocator"], {"rank": rr["rank"], "min_capacity": -1, "fits": True})
-            if r["min_capacity"] > w["min_capacity"]:
+            if (r["min_capacity"] or 0) > w["min_capacity"]:
                 w.update(rank=rr["rank"], min_capacity=r["min_capacity"])
             w["fits"] = w["fits"] and r["fits"]
     return out

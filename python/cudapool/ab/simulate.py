@@ -327,7 +327,8 @@ def predict(trace: Any, alloc: common.Allocator, capacity: int, outside: int = 0
         "fits": not there["oom"],
         "oom_event": there.get("oom_event"),
         "oom_size": there.get("oom_size"),
-        "min_capacity": smallest["min_capacity"] + outside,
+        # None: the trace allocates nothing
+        "min_capacity": None if smallest["min_capacity"] is None else smallest["min_capacity"] + outside,
     }
 
 
@@ -462,7 +463,7 @@ def table(
                     f"{r['utilization'] * 100:.1f} %",
                     *([] if outside is None else [format_bytes(outside)]),
                     fit,
-                    format_bytes(r["min_capacity"]),
+                    "-" if r["min_capacity"] is None else format_bytes(r["min_capacity"]),
                     f"{r['device_calls_total']:,}",
                     f"{r['device_call_ms']:.1f} ms",
                 ]

@@ -11,7 +11,8 @@ has it:
 
 - ``torch.save`` writes to the mirror (:meth:`Scratch.path` with ``writing``), ``torch.load``
   reads the mirror's file when there is one;
-- ``os.makedirs`` and ``os.mkdir`` of a folder that does not exist make it in the mirror;
+- ``os.makedirs`` and ``os.mkdir`` (``pathlib``'s too) of a folder that does not exist make it
+  in the mirror (``os.mkdir`` of a folder the mirror has already does nothing);
 - ``open`` for writing into a folder made in the mirror writes there; ``open`` for reading, of a
   file the mirror has, reads it;
 - ``os.path.exists``, ``isdir`` and ``isfile`` answer for either; ``os.listdir`` lists both.
@@ -102,8 +103,13 @@ class Scratch:
         def mkdir_mirrored(path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
             if dir_fd is not None or not paths(path) or exists(path):
                 return mkdir(path, mode, dir_fd=dir_fd)
-            makedirs(os.path.dirname(scratch.mirror(path)), exist_ok=True)
-            return mkdir(scratch.mirror(path), mode)
+            mirrored = scratch.mirror(path)
+            if isdir(mirrored):
+                # Made in the mirror already: pathlib's mkdir(exist_ok=True) takes FileExistsError
+                # only where its own check (os.stat of the script's path) finds the folder.
+                return None
+            makedirs(os.path.dirname(mirrored), exist_ok=True)
+            return mkdir(mirrored, mode)
 
         def open_mirrored(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             if paths(file):
