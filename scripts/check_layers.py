@@ -227,6 +227,10 @@ PY_LAYERS: dict[str, int] = {
     "fakegpu.streams": 0,
     "fakegpu.scratch": 0,
     "fakegpu.distributed": 0,
+    "fakegpu.compiled": 0,
+    "fakegpu.graphs": 0,
+    "fakegpu.cudnn": 0,
+    "fakegpu.nvidia_smi": 0,
     # 1: formats and configuration
     "lab.torch_snapshot": 1,
     "snapshots": 1,
@@ -264,7 +268,7 @@ PY_LAYERS: dict[str, int] = {
     "oom": 5,
     "fakegpu.python_engine": 5,
     # 6: the package, the fake GPU, and what the A/B command's parts share; 7: the A/B command
-    # and its child runners; 8: its simulated form; 9: the command line
+    # and its child runners; 8: the simulated form's report; 9: the simulated form; 10: the command line
     "__init__": 6,
     "fakegpu": 6,
     "ab.common": 6,
@@ -272,8 +276,9 @@ PY_LAYERS: dict[str, int] = {
     "ab.child": 7,
     "ab.sim_child": 7,
     "ab.sim_ranks": 7,
-    "ab.simulate": 8,
-    "__main__": 9,
+    "ab.sim_report": 8,
+    "ab.simulate": 9,
+    "__main__": 10,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

@@ -120,11 +120,16 @@ def test_torchvision_style_fits_as_replay_capacity_says(tmp_path: Path) -> None:
     assert smallest["cudapool"] < smallest["builtin"], smallest
     capacity = (smallest["cudapool"] + smallest["builtin"]) // 2  # cudapool fits, builtin does not
     simulate(tmp_path, "--gpu", str(capacity), "--json", "small.json", "--", *script)
-    small = rows(json.loads((tmp_path / "small.json").read_text()))
+    result = json.loads((tmp_path / "small.json").read_text())
+    small = rows(result)
     assert small["cudapool"]["fits"] and not small["builtin"]["fits"]
+    # The smallest GPU memory counts the CUDA context's estimate; the allocator gets the rest.
+    outside = result["outside"]["total"]
+    assert outside > 256 << 20 and not result["outside"]["given"]
     for policy in ("builtin", "expandable", "cudapool"):
         done = subprocess.run(
-            [sys.executable, "-m", "cudapool", "replay", "t.cptrace", "--policy", policy, "--capacity", str(capacity)]
+            [sys.executable, "-m", "cudapool", "replay", "t.cptrace", "--policy", policy]
+            + ["--capacity", str(capacity - outside)]
             + ["--json", "-", "--no-progress"],
             env=ENV,
             capture_output=True,
@@ -186,8 +191,8 @@ def test_max_steps_stops_a_long_script(tmp_path: Path) -> None:
     assert "stopped after --max-steps 3" in done.stdout
 
 
-def test_torch_compile_runs_eagerly_and_says_so(tmp_path: Path) -> None:
-    done = simulate(tmp_path, "--json", "out.json", "--", str(SCRIPTS / "compiled.py"))
+def test_torch_compile_on_the_python_engine_runs_eagerly_and_says_so(tmp_path: Path) -> None:
+    done = simulate(tmp_path, "--engine", "python", "--json", "out.json", "--", str(SCRIPTS / "compiled.py"))
     t = json.loads((tmp_path / "out.json").read_text())["trace"]
     assert t["status"] == "finished" and t["fake_gpu"]["compiled"] == 1
     assert "traced eagerly" in done.stdout
@@ -198,8 +203,8 @@ def test_find_max_batch_is_the_largest_that_fits(tmp_path: Path) -> None:
     script = [str(SCRIPTS / "cnn_style.py"), "--width", "16", "--batch-size", "4"]
     steps = ["--max-steps", "2"]  # the peak is reached by the second step (momentum made in the first)
     simulate(
-        tmp_path, "--gpu", gpu, "--allocators", "builtin,cudapool", "--find-max-batch", "--batch-size",
-        "--max-batch-range", "1:24", *steps, "--json", "out.json", "--", *script,
+        tmp_path, "--gpu", gpu, "--outside", "0", "--allocators", "builtin,cudapool", "--find-max-batch",
+        "--batch-size", "--max-batch-range", "1:24", *steps, "--json", "out.json", "--", *script,
     )  # fmt: skip
     found = json.loads((tmp_path / "out.json").read_text())["max_batch"]["results"]
     by_hand: dict = {}  # value -> its trace, traced once for both allocators

@@ -39,6 +39,9 @@ c10::DeviceIndex index_of(c10::Device d); // a device's index, the current one f
 // A block of the recording allocator on device (no memory: an address never dereferenced).
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device);
 c10::Allocator *recording_allocator();
+// From now on what any thread allocates on `stream` is recorded on the trace stream pool_stream
+// (a CUDA graph's private pool); 0 ends it.
+void capture_to_pool(c10::StreamId stream, int64_t pool_stream);
 // A kernel's scratch: its allocation (the id) and its free.
 int64_t record_scratch(int64_t n, int64_t device);
 void record_scratch_free(int64_t id, int64_t n, int64_t device);

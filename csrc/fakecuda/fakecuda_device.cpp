@@ -26,6 +26,9 @@ struct Record {
   int64_t live = 0, peak = 0;
   bool tracing = false;
   uint64_t next_addr = 0x100000000000ull; // never dereferenced; never reused
+  // Streams under a CUDA graph capture, and the trace stream of the pool each allocates from
+  // (Note [CUDA graphs on the fake GPU] in cudapool/fakegpu/graphs.py).
+  std::map<c10::StreamId, int64_t> capturing;
 };
 Record rec;
 
@@ -69,18 +72,30 @@ void record_free(void *ctx) {
   delete b;
 }
 
-// Records an allocation of n bytes (n > 0) and returns its id and address.
-std::pair<int64_t, uint64_t> record_alloc(int64_t n, int64_t device) {
+struct Allocation {
+  int64_t id;
+  uint64_t addr;
+  c10::StreamId stream; // the trace's: the thread's stream, or the pool its capture allocates from
+};
+
+// The trace's stream of what the thread allocates now (rec.mu held): its current stream's, or
+// the pool of a capture on that stream.
+c10::StreamId trace_stream_locked() {
+  auto pool = rec.capturing.find(t_stream);
+  return pool == rec.capturing.end() ? t_stream : static_cast<c10::StreamId>(pool->second);
+}
+
+// Records an allocation of n bytes (n > 0) on the thread's current stream.
+Allocation record_alloc(int64_t n, int64_t device) {
   std::lock_guard<std::mutex> lock(rec.mu);
-  int64_t id = rec.next_id++;
-  uint64_t addr = rec.next_addr;
+  Allocation a{rec.next_id++, rec.next_addr, trace_stream_locked()};
   rec.next_addr += (static_cast<uint64_t>(n) + 1023u) & ~uint64_t{511}; // 512-aligned, a gap between blocks
   if (rec.tracing) {
-    push_locked(CP_TRACE_ALLOC, id, n, device, t_stream);
+    push_locked(CP_TRACE_ALLOC, a.id, n, device, a.stream);
     rec.live += n;
     if (rec.live > rec.peak) rec.peak = rec.live;
   }
-  return {id, addr};
+  return a;
 }
 
 struct RecordingAllocator final : c10::Allocator {
@@ -88,8 +103,8 @@ struct RecordingAllocator final : c10::Allocator {
   c10::DataPtr on(size_t n, c10::DeviceIndex device) const {
     c10::Device where(c10::kCUDA, device);
     if (n == 0) return c10::DataPtr(nullptr, where);
-    auto [id, addr] = record_alloc(static_cast<int64_t>(n), device);
-    return c10::DataPtr(reinterpret_cast<void *>(addr), new Block{id, static_cast<int64_t>(n), device, t_stream},
+    Allocation a = record_alloc(static_cast<int64_t>(n), device);
+    return c10::DataPtr(reinterpret_cast<void *>(a.addr), new Block{a.id, static_cast<int64_t>(n), device, a.stream},
                         &record_free, where);
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -192,12 +207,20 @@ c10::DeviceIndex index_of(c10::Device d) { return d.index() < 0 ? t_device : d.i
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device) { return allocator.on(n, device); }
 c10::Allocator *recording_allocator() { return &allocator; }
 
-int64_t record_scratch(int64_t n, int64_t device) { return record_alloc(n, device).first; }
+void capture_to_pool(c10::StreamId stream, int64_t pool_stream) {
+  std::lock_guard<std::mutex> lock(rec.mu);
+  if (pool_stream == 0)
+    rec.capturing.erase(stream);
+  else
+    rec.capturing[stream] = pool_stream;
+}
+
+int64_t record_scratch(int64_t n, int64_t device) { return record_alloc(n, device).id; }
 
 void record_scratch_free(int64_t id, int64_t n, int64_t device) {
   std::lock_guard<std::mutex> lock(rec.mu);
   if (rec.tracing) {
-    push_locked(CP_TRACE_FREE, id, n, device, t_stream); // a kernel's scratch: freed where it was made
+    push_locked(CP_TRACE_FREE, id, n, device, trace_stream_locked()); // a kernel's scratch: freed where it was made
     rec.live -= n;
   }
 }
@@ -213,6 +236,7 @@ std::string install_device(int devices, bool whole_process) {
   c10::impl::DeviceGuardImplRegistrar(c10::DeviceType::CUDA, &guard);
   std::lock_guard<std::mutex> lock(rec.mu);
   rec.events.clear();
+  rec.capturing.clear();
   rec.live = rec.peak = 0;
   rec.tracing = true;
   return "";

@@ -28,7 +28,8 @@
 //    to Python, which counts it with the script's line.
 //  - what the GPU allocates besides tensors: the cuBLAS workspace of each (thread, stream) at
 //    its first BLAS operation (never freed, as torch keeps it), and the scratch of kernels that
-//    Python models (cudapool.fakegpu.kernel_scratch), asked once per shape and cached.
+//    Python models (cudapool.fakegpu.kernel_scratch), asked once per shape and cached; steps
+//    before a 0 in the model's steps run at that first call only (cuDNN's benchmark search).
 //  - scaled_dot_product_attention's kernel choice (_fused_sdp_choice) is Python's
 //    (cudapool.fakegpu.attention): the kernel torch picks on the named GPU.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -36,6 +37,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -395,9 +397,18 @@ void fake_kernel(const c10::OperatorHandle &op, c10::DispatchKeySet, torch::jit:
     }
   e->host_read = e->host_read || e->host_write;
   e->blas = blas_ops.count(name) > 0;
-  if (scratch) e->scratch = hooks->scratch(schema, meta_args);
+  std::vector<int64_t> first; // steps of this first call only: before a 0 in the model's steps
+  if (scratch) {
+    e->scratch = hooks->scratch(schema, meta_args);
+    auto mark = std::find(e->scratch.begin(), e->scratch.end(), int64_t{0});
+    if (mark != e->scratch.end()) {
+      first.assign(e->scratch.begin(), mark);
+      e->scratch.erase(e->scratch.begin(), mark + 1);
+    }
+  }
   stack->resize(stack->size() - nret);
   if (e->host_read) report_read("a copy to the host", device_tensor(in));
+  if (!first.empty()) run_scratch(first, in);
   finish(*e, in, stack);
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu);

@@ -170,4 +170,9 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
   m.def(
       "set_stream", [](int64_t stream) { set_current_stream(static_cast<c10::StreamId>(stream)); }, py::arg("stream"));
   m.def("current_stream", [] { return static_cast<int64_t>(current_stream()); });
+  m.def(
+      "capture_to_pool",
+      [](int64_t stream, int64_t pool_stream) { capture_to_pool(static_cast<c10::StreamId>(stream), pool_stream); },
+      py::arg("stream"), py::arg("pool_stream"),
+      "What is allocated on stream is recorded on the trace stream pool_stream from now on (0: no longer).");
 }

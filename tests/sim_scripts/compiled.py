@@ -1,4 +1,4 @@
-"""torch.compile on the model: traced eagerly."""
+"""torch.compile on the model: traced as compiled on the native engine, eagerly on the Python one."""
 
 import torch
 import torch.nn as nn

@@ -96,6 +96,10 @@ def trace_script(
     whole = {"whole_process": True} if resolve_engine(engine) == "native" else {}
     # A rank's files go to its own scratch folder: another rank traced beside it must not read them.
     scratch = os.path.join(out_dir, "files") if world is not None else None
+    # The script's own `nvidia-smi` (logging the machine) lists the fake GPU's devices.
+    from cudapool.fakegpu import nvidia_smi
+
+    nvidia_smi.install(os.path.join(out_dir, "bin"), model._asdict(), devices)
     fake = FakeGPU(
         model, strict_values=strict_values, script=script, engine=engine, devices=devices, scratch_dir=scratch, **whole
     )
@@ -109,8 +113,13 @@ def trace_script(
         counter.steps += 1
         counter.check()
 
+    per_optimizer: Dict[int, int] = {}
+
     def on_optimizer_step(optimizer: Any, *a: Any, **k: Any) -> None:
-        counter.optimizer_steps += 1
+        # Steps of the training loop: a loop that steps several optimizers (one per parameter
+        # group kind) takes one step of each; the count is the most-stepped optimizer's.
+        n = per_optimizer[id(optimizer)] = per_optimizer.get(id(optimizer), 0) + 1
+        counter.optimizer_steps = max(counter.optimizer_steps, n)
         counter.check()
 
     result: Dict[str, Any] = {"script": script, "args": args, "gpu": model._asdict(), "max_steps": max_steps}

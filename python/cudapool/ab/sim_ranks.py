@@ -72,9 +72,13 @@ def communicators(result: Dict[str, Any], world: ranks.World) -> List[Communicat
     return out
 
 
-def outside_of(result: Dict[str, Any], world: ranks.World, gpu: Any) -> OutsideEstimate:
-    """The memory outside PyTorch's allocator of a traced rank's process."""
-    return estimate_outside(gpu, communicators(result, world), os.environ)
+def outside_of(result: Dict[str, Any], world: ranks.World, gpu: Any, given: Optional[int] = None) -> OutsideEstimate:
+    """The memory outside PyTorch's allocator of a traced rank's process: the estimate, or
+    ``given`` bytes (--outside) in its place."""
+    est = estimate_outside(gpu, communicators(result, world), os.environ)
+    if given is None:
+        return est
+    return OutsideEstimate(given, 0, [0] * len(est.per_communicator), [f"--outside {format_bytes(given)}"])
 
 
 def second_look(done: Dict[int, Dict[str, Any]], world: ranks.World) -> Optional[int]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from .._units import format_bytes
 from . import common
-from .ranks import ranks_text
+from .sim_report import report, table
 
 #: The replay policy of each of torch's rows.
 POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
@@ -63,6 +63,8 @@ class SimOptions(NamedTuple):
     #: Note [Which ranks are traced] in cudapool.ab.ranks).
     world: Optional[Any] = None
     ranks: Optional[List[int]] = None
+    #: --outside: the bytes a process holds outside PyTorch's allocator (None: the estimate).
+    outside: Optional[int] = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps",
         type=int,
         metavar="N",
-        help="stop the script after N steps (cudapool.ab.step() marks or optimizer steps, whichever counts more)",
+        help="stop the script after N steps: N cudapool.ab.step() marks, or N steps of one optimizer (a loop that "
+        "steps several takes one step of each), whichever comes first",
     )
     p.add_argument(
         "--strict-values",
@@ -127,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="with --nproc-per-node: the ranks to trace, e.g. 0,7 or 0-3 or all (default: the first and the last; "
         "ranks whose traces are identical make one row)",
+    )
+    p.add_argument(
+        "--outside",
+        metavar="BYTES",
+        help="GPU memory the process holds outside PyTorch's allocator, set aside before fits, smallest GPU memory "
+        "and --find-max-batch (e.g. 1GiB, 0; default: an estimate of the CUDA context and, with ranks, NCCL's "
+        "buffers)",
     )
     p.add_argument(
         "--engine",
@@ -183,6 +193,14 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         why = why_unavailable()
         if why is not None:
             raise common.UsageError(f"ranks need cudapool's native fake GPU, which cannot run here: {why}")
+    outside = None
+    if ns.outside is not None:
+        from .._units import parse_size
+
+        try:
+            outside = parse_size(ns.outside)
+        except ValueError as exc:
+            raise common.UsageError(f"--outside: {exc}") from None
     if not rest:
         raise common.UsageError("no script after --")
     if not os.path.isfile(rest[0]):
@@ -204,6 +222,7 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         ns.engine,
         world,
         traced,
+        outside,
     )
 
 
@@ -304,9 +323,10 @@ def policy_and_config(alloc: common.Allocator) -> Optional[Tuple[str, Optional[s
     return policy, ",".join(rest) or None
 
 
-def predict(trace: Any, alloc: common.Allocator, capacity: int, outside: int = 0) -> Dict[str, Any]:
-    """One row's figures: replays unlimited and at the GPU's memory (less ``outside``: what the
-    process holds outside PyTorch's allocator), and the smallest device (``outside`` added)."""
+def predict(trace: Any, alloc: common.Allocator, limit: int, outside: int = 0) -> Dict[str, Any]:
+    """One row's figures: replays unlimited and at ``limit`` (what the allocator may use:
+    :func:`room`), and the smallest device (``outside``, what the process holds outside
+    PyTorch's allocator, added)."""
     from ..lab.capacity import min_capacity
     from ..lab.replay import replay
 
@@ -315,7 +335,7 @@ def predict(trace: Any, alloc: common.Allocator, capacity: int, outside: int = 0
         return {"allocator": alloc.label, "simulated": False, "why": "no model of cudaMallocAsync's pool"}
     policy, config = pc
     free = replay(trace, policy=policy, config=config)
-    there = replay(trace, policy=policy, config=config, capacity=max(1, capacity - outside))
+    there = replay(trace, policy=policy, config=config, capacity=limit)
     smallest = min_capacity(trace, policy=policy, config=config, unlimited=free)
     keys = ("peak_allocated", "peak_reserved", "utilization", "device_calls_total", "device_call_ms", "device_faults")
     return {
@@ -332,10 +352,28 @@ def predict(trace: Any, alloc: common.Allocator, capacity: int, outside: int = 0
     }
 
 
+def outside_single(opts: SimOptions, gpu: Any) -> Dict[str, Any]:
+    """What a one-GPU run's process holds outside PyTorch's allocator: --outside, or the CUDA
+    context's estimate (:mod:`cudapool.ab.outside`)."""
+    from .outside import estimate_outside
+
+    if opts.outside is not None:
+        return {"total": opts.outside, "given": True, "lines": [f"--outside {format_bytes(opts.outside)}"]}
+    est = estimate_outside(gpu, [], os.environ)
+    return {"total": est.context, "given": False, "lines": est.lines[:1]}
+
+
 def usable(trace_result: Dict[str, Any], total: int) -> int:
     """The memory a run may use: the GPU's, or the fraction of it the script set."""
     fraction = (trace_result.get("fake_gpu") or {}).get("memory_fraction")
     return total if fraction is None else max(1, int(fraction * total))
+
+
+def room(trace_result: Dict[str, Any], total: int, outside: int) -> int:
+    """What PyTorch's allocator may hold on a GPU of ``total`` bytes when the process holds
+    ``outside`` bytes outside it: the GPU's rest, or less, the fraction the script set (torch
+    caps the allocator alone with it)."""
+    return max(1, min(usable(trace_result, total), total - outside))
 
 
 def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outside: int = 0) -> bool:
@@ -346,8 +384,8 @@ def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outs
     pc = policy_and_config(alloc)
     if pc is None or trace_result.get("trace") is None:
         return False
-    room = max(1, usable(trace_result, total) - outside)
-    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=room)["oom"]
+    limit = room(trace_result, total, outside)
+    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=limit)["oom"]
 
 
 def find_max(
@@ -377,7 +415,7 @@ def find_max(
             if opts.world is None:
                 t = trace_once(opts, args, where)
                 t["trace"] = load(t["trace_path"]) if t["status"] in ("finished", "stopped") else None
-                per_rank[value] = [(t, 0)]
+                per_rank[value] = [(t, outside_single(opts, gpu)["total"])]
             else:
                 from . import sim_ranks
 
@@ -389,7 +427,8 @@ def find_max(
                     f"{name} {value}: ",
                 )
                 per_rank[value] = [
-                    (t, sim_ranks.outside_of(t, opts.world, gpu).total if t.get("world") else 0) for t in done.values()
+                    (t, sim_ranks.outside_of(t, opts.world, gpu, opts.outside).total if t.get("world") else 0)
+                    for t in done.values()
                 ]
                 # the value's status is the first failing rank's, if one failed
                 t = min(done.values(), key=lambda r: r["status"] in ("finished", "stopped"))
@@ -424,199 +463,6 @@ def _brief(t: Dict[str, Any]) -> Dict[str, Any]:
     return {k: t.get(k) for k in ("status", "message", "steps", "events", "peak_allocated", "seconds")}
 
 
-# -- the table ------------------------------------------------------------------------------------
-
-
-def table(
-    rows: List[Dict[str, Any]],
-    gpu_spec: str,
-    max_batch: Optional[Dict[str, Any]],
-    rank_rows: Optional[List[Dict[str, Any]]] = None,
-) -> List[List[str]]:
-    """The report's table: a row per allocator; with ``rank_rows`` (a job of several ranks), a
-    row per group of ranks and allocator, with the ranks it stands for and what each rank holds
-    outside PyTorch's allocator."""
-    head = ["allocator", "predicted peak allocated", "predicted peak reserved", "predicted utilization"]
-    if rank_rows is not None:
-        head = ["ranks", *head, "outside PyTorch (est.)"]
-    head += [f"fits on {gpu_spec}", "smallest GPU memory", "device calls", "est. device time"]
-    if max_batch is not None:
-        head.append(f"max {max_batch['arg']}")
-    groups = (
-        [(None, None, rows)]
-        if rank_rows is None
-        else [
-            (f"{rr['rank']} (for {ranks_text(rr['stands_for'])})", rr["outside"]["total"], rr["rows"])
-            for rr in rank_rows
-        ]
-    )
-    cells = [head]
-    for who, outside, group in groups:
-        for r in group:
-            if not r["simulated"]:
-                figures = ["not simulated"] + ["-"] * (len(head) - 2 - (who is not None) - (max_batch is not None))
-            else:
-                fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
-                figures = [
-                    format_bytes(r["peak_allocated"]),
-                    format_bytes(r["peak_reserved"]),
-                    f"{r['utilization'] * 100:.1f} %",
-                    *([] if outside is None else [format_bytes(outside)]),
-                    fit,
-                    "-" if r["min_capacity"] is None else format_bytes(r["min_capacity"]),
-                    f"{r['device_calls_total']:,}",
-                    f"{r['device_call_ms']:.1f} ms",
-                ]
-            line = ([] if who is None else [who]) + [r["allocator"], *figures]
-            if max_batch is not None:
-                m = max_batch["results"][r["allocator"]]["max"]
-                line.append("-" if not r["simulated"] else ("none" if m is None else str(m)))
-            cells.append(line)
-    return cells
-
-
-def _engine_words(t: Dict[str, Any]) -> str:
-    engine = (t.get("fake_gpu") or {}).get("engine")
-    if engine == "native":
-        return ", cudapool's fake GPU below Python"
-    if engine == "python":
-        return ", torch's fake tensors"
-    return ""
-
-
-def report(result: Dict[str, Any]) -> str:
-    t, gpu, o = result["trace"], result["gpu"], result["options"]
-    job = ""
-    if o.get("nproc_per_node"):
-        job = f" --nproc-per-node {o['nproc_per_node']}" + (f" --nnodes {o['nnodes']}" if o["nnodes"] != 1 else "")
-    head = f"python -m cudapool ab --simulate --gpu {o['gpu']}{job} -- {' '.join(result['argv'])}\n"
-    if "rank_rows" in result:
-        head += (
-            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated per rank; "
-            f"{result['traced_text']}; each traced on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} "
-            f"optimizer steps, {t['events']:,} events on rank {result['rank_rows'][0]['rank']}{_engine_words(t)}), "
-            "torch.distributed on the fake GPU's process group, each trace replayed under each allocator's rules on "
-            "cudapool's simulated device\n"
-        )
-    else:
-        head += (
-            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script "
-            f"traced once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, "
-            f"{t['events']:,} events, {t['seconds']:.1f} s{_engine_words(t)}), its trace replayed under each "
-            "allocator's rules on cudapool's simulated device\n"
-        )
-    notes = []
-    if t["status"] == "stopped":
-        notes.append(f"the script was stopped after --max-steps {result['options']['max_steps']}")
-    if t["status"] == "exit":
-        notes.append(f"the script exited with status {t['exit_code']}: the trace ends there")
-    fg = t.get("fake_gpu") or {}
-    if fg.get("value_reads"):
-        sites = ", ".join(fg["value_read_sites"])
-        notes.append(
-            f"the script read {fg['value_reads']:,} tensor value(s) ({sites}): it got zeros; control flow that "
-            "depends on values is not simulated (--strict-values makes such reads an error)"
-        )
-    if fg.get("host_copies"):
-        notes.append(
-            f"{fg['host_copies']:,} copy(ies) of CUDA tensors to the host (.cpu(), .numpy()) got zeros of the right "
-            "shape; host tensors the script computes itself are real"
-        )
-    if fg.get("host_value_reads"):
-        notes.append(f"{fg['host_value_reads']:,} read(s) of fake host tensors got zeros")
-    for rr in result.get("rank_rows") or ():
-        own = rr["rank"] % o["nproc_per_node"]
-        if any(d != own for d in rr["devices"]):
-            notes.append(
-                f"rank {rr['rank']} allocated on devices {rr['devices']}, not only its own cuda:{own} (did the script "
-                "call torch.cuda.set_device(LOCAL_RANK)?): each device's memory is replayed on its own pool and "
-                "added up"
-            )
-    world = t.get("world") or {}
-    if world.get("object_collectives"):
-        calls = ", ".join(f"{n:,} {k}" for k, n in sorted(world["object_collectives"].items()))
-        notes.append(
-            f"object collectives ({calls}) were answered as if every rank held this rank's objects (a receiving "
-            "rank keeps its own)"
-        )
-    if fg.get("record_streams"):
-        notes.append(
-            f"Tensor.record_stream was called {fg['record_streams']:,} time(s): the blocks were freed where the program "
-            "dropped them, not when the other stream's work passed (a GPU may hold them a little longer)"
-        )
-    if "rank_rows" not in result and any(d != 0 for d in result.get("devices") or ()):
-        notes.append(
-            f"the script allocated on devices {result['devices']}: one GPU is simulated, and each device's "
-            "memory is replayed on its own pool and added up"
-        )
-    if fg.get("memory_fraction") is not None:
-        notes.append(
-            f"the script capped its memory at {fg['memory_fraction']:g} of the GPU "
-            f"(set_per_process_memory_fraction): fits means within {format_bytes(result['capacity'])}"
-        )
-    if fg.get("loader_workers"):
-        notes.append(f"data loader workers ({fg['loader_workers']} asked for) ran in the main process: same batches")
-    if fg.get("compiled"):
-        notes.append(
-            f"torch.compile was called {fg['compiled']} time(s): traced eagerly, as if not compiled (a compiled "
-            "program fuses operations and can need less memory: one measured script was predicted 10 % high)"
-        )
-    if fg.get("sdpa"):
-        kinds = ", ".join(f"{n:,} {k}" for k, n in sorted(fg["sdpa"].items()))
-        fused = "" if set(fg["sdpa"]) == {"math"} else ": the fused kernels' outputs and log-sum-exp, no attention maps"
-        math = (
-            " (math: the inputs no fused kernel takes on this GPU, with their attention maps)"
-            if "math" in fg["sdpa"]
-            else ""
-        )
-        notes.append(f"scaled_dot_product_attention ran as torch picks on {gpu['name']} ({kinds}){fused}{math}")
-    if fg.get("rnn_calls"):
-        notes.append(
-            "recurrent layers (" + ", ".join(sorted(fg["rnn_calls"])) + ") ran as torch's own CUDA cells: their "
-            "saved gates stand for cuDNN's reserve space (an estimate)"
-        )
-    if fg.get("scratch_files"):
-        notes.append(
-            f"the script wrote {fg['scratch_files']:,} file(s) on rank {world.get('rank', 0)} (torch.save, and open() in "
-            "folders it made): into a scratch folder of that rank's own, not into the script's folders (a traced rank "
-            "must not read what another wrote; they are gone afterwards)"
-        )
-    elif fg.get("saved_placeholders"):
-        notes.append(
-            f"torch.save wrote {fg['saved_placeholders']:,} CUDA tensor(s) as placeholders (shape and dtype, no "
-            "values): loading them outside ab --simulate gives meta tensors"
-        )
-    if fg.get("snapshots_written"):
-        notes.append(
-            "memory snapshots written from the simulated run (the built-in allocator's rules): "
-            + ", ".join(fg["snapshots_written"])
-        )
-    for label, why in dict((r["allocator"], r.get("why")) for r in result["rows"] if not r["simulated"]).items():
-        notes.append(f"{label}: not simulated ({why})")
-    ws = fg.get("cublas_workspace_bytes")
-    if ws:
-        notes.append(
-            f"cuBLAS workspaces are in the trace ({format_bytes(ws)} per thread and stream on this GPU, as torch "
-            "allocates them: the forward's and autograd's backward thread's)"
-        )
-    if "rank_rows" in result:
-        from .sim_ranks import summary_lines
-
-        notes.append(
-            "fits and smallest GPU memory count each rank's CUDA context and NCCL buffers (estimates: the lines "
-            "below); cuDNN workspaces and other memory outside PyTorch's allocator are not counted"
-        )
-        tail = "".join(f"{line}\n" for line in summary_lines(result))
-    else:
-        notes.append(
-            "the CUDA context, cuDNN workspaces and memory outside PyTorch's allocator are not in the trace: leave "
-            "about 0.5–1 GiB of the GPU for them"
-        )
-        tail = ""
-    table_text = common.format_table(result["cells"])
-    return head + "\n" + table_text + "\n" + tail + "".join(f"note: {n}\n" for n in notes)
-
-
 # -- the command ----------------------------------------------------------------------------------
 
 
@@ -641,6 +487,7 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
                 "nproc_per_node": opts.world.nproc_per_node if opts.world else None,
                 "nnodes": opts.world.nnodes if opts.world else None,
                 "ranks": opts.ranks,
+                "outside": opts.outside,
             },
         }
         if opts.world is not None:
@@ -652,7 +499,9 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
         if traced["status"] not in ("finished", "stopped", "exit"):
             return result
         trace = load(traced["trace_path"])
-        capacity = usable(traced, gpu.total_memory)
+        outside = outside_single(opts, gpu)
+        result["outside"] = outside
+        capacity = room(traced, gpu.total_memory, outside["total"])
         result["devices"] = trace.devices()
         if opts.trace:
             shutil.copyfile(traced["trace_path"], opts.trace)
@@ -660,10 +509,12 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
         rows = []
         for i, alloc in enumerate(opts.allocators, 1):
             progress(f"[{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
-            rows.append(predict(trace, alloc, capacity))
+            rows.append(predict(trace, alloc, capacity, outside["total"]))
         result["rows"] = rows
         result["capacity"] = capacity
-        result["max_batch"] = find_max(opts, gpu.total_memory, workdir, progress) if opts.find_max_batch else None
+        result["max_batch"] = (
+            find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu) if opts.find_max_batch else None
+        )
     result["cells"] = table(rows, opts.gpu, result["max_batch"])
     return result
 
@@ -708,8 +559,8 @@ def _run_ranks(
     rank_rows = []
     for rank, stands in answers.items():
         t = done[rank]
-        outside = sim_ranks.outside_of(t, world, gpu)
-        capacity = usable(t, gpu.total_memory)
+        outside = sim_ranks.outside_of(t, world, gpu, opts.outside)
+        capacity = room(t, gpu.total_memory, outside.total)
         rows = []
         for i, alloc in enumerate(opts.allocators, 1):
             progress(f"rank {rank}: [{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")

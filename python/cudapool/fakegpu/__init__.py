@@ -62,11 +62,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._units import MIB
 from . import scriptio
+from .compiled import CompiledPrograms
 from .engine import Engine
 from .failures import LIBRARY_DIRS, ValueRead, explain_failure, script_error
-from .models import GPUS, GPUModel, cublas_workspace_bytes, gpu_model
+from .graphs import Graphs
+from .models import GPUS, SHARED_MEMORY_OPTIN, SHARED_MEMORY_OPTIN_LATEST, GPUModel, cublas_workspace_bytes, gpu_model
 from .scratch import Scratch
 from .scriptio import ScriptIO
 from .streams import FakeEvent, stream_classes
@@ -182,8 +183,14 @@ class FakeGPU(ScriptIO):
         self.host_value_reads = 0
         #: The first places in the script that read values: "file:line".
         self.value_read_sites: List[str] = []
-        #: Calls of ``torch.compile`` (run eagerly).
+        #: Calls of ``torch.compile``.
         self.compiled = 0
+        #: Calls of flex_attention without torch.compile.
+        self.flex_eager = 0
+        #: What compiled programs need of the fake GPU (native engine).
+        self.programs = CompiledPrograms(self)
+        #: CUDA graphs: captures, replays, calls of graph trees.
+        self.graphs = Graphs(self)
         #: The last ``torch.cuda.set_per_process_memory_fraction`` the script set, or None: the
         #: memory a run may use is then that fraction of the GPU's.
         self.memory_fraction: Optional[float] = None
@@ -206,8 +213,14 @@ class FakeGPU(ScriptIO):
             minor=m.minor,
             is_integrated=False,
             is_multi_gpu_board=False,
-            L2_cache_size=50 * MIB,
+            L2_cache_size=m.l2_cache,
             warp_size=32,
+            max_threads_per_block=1024,
+            regs_per_multiprocessor=65536,
+            shared_memory_per_block=48 << 10,
+            shared_memory_per_multiprocessor=SHARED_MEMORY_OPTIN.get((m.major, m.minor), SHARED_MEMORY_OPTIN_LATEST)
+            + (1 << 10),
+            shared_memory_per_block_optin=SHARED_MEMORY_OPTIN.get((m.major, m.minor), SHARED_MEMORY_OPTIN_LATEST),
             uuid="00000000-0000-0000-0000-000000000000",
         )
 
@@ -304,6 +317,9 @@ class FakeGPU(ScriptIO):
             "device_count": lambda: self.devices,
             "current_device": lambda: self.engine.current_device(),
             "_lazy_init": lambda: None,
+            # CUDA is up on the fake GPU: torch resolves a bare "cuda" to the current device only then
+            # (fake tensors under torch.compile, for one).
+            "is_initialized": lambda: True,
             "init": lambda: None,
             "set_device": self._set_device,
             "get_device_name": lambda device=None: (self._device_index(device), props.name)[1],
@@ -320,16 +336,16 @@ class FakeGPU(ScriptIO):
             "reset_peak_memory_stats": lambda device=None: None,
             "set_per_process_memory_fraction": self._set_fraction,
             "Stream": streams.Stream,
+            "ExternalStream": streams.ExternalStream,
             "Event": FakeEvent,
             "current_stream": streams.current_stream,
             "default_stream": streams.default_stream,
             "stream": streams.stream,
             "StreamContext": streams.StreamContext,
             "set_stream": streams.set_stream,
-            # No capture runs on the fake GPU (what an optimizer's step asks before torch 2.13).
-            "is_current_stream_capturing": lambda: False,
             "_exchange_device": self._exchange_device,
-            "_maybe_exchange_device": self._exchange_device,
+            # Another function than _exchange_device's: Dynamo keeps one handler per function.
+            "_maybe_exchange_device": lambda device: self._exchange_device(device),
         }
         for name, value in one.items():
             if hasattr(cuda, name):
@@ -360,8 +376,9 @@ class FakeGPU(ScriptIO):
             ("current_device_idx", lambda: self.engine.current_device()),
             ("set_device_index", self._set_device),
             ("set_device_idx", self._set_device),
-            ("current_stream", streams.current_stream),
-            ("set_stream", streams.set_stream),
+            # Functions of their own, not torch.cuda's: Dynamo keeps one handler per function.
+            ("current_stream", lambda device=None: streams.current_stream(device)),
+            ("set_stream", lambda stream: streams.set_stream(stream)),
             ("synchronize", lambda device=None: None),
         ):
             if hasattr(acc, name):
@@ -383,15 +400,43 @@ class FakeGPU(ScriptIO):
         self._patch(loader, "__init__", init)
 
     def _patch_compile(self) -> None:
+        """``torch.compile`` on the native engine compiles as on a GPU
+        (:mod:`cudapool.fakegpu.compiled`); on the Python engine it returns the function or
+        module unchanged (Dynamo cannot trace the tracer's tensor subclass)."""
         gpu = self
+        original = torch.compile
+
+        torch_dir = os.path.dirname(torch.__file__) + os.sep
 
         def compile(model: Any = None, **kwargs: Any) -> Any:
-            gpu.compiled += 1
+            if not sys._getframe(1).f_code.co_filename.startswith(torch_dir):  # torch's own (flex_attention's)
+                gpu.compiled += 1
+                gpu.programs.asked(kwargs)
+            if gpu.engine.name == "native":
+                gpu.programs.setup()
+                return original(model, **kwargs) if model is not None else original(**kwargs)
             if model is None:  # @torch.compile(mode=...)
                 return lambda fn: fn
             return model
 
         self._patch(torch, "compile", compile)
+
+    def _patch_flex(self) -> None:
+        """Counts flex_attention's calls without torch.compile (torch's unfused path, which
+        materialises the scores): torch warns once; the notes say how many ran."""
+        try:
+            import torch.nn.attention.flex_attention as flex
+        except ImportError:  # an older torch: no flex_attention
+            return
+        original = flex._warn_once
+        gpu = self
+
+        def warn_once(warning_id: str, message: str, *args: Any, **kwargs: Any) -> None:
+            if warning_id == "flex_attention_performance":
+                gpu.flex_eager += 1
+            original(warning_id, message, *args, **kwargs)
+
+        self._patch(flex, "_warn_once", warn_once)
 
     # -- what scripts do around training ---------------------------------------------------------
 
@@ -441,8 +486,11 @@ class FakeGPU(ScriptIO):
     def __enter__(self) -> "FakeGPU":
         try:
             self._patch_cuda()
+            self.graphs.patch()
             self.engine.patch(self._patch)
             self._patch_compile()
+            self.programs.patch_user_kernels()
+            self._patch_flex()
             self._patch_loaders()
             self._patch_printing()
             self._patch_serialization()
@@ -488,6 +536,14 @@ class FakeGPU(ScriptIO):
             "host_value_reads": self.host_value_reads,
             "strict_values": self.strict_values,
             "compiled": self.compiled,
+            "compile": self.programs.summary(),
+            "flex_eager": self.flex_eager,
+            "cudnn": self.engine.cudnn_summary(),
+            "cuda_graphs": {
+                "captures": self.graphs.captures,
+                "replays": self.graphs.replays,
+                "tree_calls": self.graphs.tree_calls,
+            },
             "memory_fraction": self.memory_fraction,
             "loader_workers": self.loader_workers,
             "devices": self.devices,

@@ -86,6 +86,16 @@ class Engine(abc.ABC):
         """The calling thread's current stream."""
         return int(getattr(self, "_stream", 0))
 
+    def cudnn_summary(self) -> Dict[str, Any]:
+        """What the engine's model of cuDNN's workspaces did (empty: not modelled)."""
+        return {}
+
+    def capture_to_pool(self, stream: int, pool_stream: int) -> bool:
+        """Record what is allocated on ``stream`` from now on on the trace stream
+        ``pool_stream`` (a CUDA graph's pool; 0: no longer). False where the engine cannot:
+        the caller then makes ``pool_stream`` the thread's stream for the capture."""
+        return False
+
     @abc.abstractmethod
     def patch(self, patch: Patch) -> None:
         """What this engine changes in torch for the script to run on it, through ``patch``

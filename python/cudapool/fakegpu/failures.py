@@ -46,8 +46,10 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
         )
     # Python's own frozen modules (os.environ's lookup, say) are not where a script's error is.
     frames = [f for f in traceback.walk_tb(exc.__traceback__) if not f[0].f_code.co_filename.startswith("<frozen")]
-    if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc):
-        return None  # the simulation's limit (the native engine raises from below the script's line)
+    if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc) or _cuda_error(exc):
+        # the simulation's limit (the native engine raises from below the script's line), or the
+        # CUDA runtime's error from a call the script made into torch's C code
+        return None
     filename = frames[-1][0].f_code.co_filename
     inner = os.path.abspath(filename)
     if filename.startswith("<") or inner.startswith(LIBRARY_DIRS):
@@ -59,6 +61,37 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
     where = f"{os.path.relpath(inner, here)}:{lineno}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{where}: `{code}`: {type(exc).__name__}" + (f": {text}" if text else "")
+
+
+_CUDA_ERRORS = re.compile(
+    r"driver version is insufficient|no nvidia driver|cuda error|cudaerror|cuda driver|cuda_error_|"
+    r"libcuda\.so|found no nvidia|cuInit|CUDA call failed",
+    re.IGNORECASE,
+)
+
+
+def _cuda_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the CUDA runtime's or driver's error (no driver here)."""
+    return bool(_CUDA_ERRORS.search(str(exc)))
+
+
+def _caller(exc: BaseException, script: str) -> str:
+    """Who made the call that failed: the innermost Python frame's function, with its module
+    (torch's or a library's), or the script's line when the script called C code itself."""
+    frames = [f for f in traceback.walk_tb(exc.__traceback__) if not f[0].f_code.co_filename.startswith("<")]
+    if not frames:
+        return "the script"
+    frame, lineno = frames[-1]
+    path = os.path.abspath(frame.f_code.co_filename)
+    name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    for root in sys.path:
+        root = os.path.abspath(root or ".") + os.sep
+        if path.startswith(root) and ("site-packages" in root or "dist-packages" in root):
+            module = os.path.splitext(os.path.relpath(path, root))[0].replace(os.sep, ".")
+            return f"{module}.{name} ({os.path.basename(path)}:{lineno})"
+    if path == os.path.abspath(script):
+        return f"the script's own call at line {lineno}"
+    return f"{name} ({os.path.basename(path)}:{lineno})"
 
 
 def explain_failure(exc: BaseException, script: str) -> str:
@@ -97,8 +130,8 @@ def explain_failure(exc: BaseException, script: str) -> str:
             "torch.distributed runs on the fake GPU's own process group, which has no NCCL-specific calls "
             "(communicators, streams, registration)"
         )
-    elif "driver version is insufficient" in str(exc) or "no nvidia driver" in str(exc).lower():
-        why = "it ran real CUDA code, which needs a GPU (a custom CUDA extension's own kernel?)"
+    elif _cuda_error(exc):
+        why = f"{_caller(exc, script)} called the CUDA driver, which the fake GPU does not stand in for ({text})"
     elif op_name is not None and ("Meta" in str(exc) or "fake" in str(exc).lower() or "NotImplemented" in kind):
         why = f"the operation {op_name} has no fake (meta) implementation: a custom CUDA extension?"
     else:

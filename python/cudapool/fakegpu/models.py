@@ -10,7 +10,7 @@ from typing import Dict, NamedTuple, Optional
 
 from .._units import MIB, parse_size
 
-__all__ = ["DEFAULT_GPU", "GPUModel", "GPUS", "cublas_workspace_bytes", "gpu_model"]
+__all__ = ["DEFAULT_GPU", "GPUModel", "GPUS", "SHARED_MEMORY_OPTIN", "cublas_workspace_bytes", "gpu_model"]
 
 
 class GPUModel(NamedTuple):
@@ -27,6 +27,7 @@ class GPUModel(NamedTuple):
     minor: int
     nvlinks: int = 0
     nvswitch: bool = False
+    l2_cache: int = 50 * MIB  # L2_cache_size (Inductor sizes its benchmarks' cache flush by it)
 
 
 #: Common GPUs: total memory as ``nvidia-smi`` lists it for the card (MiB), multiprocessors and
@@ -35,18 +36,22 @@ class GPUModel(NamedTuple):
 #: links through NVSwitches; DGX-1 V100: 6 NVLink 2 links, GPU to GPU; the others are PCIe cards).
 #: Keys are matched without case, spaces, dashes or underscores.
 GPUS: Dict[str, GPUModel] = {
-    "h200": GPUModel("NVIDIA H200", 143771 * MIB, 132, 2048, 9, 0, 18, True),
-    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 132, 2048, 9, 0, 18, True),
-    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 108, 2048, 8, 0, 12, True),
-    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * MIB, 108, 2048, 8, 0, 12, True),
-    "l40s": GPUModel("NVIDIA L40S", 46068 * MIB, 142, 1536, 8, 9),
-    "rtx4090": GPUModel("NVIDIA GeForce RTX 4090", 24564 * MIB, 128, 1536, 8, 9),
-    "rtx3090": GPUModel("NVIDIA GeForce RTX 3090", 24576 * MIB, 82, 1536, 8, 6),
-    "a10g": GPUModel("NVIDIA A10G", 23028 * MIB, 80, 1536, 8, 6),
-    "l4": GPUModel("NVIDIA L4", 23034 * MIB, 58, 1536, 8, 9),
-    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * MIB, 80, 2048, 7, 0, 6),
-    "t4": GPUModel("Tesla T4", 15360 * MIB, 40, 1024, 7, 5),
+    "h200": GPUModel("NVIDIA H200", 143771 * MIB, 132, 2048, 9, 0, 18, True, 50 * MIB),
+    "h100": GPUModel("NVIDIA H100 80GB HBM3", 81559 * MIB, 132, 2048, 9, 0, 18, True, 50 * MIB),
+    "a10080gb": GPUModel("NVIDIA A100-SXM4-80GB", 81920 * MIB, 108, 2048, 8, 0, 12, True, 40 * MIB),
+    "a10040gb": GPUModel("NVIDIA A100-SXM4-40GB", 40960 * MIB, 108, 2048, 8, 0, 12, True, 40 * MIB),
+    "l40s": GPUModel("NVIDIA L40S", 46068 * MIB, 142, 1536, 8, 9, l2_cache=96 * MIB),
+    "rtx4090": GPUModel("NVIDIA GeForce RTX 4090", 24564 * MIB, 128, 1536, 8, 9, l2_cache=72 * MIB),
+    "rtx3090": GPUModel("NVIDIA GeForce RTX 3090", 24576 * MIB, 82, 1536, 8, 6, l2_cache=6 * MIB),
+    "a10g": GPUModel("NVIDIA A10G", 23028 * MIB, 80, 1536, 8, 6, l2_cache=6 * MIB),
+    "l4": GPUModel("NVIDIA L4", 23034 * MIB, 58, 1536, 8, 9, l2_cache=48 * MIB),
+    "v10032gb": GPUModel("Tesla V100-SXM2-32GB", 32768 * MIB, 80, 2048, 7, 0, 6, l2_cache=6 * MIB),
+    "t4": GPUModel("Tesla T4", 15360 * MIB, 40, 1024, 7, 5, l2_cache=4 * MIB),
 }
+#: Shared memory a block may opt in to, by compute capability (CUDA's programming guide's table
+#: of technical specifications): Triton's and Inductor's templates size their tiles by it.
+SHARED_MEMORY_OPTIN = {(7, 0): 96 << 10, (7, 5): 64 << 10, (8, 0): 163 << 10, (8, 6): 99 << 10, (8, 9): 99 << 10}
+SHARED_MEMORY_OPTIN_LATEST = 227 << 10  # 9.0 and later
 _ALIASES = {"h10080gb": "h100", "a100": "a10080gb", "4090": "rtx4090", "3090": "rtx3090", "v100": "v10032gb"}
 DEFAULT_GPU = "h100"
 

@@ -24,6 +24,7 @@ import torch
 from ..lab._events import Events
 from ..lab.trace import UNSEEN, Trace
 from . import kernel_scratch as _kernel_scratch
+from .cudnn import CONVOLUTIONS, CudnnModel
 
 __all__ = ["NativeTracer", "why_unavailable"]
 
@@ -32,6 +33,10 @@ def _module() -> Any:
     from .. import _torch_fakecuda
 
     return _torch_fakecuda
+
+
+#: torch.cuda.is_initialized as torch has it (the fake GPU answers True while it is up).
+_cuda_initialized = torch.cuda.is_initialized
 
 
 def why_unavailable() -> Optional[str]:
@@ -49,7 +54,7 @@ def why_unavailable() -> Optional[str]:
         )
     if not torch.version.cuda:
         return f"torch {torch.__version__} is not a CUDA build"
-    if torch.cuda.is_initialized():
+    if _cuda_initialized():
         return "CUDA is initialised in this process already"
     return None
 
@@ -81,6 +86,14 @@ class NativeTracer:
         self.workspace_bytes = workspace_bytes
         self.cuda_scratch = bool(kernel_scratch)
         self.gpu = _kernel_scratch.gpu_shape(gpu)
+        total = (
+            getattr(gpu, "total_memory", None) if gpu is not None and not isinstance(gpu, (tuple, list, dict)) else None
+        )
+        #: cuDNN's convolution workspaces (Note [cuDNN workspaces on the fake GPU]), within the
+        #: GPU's memory left free (unlimited when the GPU's size is not known).
+        self.cudnn = CudnnModel(
+            lambda: (1 << 62) if total is None else int(total) - int(_module().counts()["live_bytes"])
+        )
         self.devices = int(devices)
         #: The process is the trace's alone (Note [A process of the fake GPU's own] in
         #: csrc/fakecuda/fakecuda_vtable.cpp): pinned host memory works, and no real GPU can be
@@ -104,7 +117,7 @@ class NativeTracer:
             read=self._on_read,
             scratch=self._on_scratch,
             sdp_choice=self._sdp_choice,
-            scratch_ops=sorted(_kernel_scratch.OPS) if self.cuda_scratch else [],
+            scratch_ops=sorted(_kernel_scratch.OPS | CONVOLUTIONS) if self.cuda_scratch else [],
             whole_process=self.whole_process,
         )
         self._state = "tracing"
@@ -130,6 +143,8 @@ class NativeTracer:
         self._read(t, what)
 
     def _on_scratch(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[int, ...]:
+        if name in CONVOLUTIONS:
+            return self.cudnn.steps(name, args)
         return tuple(_kernel_scratch.op_steps(name, args, kwargs, self.gpu)[0])
 
     # ---- results -----------------------------------------------------------------------------

@@ -14,6 +14,59 @@ from .native import NativeTracer, why_unavailable
 
 __all__ = ["NativeEngine"]
 
+#: Operations whose functional overload has a meta kernel in torch and whose ``out=`` overload
+#: has none (Inductor's wrapper calls the ``out=`` one: ``extern_kernels._scaled_mm(..., out=buf)``).
+OUT_WITHOUT_META = ("_scaled_mm",)
+
+
+class _Registered:
+    """Holds a torch.library registration for a FakeGPU patch: set to None, it is undone."""
+
+    def __init__(self) -> None:
+        self._lib: Any = None
+
+    @property
+    def lib(self) -> Any:
+        return self._lib
+
+    @lib.setter
+    def lib(self, value: Any) -> None:
+        if value is None and self._lib is not None:
+            self._lib._destroy()
+        self._lib = value
+
+
+_REGISTERED = _Registered()
+
+
+def _out_metas(patch: Patch) -> None:
+    """Meta kernels for the ``out=`` overloads of OUT_WITHOUT_META: the functional overload's
+    meta kernel, its result's shape given to ``out``."""
+    missing = [
+        name
+        for name in OUT_WITHOUT_META
+        if hasattr(torch.ops.aten, name)
+        and "out" in torch.ops.aten.__getattr__(name).overloads()
+        and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}.out", "Meta")
+    ]
+    if not missing or _REGISTERED.lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+
+    def meta_of(name: str) -> Any:
+        functional = getattr(torch.ops.aten, name).default
+
+        def out_meta(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            result = functional(*args, **kwargs)
+            out.resize_(result.shape)
+            return out
+
+        return out_meta
+
+    for name in missing:
+        lib.impl(f"{name}.out", meta_of(name), "Meta")
+    patch(_REGISTERED, "lib", lib)
+
 
 class NativeEngine(Engine):
     """The fake GPU below Python, for one FakeGPU: a :class:`NativeTracer` whose reads and
@@ -51,6 +104,13 @@ class NativeEngine(Engine):
     def current_stream(self) -> int:
         return int(self.tracer.module().current_stream())
 
+    def cudnn_summary(self) -> Dict[str, Any]:
+        return self.tracer.cudnn.summary()
+
+    def capture_to_pool(self, stream: int, pool_stream: int) -> bool:
+        self.tracer.module().capture_to_pool(int(stream), int(pool_stream))
+        return True
+
     def patch(self, patch: Patch) -> None:
         # Recurrent layers run torch's own cells (FakeGPU's patch of them): no cuDNN flat weights either.
         patch(torch.backends.cudnn, "is_acceptable", lambda tensor: False)
@@ -66,6 +126,18 @@ class NativeEngine(Engine):
             return storage
 
         patch(torch.UntypedStorage, "resize_", resize_)
+        # A CUDA storage's copy (copy.deepcopy of a tensor, storage.clone()): its new storage
+        # from the fake GPU's allocator, not from torch's CUDA one.
+        clone = torch.UntypedStorage.clone
+
+        def clone_storage(storage: Any) -> Any:
+            if storage.device.type != "cuda":
+                return clone(storage)
+            fresh = torch.empty(storage.nbytes(), dtype=torch.uint8, device=storage.device).untyped_storage()
+            return fresh.copy_(storage)
+
+        patch(torch.UntypedStorage, "clone", clone_storage)
+        _out_metas(patch)
 
     def _read(self, t: Optional[torch.Tensor], what: str) -> None:
         """A read of values on this fake GPU (its C++ kernels ask)."""

@@ -18,7 +18,10 @@ has it:
 - ``os.path.exists``, ``isdir`` and ``isfile`` answer for either; ``os.listdir`` lists both.
 
 Files written with other calls (``pathlib``'s own, a library's C code) go where they go; the
-report counts the files the mirror holds.
+report counts the files the mirror holds. Folders of :attr:`Scratch.passthrough` (the fake
+GPU's compile cache) are not mirrored: what is written there is the same on every rank
+(compiled programs), and Inductor writes a file and renames it into place, which a mirror
+would split.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class Scratch:
         self._patched: List[Tuple[Any, str, Any]] = []
         #: os.path.exists as it was before entering (it answers for the mirror too while entered).
         self._real_exists: Callable[[Any], bool] = os.path.exists
+        #: Folders whose files are not mirrored (Note [A rank's files]).
+        self.passthrough: List[str] = []
 
     def mirror(self, path: Any) -> str:
         """Where ``path`` stands in the scratch folder."""
@@ -81,7 +86,11 @@ class Scratch:
             if not isinstance(p, (str, os.PathLike)):
                 return False
             text = os.fspath(p)
-            return isinstance(text, str) and not os.path.abspath(text).startswith(scratch.root + os.sep)
+            if not isinstance(text, str):
+                return False
+            full = os.path.abspath(text)
+            inside = (scratch.root, *scratch.passthrough)
+            return not any(full == d or full.startswith(d + os.sep) for d in inside)
 
         def either(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
             return lambda p: test(p) or (paths(p) and test(scratch.mirror(p)))

@@ -20,10 +20,9 @@ was recorded at; the replay frees it where the program dropped it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import types
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -107,23 +106,38 @@ def stream_classes(engine: Any, device_index: Callable[[Any], int]) -> Any:
         def __repr__(self) -> str:
             return f"<torch.cuda.Stream device={self.device} cuda_stream={self.stream_id:#x} (fake)>"
 
+    external: dict = {}
+
+    def external_stream(stream_ptr: int, device: Any = None) -> FakeStream:
+        """``torch.cuda.ExternalStream``: a stream another library made, one number per pointer."""
+        if int(stream_ptr) not in external:
+            external[int(stream_ptr)] = next(numbers)
+        return FakeStream(device, stream_id=external[int(stream_ptr)])
+
     def current_stream(device: Any = None) -> FakeStream:
         return FakeStream(device, stream_id=engine.current_stream())
 
     def default_stream(device: Any = None) -> FakeStream:
         return FakeStream(device, stream_id=0)
 
-    @contextlib.contextmanager
-    def stream(s: Any = None) -> Iterator[None]:
-        if s is None:
-            yield
-            return
-        outer = engine.current_stream()
-        engine.set_stream(s.stream_id)
-        try:
-            yield
-        finally:
-            engine.set_stream(outer)
+    class StreamContext:
+        """``torch.cuda.StreamContext`` (what ``torch.cuda.stream(s)`` returns): makes ``s``
+        the calling thread's current stream while it is entered; None changes nothing."""
+
+        def __init__(self, s: Any = None) -> None:
+            self.stream = s
+            self._outer: list = []
+
+        def __enter__(self) -> None:
+            self._outer.append(engine.current_stream())
+            if self.stream is not None:
+                engine.set_stream(self.stream.stream_id)
+
+        def __exit__(self, *exc: Any) -> None:
+            engine.set_stream(self._outer.pop())
+
+    def stream(s: Any = None) -> StreamContext:
+        return StreamContext(s)
 
     def set_stream(s: Any) -> None:
         if s is not None:
@@ -131,9 +145,10 @@ def stream_classes(engine: Any, device_index: Callable[[Any], int]) -> Any:
 
     return types.SimpleNamespace(
         Stream=FakeStream,
+        ExternalStream=external_stream,
         current_stream=current_stream,
         default_stream=default_stream,
         stream=stream,
-        StreamContext=stream,
+        StreamContext=StreamContext,
         set_stream=set_stream,
     )
