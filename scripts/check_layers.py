@@ -267,17 +267,20 @@ PY_LAYERS: dict[str, int] = {
     # 5: what replays traces to explain out of memory; the fake GPU's Python engine
     "oom": 5,
     "fakegpu.python_engine": 5,
-    # 6: the package, the fake GPU, and what the A/B command's parts share; 7: the A/B command
-    # and its child runners; 8: the simulated form's report; 9: the simulated form; 10: the command line
+    # 6: the package, the fake GPU, and what the A/B command's parts share; 7: the child runners
+    # and the simulated form's options; 8: the A/B command and the simulated form's report; 9: the
+    # simulated form; 10: the command line and the simulated form from Python
     "__init__": 6,
     "fakegpu": 6,
     "ab.common": 6,
-    "ab.command": 7,
+    "ab.sim_cli": 7,
+    "ab.command": 8,
     "ab.child": 7,
     "ab.sim_child": 7,
     "ab.sim_ranks": 7,
     "ab.sim_report": 8,
     "ab.simulate": 9,
+    "ab.estimate": 10,
     "__main__": 10,
 }
 

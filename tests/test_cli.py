@@ -60,7 +60,15 @@ def test_info_prints_version_configuration_and_driver_status():
         assert f"CUDA driver: not available ({info['error']})" in out
     if _torch_cuda_build():
         assert "CUDA build" in out
-        assert "pluggable allocator hooks offered:" in out and "record_stream" in out
+        path = next(x for x in out.splitlines() if x.startswith("allocator path of cudapool.enable(): "))
+        # the pluggable allocator's hooks are listed only where enable() takes that path
+        pluggable = path.split(": ", 1)[1].startswith("pluggable")
+        assert ("pluggable allocator hooks offered:" in out) == pluggable, out
+        from cudapool._torch_libraries import BRIDGE_ENV
+
+        asked = cli("info", env={BRIDGE_ENV: "0"}).stdout
+        assert "allocator path of cudapool.enable(): pluggable" in asked
+        assert "pluggable allocator hooks offered:" in asked and "record_stream" in asked
 
 
 def test_info_with_defaults_never_initialises_cuda():

@@ -84,7 +84,7 @@ def test_an_import_against_the_ranks_fails(tree: Path) -> None:
         ),
         # step() for user scripts imports nothing of cudapool
         ("ab/__init__.py", "from .. import _config  # noqa", "ab (rank 0) imports _config (rank 1)"),
-        ("ab/command.py", "import cudapool.__main__  # noqa", "ab.command (rank 7) imports __main__ (rank 10)"),
+        ("ab/command.py", "import cudapool.__main__  # noqa", "ab.command (rank 8) imports __main__ (rank 10)"),
     ],
 )
 def test_an_import_across_the_packages_fails(tree: Path, file: str, line: str, expect: str) -> None:

@@ -39,6 +39,9 @@ c10::DeviceIndex index_of(c10::Device d); // a device's index, the current one f
 // A block of the recording allocator on device (no memory: an address never dereferenced).
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device);
 c10::Allocator *recording_allocator();
+// Calls watcher (once, on the allocating thread, outside the records' lock) when the record at
+// index is an allocation and is recorded; a null watcher: none.
+void watch_record(int64_t index, std::function<void()> watcher);
 // From now on what any thread allocates on `stream` is recorded on the trace stream pool_stream
 // (a CUDA graph's private pool); 0 ends it.
 void capture_to_pool(c10::StreamId stream, int64_t pool_stream);
@@ -117,6 +120,7 @@ int64_t install_kernels(std::unique_ptr<Hooks> hooks);
 void uninstall_kernels();
 struct KernelCounts {
   int64_t operations, cached, kernels;
+  int64_t workspaces; // cuBLAS workspaces taken (one per thread and stream that ran a BLAS operation)
   bool installed;
 };
 KernelCounts kernel_counts();

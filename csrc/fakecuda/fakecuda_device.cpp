@@ -29,6 +29,10 @@ struct Record {
   // Streams under a CUDA graph capture, and the trace stream of the pool each allocates from
   // (Note [CUDA graphs on the fake GPU] in cudapool/fakegpu/graphs.py).
   std::map<c10::StreamId, int64_t> capturing;
+  // The record whose allocation calls `watcher` once it is recorded (where an out-of-memory
+  // error of the replay was: cudapool.ab.sim_child --where-event); -1: none.
+  int64_t watch = -1;
+  std::function<void()> watcher;
 };
 Record rec;
 
@@ -87,14 +91,23 @@ c10::StreamId trace_stream_locked() {
 
 // Records an allocation of n bytes (n > 0) on the thread's current stream.
 Allocation record_alloc(int64_t n, int64_t device) {
-  std::lock_guard<std::mutex> lock(rec.mu);
-  Allocation a{rec.next_id++, rec.next_addr, trace_stream_locked()};
-  rec.next_addr += (static_cast<uint64_t>(n) + 1023u) & ~uint64_t{511}; // 512-aligned, a gap between blocks
-  if (rec.tracing) {
-    push_locked(CP_TRACE_ALLOC, a.id, n, device, a.stream);
-    rec.live += n;
-    if (rec.live > rec.peak) rec.peak = rec.live;
+  std::function<void()> call;
+  Allocation a{};
+  {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    a = Allocation{rec.next_id++, rec.next_addr, trace_stream_locked()};
+    rec.next_addr += (static_cast<uint64_t>(n) + 1023u) & ~uint64_t{511}; // 512-aligned, a gap between blocks
+    if (rec.tracing) {
+      push_locked(CP_TRACE_ALLOC, a.id, n, device, a.stream);
+      rec.live += n;
+      if (rec.live > rec.peak) rec.peak = rec.live;
+      if (rec.watch >= 0 && static_cast<int64_t>(rec.events.size()) - 1 == rec.watch) {
+        rec.watch = -1;
+        call = std::move(rec.watcher);
+      }
+    }
   }
+  if (call) call(); // outside the lock: it may allocate
   return a;
 }
 
@@ -207,6 +220,12 @@ c10::DeviceIndex index_of(c10::Device d) { return d.index() < 0 ? t_device : d.i
 c10::DataPtr allocate(size_t n, c10::DeviceIndex device) { return allocator.on(n, device); }
 c10::Allocator *recording_allocator() { return &allocator; }
 
+void watch_record(int64_t index, std::function<void()> watcher) {
+  std::lock_guard<std::mutex> lock(rec.mu);
+  rec.watch = watcher ? index : -1;
+  rec.watcher = std::move(watcher);
+}
+
 void capture_to_pool(c10::StreamId stream, int64_t pool_stream) {
   std::lock_guard<std::mutex> lock(rec.mu);
   if (pool_stream == 0)
@@ -237,6 +256,8 @@ std::string install_device(int devices, bool whole_process) {
   std::lock_guard<std::mutex> lock(rec.mu);
   rec.events.clear();
   rec.capturing.clear();
+  rec.watch = -1;
+  rec.watcher = nullptr;
   rec.live = rec.peak = 0;
   rec.tracing = true;
   return "";

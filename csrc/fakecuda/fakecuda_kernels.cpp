@@ -544,6 +544,13 @@ void uninstall_kernels() {
   hooks.reset();
 }
 
-KernelCounts kernel_counts() { return {calls.load(), hits.load(), overridden, library != nullptr}; }
+KernelCounts kernel_counts() {
+  int64_t held = 0;
+  {
+    std::lock_guard<std::mutex> lock(workspaces.mu);
+    held = static_cast<int64_t>(workspaces.held.size());
+  }
+  return {calls.load(), hits.load(), overridden, held, library != nullptr};
+}
 
 } // namespace cudapool_fakecuda

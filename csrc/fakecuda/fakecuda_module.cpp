@@ -147,6 +147,7 @@ py::dict counts() {
   d["operations"] = k.operations;
   d["cached"] = k.cached;
   d["kernels"] = k.kernels;
+  d["workspaces"] = k.workspaces;
   d["installed"] = k.installed;
   return d;
 }
@@ -170,6 +171,30 @@ PYBIND11_MODULE(_torch_fakecuda, m) {
   m.def(
       "set_stream", [](int64_t stream) { set_current_stream(static_cast<c10::StreamId>(stream)); }, py::arg("stream"));
   m.def("current_stream", [] { return static_cast<int64_t>(current_stream()); });
+  m.def(
+      "watch_record",
+      [](int64_t index, py::object hook) {
+        if (hook.is_none()) {
+          watch_record(-1, nullptr);
+          return;
+        }
+        // Released with the GIL held, on whichever thread drops the last copy of the watcher.
+        std::shared_ptr<py::object> held(new py::object(std::move(hook)), [](py::object *o) {
+          py::gil_scoped_acquire gil;
+          delete o;
+        });
+        watch_record(index, [held] {
+          py::gil_scoped_acquire gil;
+          try {
+            (*held)();
+          } catch (py::error_already_set &e) {
+            e.discard_as_unraisable("cudapool._torch_fakecuda.watch_record's hook");
+          }
+        });
+      },
+      py::arg("index"), py::arg("hook"),
+      "Calls hook() once, on the allocating thread, when the record at index (an allocation) is recorded; "
+      "None: no longer.");
   m.def(
       "capture_to_pool",
       [](int64_t stream, int64_t pool_stream) { capture_to_pool(static_cast<c10::StreamId>(stream), pool_stream); },

@@ -39,13 +39,33 @@ def _err(message: str) -> None:
     print(f"cudapool: {message}", file=sys.stderr)
 
 
-def _print_summaries() -> None:
+def _no_gpu() -> Optional[str]:
+    """Why this machine has no CUDA GPU for cudapool (None: it has one)."""
+    from cudapool import _C
+
+    info = _C.cuda_info()
+    if info.get("available") and info.get("device_count", 0) > 0:
+        return None
+    return str(info.get("error") or "no CUDA device").removeprefix("cudapool: ")
+
+
+def _simulate_hint(script: str, args: List[str]) -> str:
+    import shlex
+
+    return f"to predict its GPU memory here, without a GPU: {shlex.join(['python', '-m', 'cudapool', 'ab', '--simulate', '--', script, *args])}"
+
+
+def _print_summaries(hint: str = "") -> None:
     import cudapool
     from cudapool import _C
 
     devices = _C.device_pools()
     if not devices:
-        _err("no device pool was created (nothing was allocated on a GPU through cudapool)")
+        why = _no_gpu()
+        if why is not None:
+            _err(f"no device pool was created: this machine has no CUDA GPU ({why}){'; ' + hint if hint else ''}")
+        else:
+            _err("no device pool was created (nothing was allocated on a GPU through cudapool)")
         return
     for device in devices:
         sys.stderr.write(cudapool.memory_summary(device))
@@ -114,6 +134,13 @@ def cmd_run(script: str, args: List[str]) -> int:
     if not os.path.isfile(script):
         _err(f"cannot run {script!r}: no such file")
         return EXIT_USAGE
+    no_gpu = _no_gpu()
+    if no_gpu is not None:
+        # The script runs as it would without cudapool (on the CPU, or failing where it needs
+        # CUDA); what a user without a GPU wants is the prediction, so say where it is.
+        _err(
+            f"this machine has no CUDA GPU ({no_gpu}): the script runs without cudapool's pool; {_simulate_hint(script, args)}"
+        )
     try:
         cudapool.enable()
     except ValueError as exc:
@@ -154,7 +181,7 @@ def cmd_run(script: str, args: List[str]) -> int:
             if _world_size() > 1:
                 _print_all_ranks_summary()
             else:
-                _print_summaries()
+                _print_summaries(_simulate_hint(script, args))
         except Exception as exc:  # never hide the script's status behind a summary failure
             _err(f"cannot print the memory summary: {exc}")
     return status
@@ -185,15 +212,18 @@ def cmd_info() -> int:
         build = f"CUDA build (CUDA {torch.version.cuda})" if cuda_build else "CPU-only build"
         print(f"torch: {torch.__version__}, {build}")
         if cuda_build:
-            print(f"allocator path of cudapool.enable(): {_bridge_status()}")
-            offered = _torch.torch_hooks_offered()
-            ours = [h for h in offered if h in _torch.HOOK_NAMES]
-            others = [h for h in offered if h not in _torch.HOOK_NAMES]
-            print("pluggable allocator hooks offered: " + (", ".join(offered) or "none"))
-            print("  set by cudapool.enable(): " + (", ".join(ours) or "none"))
-            print("  left unset: " + (", ".join(others) or "none"))
-            if "record_stream" not in offered:
-                print("  warning: no record_stream hook: cross-stream tensor use is unsafe")
+            path = _bridge_status()
+            print(f"allocator path of cudapool.enable(): {path}")
+            if path.startswith("pluggable"):  # the hooks matter only on that path
+                offered = _torch.torch_hooks_offered()
+                ours = [h for h in offered if h in _torch.HOOK_NAMES]
+                others = [h for h in offered if h not in _torch.HOOK_NAMES]
+                print("pluggable allocator hooks offered: " + (", ".join(offered) or "none"))
+                print("  set by cudapool.enable(): " + (", ".join(ours) or "none"))
+                print("  left unset: " + (", ".join(others) or "none"))
+                if "record_stream" not in offered:
+                    print("  warning: no record_stream hook: cross-stream tensor use is unsafe")
+        print(f"ab --simulate (no GPU needed): {_simulate_engine()}")
 
     info = _C.cuda_info()
     if info.get("available"):
@@ -209,6 +239,21 @@ def cmd_info() -> int:
         error = info.get("error") or "no CUDA device"
         print(f"CUDA driver: not available ({error})")
     return status
+
+
+def _simulate_engine() -> str:
+    """Which fake GPU ``ab --simulate`` uses here, and why, for `info`."""
+    from cudapool.fakegpu.native import why_unavailable
+
+    why = why_unavailable()
+    if why is None:
+        from cudapool import _torch_fakecuda
+
+        return (
+            f"the native engine (cudapool._torch_fakecuda, built for torch {_torch_fakecuda.torch_version}: torch's "
+            "own CUDA paths, fast)"
+        )
+    return f"the python engine (torch's fake tensors, about 25 times slower): the native one cannot run: {why}"
 
 
 def _bridge_status() -> str:

@@ -58,6 +58,22 @@ TAIL_CHARS = 4000
 # -- the command line ---------------------------------------------------------------------------
 
 
+def _simulate_options() -> str:
+    """The options of ``ab --simulate`` (a mode of its own, without a GPU), for ``ab --help``."""
+    import textwrap
+
+    from .sim_cli import build_parser as simulate_parser
+
+    lines = ["without a GPU: python -m cudapool ab --simulate [OPTIONS] -- SCRIPT [ARGS...] takes these options:"]
+    for action in simulate_parser()._actions:
+        if not action.option_strings or action.dest in ("help", "simulate"):
+            continue
+        name = ", ".join(action.option_strings) + (f" {action.metavar}" if action.metavar else "")
+        text = (action.help or "").replace("%%", "%").replace("%(default)s", str(action.default))
+        lines.append(textwrap.fill(text, 100, initial_indent=f"  {name:<24} ", subsequent_indent=" " * 27))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m cudapool ab",
@@ -65,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run SCRIPT (unchanged) once per allocator and repeat, each in a fresh process, "
         "and print its wall time, peak allocated and reserved memory, utilization, device allocations, "
         "out of memory and exit status side by side (medians over the repeats, with min-max).",
+        epilog=_simulate_options(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--allocators",

@@ -35,6 +35,21 @@ def parse_range(text: str) -> Tuple[int, int]:
     return lo, hi
 
 
+def arg_value(args: Sequence[str], name: str) -> Optional[int]:
+    """The integer the option ``name`` has in ``args`` ("NAME V" or "NAME=V"; the last wins),
+    or None where it is absent or not an integer."""
+    found: Optional[str] = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(name + "="):
+            found = a[len(name) + 1 :]
+    try:
+        return None if found is None else int(found)
+    except ValueError:
+        return None
+
+
 def with_arg(args: Sequence[str], name: str, value: int) -> List[str]:
     """``args`` with the option ``name`` set to ``value``: every "NAME V" and "NAME=V" replaced,
     or "NAME VALUE" appended when it is absent."""
@@ -234,6 +249,98 @@ def bisect_max(
         else:
             bad = mid
     return good
+
+
+def predict_max(
+    ok: Callable[[int], bool],
+    need: Callable[[int], Optional[int]],
+    room: int,
+    lo: int,
+    hi: int,
+    step: Optional[int] = None,
+    guesses: int = 4,
+    second: Optional[int] = None,
+    prefetch: Optional[Callable[[Sequence[int]], None]] = None,
+) -> Tuple[Optional[int], str]:
+    """The largest v in lo..hi with ok(v), found by prediction where memory is close to affine
+    in v: ``need(v)`` (the memory v needs; None where unknown) at two values fixes a line, the
+    line crossing ``room`` predicts the answer, and ok at the prediction and one step above it
+    confirms it; a prediction that misses makes the next from the two values nearest the answer
+    (a secant), at most ``guesses`` of them; then :func:`bisect_max` between the values known to
+    pass and to fail. The line starts from ``start`` (``second``: a value measured already, the
+    script's own; else ``lo``) and four times it: small values fall into other size classes of
+    an allocator, so the line is drawn where the values are larger. The answer to within
+    ``step`` (default 1: exact), and how it was found: "predicted" or "bisection". (None, ...)
+    if not ok(lo). ``prefetch(values)``, when given, is told the values about to be tried
+    together (a prediction and the value above it), so that it can trace them side by side."""
+    s = max(1, step or 1)
+    good: Optional[int] = None
+    bad: Optional[int] = None
+    known: Dict[int, int] = {}
+
+    measured: List[int] = []
+
+    def needed(v: int) -> Optional[int]:
+        if v not in known:
+            m = need(v)
+            if m is None:
+                return None
+            known[v] = m
+        return known[v]
+
+    def measure(v: int) -> bool:
+        nonlocal good, bad
+        passed = ok(v)
+        measured.append(v)
+        if passed:
+            good = v if good is None else max(good, v)
+        else:
+            bad = v if bad is None else min(bad, v)
+        return passed
+
+    start = second if second is not None and lo <= second <= hi else lo
+    if not measure(start):
+        if start == lo or not measure(lo):
+            return None, "predicted"
+    elif start < hi:
+        measure(min(hi, max(4 * start, start + 3 * s)))
+    assert good is not None
+    for _ in range(guesses):
+        if bad is not None and bad - good <= s:
+            return good, "predicted"
+        if good >= hi:
+            return hi, "predicted"
+        middle = good if bad is None else (good + bad) / 2
+        # the line through the two values nearest the answer whose needs rise with them (needs
+        # cost replays: computed only for the values tried as a pair)
+        ranked = sorted(set(measured), key=lambda v: abs(v - middle))
+        pair = None
+        for i, p in enumerate(ranked):
+            for q in ranked[i + 1 :]:
+                mp, mq = needed(p), needed(q)
+                if mp is not None and mq is not None and (mq - mp) * (q - p) > 0:
+                    pair = ((p, mp), (q, mq))
+                    break
+            if pair is not None:
+                break
+        if pair is None:
+            break
+        (v1, m1), (v2, m2) = pair
+        guess = int(v1 + (room - m1) * (v2 - v1) / (m2 - m1))
+        guess = max(good, min(guess, (bad - 1) if bad is not None else hi))
+        if guess == good:  # the line says good is the answer: one step above confirms it
+            if good + s > hi or not measure(min(hi, good + s)):
+                return good, "predicted"
+            continue
+        if prefetch is not None:
+            prefetch([guess, min(hi, guess + s)])
+        if measure(guess) and (guess + s > hi or not measure(min(hi, guess + s))):
+            return guess, "predicted"
+    if bad is not None and bad - good <= s:
+        return good, "predicted"
+    # Not affine enough: bisection from what is known.
+    top = hi if bad is None else bad
+    return bisect_max(lambda v: v <= good or (v < top and ok(v)), good, top, step=step), "bisection"
 
 
 def safe_label(label: str) -> str:

@@ -24,11 +24,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import linecache
 import os
 import runpy
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Dict, List, Optional
 
 EXIT_FAILED = 3
@@ -53,19 +55,19 @@ class _Counter:
             raise _Stop()
 
 
-def _progress(tracer: Any, counter: _Counter, start: float, stop: threading.Event) -> None:
-    tty = sys.stderr.isatty()
+def _progress(tracer: Any, counter: _Counter, start: float, stop: threading.Event, err: Any) -> None:
+    tty = err.isatty()
     last = ""
     while not stop.wait(0.5 if tty else 5.0):
         last = (
             f"cudapool ab --simulate: tracing: {counter.done():,} steps, {len(tracer.events):,} events, "
             f"{time.monotonic() - start:.1f} s"
         )
-        sys.stderr.write(("\r\033[K" + last) if tty else last + "\n")
-        sys.stderr.flush()
+        err.write(("\r\033[K" + last) if tty else last + "\n")
+        err.flush()
     if tty and last:
-        sys.stderr.write("\r\033[K")
-        sys.stderr.flush()
+        err.write("\r\033[K")
+        err.flush()
 
 
 def trace_script(
@@ -78,10 +80,14 @@ def trace_script(
     engine: str = "auto",
     rank: Optional[int] = None,
     world: Optional[Any] = None,
+    where_event: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Trace ``script`` on a fake ``gpu`` into ``out_dir``; the result (also written as
     result.json). Runs in this process: the command starts a fresh one for each trace. With
-    ``rank`` and ``world`` (a :class:`cudapool.ab.ranks.World`), as that rank of that job."""
+    ``rank`` and ``world`` (a :class:`cudapool.ab.ranks.World`), as that rank of that job. With
+    ``where_event`` (native engine), the trace is a second look: when its record of that index
+    (an allocation) is made, where the script was and how many steps it had done go to
+    where.json, and the process ends there."""
 
     import cudapool.ab as ab
     from cudapool.ab.ranks import TORCHRUN_VARS, rank_env
@@ -134,13 +140,25 @@ def trace_script(
     hook = register_optimizer_step_post_hook(on_optimizer_step)
     start = time.monotonic()
     stop = threading.Event()
-    shown = threading.Thread(target=_progress, args=(fake.tracer, counter, start, stop), daemon=True)
+    # The script's stderr (its warnings, torch's messages from C++ too) is its output, as its
+    # stdout is: shown after "| " as it comes, hidden by --hide-output, kept in the result. This
+    # process's own progress goes to the stderr it was given.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    err_fd = os.dup(2)
+    err = os.fdopen(err_fd, "w", buffering=1)
+    os.dup2(1, 2)
+    saved_stderr = sys.stderr
+    sys.stderr = sys.stdout
+    shown = threading.Thread(target=_progress, args=(fake.tracer, counter, start, stop, err), daemon=True)
     shown.start()
     status: str = "finished"
     exit_code: Optional[int] = 0
     message: Optional[str] = None
     try:
         with fake, ranks:
+            if where_event is not None:
+                _watch(fake, where_event, script, counter, out_dir)
             try:
                 runpy.run_path(script, run_name="__main__")
             except _Stop:
@@ -165,6 +183,10 @@ def trace_script(
     finally:
         stop.set()
         shown.join()
+        sys.stdout.flush()
+        sys.stderr = saved_stderr
+        os.dup2(err_fd, 2)
+        err.close()
         hook.remove()
         ab.step = original_step
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -189,6 +211,58 @@ def trace_script(
     return result
 
 
+def site_now(script: str) -> Dict[str, Optional[str]]:
+    """Where the script is now: its own line (the innermost frame in the script) and, when the
+    innermost frame of its own code is in another of its modules, that line too. From autograd's
+    device thread, which runs no frame of the script's, the main thread's (the line that called
+    backward)."""
+    from cudapool.fakegpu.failures import LIBRARY_DIRS
+
+    script = os.path.abspath(script)
+    here = os.path.dirname(script)
+
+    def lines(frame: Any) -> Dict[str, Optional[str]]:
+        own: Optional[str] = None
+        inner: Optional[str] = None
+        for f, lineno in traceback.walk_stack(frame):
+            name = os.path.abspath(f.f_code.co_filename)
+            code = linecache.getline(name, lineno).strip()
+            where = f"{os.path.relpath(name, here)}:{lineno}: `{code}`"
+            if inner is None and not name.startswith(LIBRARY_DIRS) and not f.f_code.co_filename.startswith("<"):
+                inner = where
+            if name == script:
+                own = where
+                break
+        return {"script_line": own, "own_code": inner if inner != own else None}
+
+    try:
+        found = lines(sys._getframe(1))
+    except ValueError:  # no Python frame on this thread: autograd's device thread
+        found = {"script_line": None, "own_code": None}
+    if found["script_line"] is None:
+        main = sys._current_frames().get(threading.main_thread().ident or -1)
+        if main is not None:
+            found = lines(main)
+    return found
+
+
+def _watch(fake: Any, index: int, script: str, counter: _Counter, out_dir: str) -> None:
+    """Writes where the script is when the trace's record ``index`` is made, and ends the
+    process there (:func:`trace_script`'s ``where_event``)."""
+    module = getattr(fake.engine.tracer, "module", None)
+    if module is None:
+        return  # the Python engine: no second look
+
+    def hook() -> None:
+        where = dict(site_now(script), event=index, steps_done=counter.done())
+        with open(os.path.join(out_dir, "where.json"), "w") as f:
+            json.dump(where, f)
+        sys.stdout.flush()
+        os._exit(0)
+
+    module().watch_record(index, hook)
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cudapool.ab.sim_child")
     parser.add_argument("--gpu", default="H100")
@@ -199,6 +273,7 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--rank", type=int)
     parser.add_argument("--nproc-per-node", type=int)
     parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--where-event", type=int)
     if "--" not in argv:
         print("usage: python -m cudapool.ab.sim_child [OPTIONS] -- SCRIPT [ARGS...]", file=sys.stderr)
         return 2
@@ -218,8 +293,9 @@ def main(argv: List[str]) -> int:
             return 2
     try:
         result = trace_script(
-            rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values, ns.engine, ns.rank, world
-        )
+            rest[0], rest[1:], ns.gpu, ns.out, ns.max_steps, ns.strict_values, ns.engine, ns.rank, world,
+            ns.where_event,
+        )  # fmt: skip
     except RuntimeError as exc:  # --engine native where it cannot run
         print(f"cudapool ab --simulate: {exc}", file=sys.stderr)
         return 2

@@ -4,13 +4,14 @@ makes."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Dict, List, Optional
 
 from .._units import format_bytes
 from . import common
 from .ranks import ranks_text
 
-__all__ = ["compile_notes", "report", "table"]
+__all__ = ["command_line", "compile_notes", "report", "table"]
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -21,14 +22,18 @@ def table(
     gpu_spec: str,
     max_batch: Optional[Dict[str, Any]],
     rank_rows: Optional[List[Dict[str, Any]]] = None,
+    wide: bool = True,
 ) -> List[List[str]]:
     """The report's table: a row per allocator; with ``rank_rows`` (a job of several ranks), a
     row per group of ranks and allocator, with the ranks it stands for and what each rank holds
-    outside PyTorch's allocator."""
-    head = ["allocator", "predicted peak allocated", "predicted peak reserved", "predicted utilization"]
+    outside PyTorch's allocator. Without ``wide``, the columns that fit 100 characters: the
+    utilization, device calls and device time are left to ``--wide`` (and to the JSON)."""
+    head = ["allocator", "peak allocated", "peak reserved"] + (["utilization"] if wide else [])
     if rank_rows is not None:
-        head = ["ranks", *head, "outside PyTorch (est.)"]
-    head += [f"fits on {gpu_spec}", "smallest GPU memory", "device calls", "est. device time"]
+        head = ["ranks", *head, "outside (est.)"]
+    head += [f"fits on {gpu_spec}", "smallest GPU"]
+    if wide:
+        head += ["device calls", "device time"]
     if max_batch is not None:
         head.append(f"max {max_batch['arg']}")
     groups = (
@@ -45,16 +50,14 @@ def table(
             if not r["simulated"]:
                 figures = ["not simulated"] + ["-"] * (len(head) - 2 - (who is not None) - (max_batch is not None))
             else:
-                fit = "yes" if r["fits"] else f"no (OOM at event {r['oom_event']:,})"
                 figures = [
                     format_bytes(r["peak_allocated"]),
                     format_bytes(r["peak_reserved"]),
-                    f"{r['utilization'] * 100:.1f} %",
+                    *([f"{r['utilization'] * 100:.1f} %"] if wide else []),
                     *([] if outside is None else [format_bytes(outside)]),
-                    fit,
+                    "yes" if r["fits"] else "no",
                     "-" if r["min_capacity"] is None else format_bytes(r["min_capacity"]),
-                    f"{r['device_calls_total']:,}",
-                    f"{r['device_call_ms']:.1f} ms",
+                    *([f"{r['device_calls_total']:,}", f"{r['device_call_ms']:.1f} ms"] if wide else []),
                 ]
             line = ([] if who is None else [who]) + [r["allocator"], *figures]
             if max_batch is not None:
@@ -73,14 +76,47 @@ def _engine_words(t: Dict[str, Any]) -> str:
     return ""
 
 
+def command_line(result: Dict[str, Any]) -> str:
+    """The command that makes this prediction again: every option it was given (a shell's
+    quoting where an argument needs it)."""
+    o = result["options"]
+    words = ["python", "-m", "cudapool", "ab", "--simulate", "--gpu", str(o["gpu"])]
+    allocators = ",".join(a["label"] for a in o["allocators"])
+    if allocators != common.DEFAULT_ALLOCATORS:
+        words += ["--allocators", allocators]
+    if o.get("max_steps") is not None:
+        words += ["--max-steps", str(o["max_steps"])]
+    if o.get("strict_values"):
+        words.append("--strict-values")
+    if o.get("find_max_batch"):
+        lo, hi = o["max_batch_range"]
+        words += ["--find-max-batch", o["find_max_batch"], "--max-batch-range", f"{lo}:{hi}"]
+        if o.get("max_batch_step"):
+            words += ["--max-batch-step", str(o["max_batch_step"])]
+    if o.get("nproc_per_node"):
+        words += ["--nproc-per-node", str(o["nproc_per_node"])]
+        if o.get("nnodes", 1) != 1:
+            words += ["--nnodes", str(o["nnodes"])]
+        if o.get("ranks"):
+            words += ["--ranks", ",".join(map(str, o["ranks"]))]
+    if o.get("outside") is not None:
+        words += ["--outside", str(o["outside"])]
+    if o.get("engine", "auto") != "auto":
+        words += ["--engine", o["engine"]]
+    if o.get("timeout") is not None:
+        words += ["--timeout", f"{o['timeout']:g}"]
+    for flag in ("hide_output", "wide"):
+        if o.get(flag):
+            words.append("--" + flag.replace("_", "-"))
+    for name in ("json", "trace"):
+        if o.get(name):
+            words += [f"--{name}", o[name]]
+    return shlex.join([*words, "--", *result["argv"]])
+
+
 def report(result: Dict[str, Any]) -> str:
     t, gpu, o = result["trace"], result["gpu"], result["options"]
-    job = ""
-    if o.get("nproc_per_node"):
-        job = f" --nproc-per-node {o['nproc_per_node']}" + (f" --nnodes {o['nnodes']}" if o["nnodes"] != 1 else "")
-    if o.get("outside") is not None:
-        job += f" --outside {o['outside']}"
-    head = f"python -m cudapool ab --simulate --gpu {o['gpu']}{job} -- {' '.join(result['argv'])}\n"
+    head = command_line(result) + "\n"
     if "rank_rows" in result:
         head += (
             f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated per rank; "
@@ -90,8 +126,9 @@ def report(result: Dict[str, Any]) -> str:
             "cudapool's simulated device\n"
         )
     else:
+        subject = "the function" if o.get("function") else "the script"
         head += (
-            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; the script "
+            f"PREDICTED, not measured: {gpu['name']} ({format_bytes(gpu['total_memory'])}) simulated; {subject} "
             f"traced once on fake CUDA ({t['steps']:,} steps marked, {t['optimizer_steps']:,} optimizer steps, "
             f"{t['events']:,} events, {t['seconds']:.1f} s{_engine_words(t)}), its trace replayed under each "
             "allocator's rules on cudapool's simulated device\n"
@@ -178,13 +215,24 @@ def report(result: Dict[str, Any]) -> str:
             "memory snapshots written from the simulated run (the built-in allocator's rules): "
             + ", ".join(fg["snapshots_written"])
         )
+    for r in result["rows"]:
+        if r.get("simulated") and not r["fits"]:
+            notes.append(oom_note(r, gpu_spec=o["gpu"]))
+    peaks = sorted({r["peak_allocated"] for r in result["rows"] if r["simulated"]})
+    if len(peaks) > 1:
+        notes.append(
+            f"peak allocated differs between allocators ({format_bytes(peaks[0])} to {format_bytes(peaks[-1])}) for "
+            "one trace: each counts the blocks it hands out, rounded and split by its own rules (torch's built-in "
+            "allocator rounds requests to 512 bytes and hands out a whole block where the rest would be too small "
+            "to split off), as torch.cuda.max_memory_allocated() would report under it"
+        )
     for label, why in dict((r["allocator"], r.get("why")) for r in result["rows"] if not r["simulated"]).items():
         notes.append(f"{label}: not simulated ({why})")
-    ws = fg.get("cublas_workspace_bytes")
-    if ws:
+    ws, taken = fg.get("cublas_workspace_bytes"), fg.get("cublas_workspaces")
+    if ws and taken:
         notes.append(
-            f"cuBLAS workspaces are in the trace ({format_bytes(ws)} per thread and stream on this GPU, as torch "
-            "allocates them: the forward's and autograd's backward thread's)"
+            f"cuBLAS workspaces are in the trace ({taken:,} of {format_bytes(ws)}: one per thread and stream that ran "
+            "a matrix multiply, as torch allocates them on this GPU)"
         )
     cudnn = fg.get("cudnn") or {}
     if cudnn.get("convolutions"):
@@ -228,8 +276,24 @@ def report(result: Dict[str, Any]) -> str:
                 f"PyTorch's allocator: the {out['lines'][0]} (--outside BYTES sets the amount)"
             )
         tail = ""
-    table_text = common.format_table(result["cells"])
+    cells = table(result["rows"], o["gpu"], result.get("max_batch"), result.get("rank_rows"), wide=bool(o.get("wide")))
+    table_text = common.format_table(cells)
     return head + "\n" + table_text + "\n" + tail + "".join(f"note: {n}\n" for n in notes)
+
+
+def oom_note(r: Dict[str, Any], gpu_spec: str) -> str:
+    """Where a row ran out of memory: the script's line and step when a second look found them,
+    else the trace's event."""
+    who = f"rank {r['rank']}: " if r.get("rank") is not None else ""
+    size = f" of {format_bytes(r['oom_size'])}" if r.get("oom_size") else ""
+    site = r.get("oom_site") or {}
+    if site.get("script_line"):
+        own = f" (in {site['own_code']})" if site.get("own_code") else ""
+        return (
+            f"{who}{r['allocator']} runs out of memory on {gpu_spec} in step {site['steps_done'] + 1}, at "
+            f"{site['script_line']}{own}: an allocation{size} (event {r['oom_event']:,} of the trace)"
+        )
+    return f"{who}{r['allocator']} runs out of memory on {gpu_spec} at event {r['oom_event']:,} of the trace: an allocation{size}"
 
 
 def compile_notes(fg: Dict[str, Any]) -> List[str]:

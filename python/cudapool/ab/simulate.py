@@ -21,7 +21,6 @@ allocator counted; run under torchrun itself, it takes the job from torchrun's v
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,13 +32,12 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from .._units import format_bytes
 from . import common
+from .sim_cli import build_parser
 from .sim_report import report, table
 
 #: The replay policy of each of torch's rows.
 POLICY_OF = {"builtin": "builtin", "expandable": "expandable"}
 EXIT_NOT_SIMULATED = 1
-#: --find-max-batch stops when the answer is known to within this fraction of it.
-MAX_BATCH_REL = 0.01
 #: The script's output lines kept in the result (the rest is shown as it runs).
 OUTPUT_KEPT = 2000
 
@@ -65,87 +63,8 @@ class SimOptions(NamedTuple):
     ranks: Optional[List[int]] = None
     #: --outside: the bytes a process holds outside PyTorch's allocator (None: the estimate).
     outside: Optional[int] = None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cudapool ab --simulate",
-        usage="python -m cudapool ab --simulate [OPTIONS] -- SCRIPT [ARGS...]",
-        description="Trace SCRIPT (unchanged) once on a fake GPU, without a GPU, and predict what each allocator "
-        "would reserve, whether the run fits on that GPU, the smallest GPU memory it needs and the device time.",
-    )
-    p.add_argument("--simulate", action="store_true", help="this mode (required)")
-    p.add_argument(
-        "--gpu",
-        default="H100",
-        metavar="NAME_OR_BYTES",
-        help="the GPU to predict for: H200, H100, A100-80GB, A100-40GB, L40S, RTX4090, RTX3090, A10G, L4, V100, T4, "
-        "or a memory size such as 24GB (default: H100)",
-    )
-    p.add_argument(
-        "--allocators", default=common.DEFAULT_ALLOCATORS, metavar="LIST", help="as for ab (default: %(default)s)"
-    )
-    p.add_argument("--json", metavar="PATH", help="write the prediction, every replay and the trace's facts to PATH")
-    p.add_argument(
-        "--max-steps",
-        type=int,
-        metavar="N",
-        help="stop the script after N steps: N cudapool.ab.step() marks, or N steps of one optimizer (a loop that "
-        "steps several takes one step of each), whichever comes first",
-    )
-    p.add_argument(
-        "--strict-values",
-        action="store_true",
-        help="make a read of a tensor's value (.item(), float(), bool()) an error instead of a zero",
-    )
-    p.add_argument("--find-max-batch", metavar="ARG", help="the largest value of the script's option ARG that fits")
-    p.add_argument(
-        "--max-batch-range",
-        metavar="LO:HI",
-        help=f"its range (default {common.DEFAULT_RANGE[0]}:{common.DEFAULT_RANGE[1]})",
-    )
-    p.add_argument(
-        "--max-batch-step",
-        type=int,
-        metavar="N",
-        help="with --find-max-batch: stop once the answer is known to within N (default: within 1 %% of it)",
-    )
-    p.add_argument(
-        "--hide-output", action="store_true", help="do not show the script's own output (stdout and stderr) as it runs"
-    )
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds per trace")
-    p.add_argument(
-        "--trace", metavar="PATH", help="also keep the script's trace there (python -m cudapool replay PATH)"
-    )
-    p.add_argument(
-        "--nproc-per-node",
-        type=int,
-        metavar="N",
-        help="run the script as torchrun would on each node of N GPUs: one process per traced rank, each rank's GPU "
-        "cuda:LOCAL_RANK of the node, torch.distributed on the fake GPU",
-    )
-    p.add_argument("--nnodes", type=int, default=1, metavar="M", help="with --nproc-per-node: M nodes (default 1)")
-    p.add_argument(
-        "--ranks",
-        metavar="LIST",
-        help="with --nproc-per-node: the ranks to trace, e.g. 0,7 or 0-3 or all (default: the first and the last; "
-        "ranks whose traces are identical make one row)",
-    )
-    p.add_argument(
-        "--outside",
-        metavar="BYTES",
-        help="GPU memory the process holds outside PyTorch's allocator, set aside before fits, smallest GPU memory "
-        "and --find-max-batch (e.g. 1GiB, 0; default: an estimate of the CUDA context and, with ranks, NCCL's "
-        "buffers)",
-    )
-    p.add_argument(
-        "--engine",
-        choices=("auto", "native", "python"),
-        default="auto",
-        help="the fake GPU: native (cudapool's, below Python: fast, torch's own CUDA paths), python (torch's fake "
-        "tensors, any torch build), or auto: native where it was built for this torch (default)",
-    )
-    return p
+    #: --wide: every column of the table.
+    wide: bool = False
 
 
 def parse_args(argv: Sequence[str]) -> SimOptions:
@@ -223,17 +142,20 @@ def parse_args(argv: Sequence[str]) -> SimOptions:
         world,
         traced,
         outside,
+        ns.wide,
     )
 
 
 # -- tracing --------------------------------------------------------------------------------------
 
 
-def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str, rank: Optional[int] = None) -> Dict[str, Any]:
+def trace_once(
+    opts: SimOptions, args: Sequence[str], out_dir: str, rank: Optional[int] = None, extra: Sequence[str] = ()
+) -> Dict[str, Any]:
     """Trace the script with ``args`` in a fresh process (as rank ``rank`` of the job with
-    ranks); its result.json (status "failed" with a message when it could not run, "timeout"
-    past --timeout)."""
-    cmd = [sys.executable, "-m", "cudapool.ab.sim_child", "--gpu", opts.gpu, "--out", out_dir]
+    ranks; ``extra``: more options of the child); its result.json (status "failed" with a
+    message when it could not run, "timeout" past --timeout)."""
+    cmd = [sys.executable, "-m", "cudapool.ab.sim_child", "--gpu", opts.gpu, "--out", out_dir, *extra]
     if opts.max_steps is not None:
         cmd += ["--max-steps", str(opts.max_steps)]
     if opts.strict_values:
@@ -242,7 +164,8 @@ def trace_once(opts: SimOptions, args: Sequence[str], out_dir: str, rank: Option
         cmd += ["--rank", str(rank), "--nproc-per-node", str(opts.world.nproc_per_node)]
         cmd += ["--nnodes", str(opts.world.nnodes)]
     cmd += ["--engine", opts.engine, "--", opts.script, *args]
-    env = common.with_package_on_path(dict(os.environ))
+    # Unbuffered: the script's output and its stderr (one pipe) come in the order it wrote them.
+    env = common.with_package_on_path(dict(os.environ, PYTHONUNBUFFERED="1"))
     started = time.monotonic()
     os.makedirs(out_dir, exist_ok=True)
     out_path = os.path.join(out_dir, "stdout.txt")
@@ -379,13 +302,20 @@ def room(trace_result: Dict[str, Any], total: int, outside: int) -> int:
 def fits(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outside: int = 0) -> bool:
     """Whether a traced run (its "trace": loaded once, shared by the allocators) fits in the
     memory it may use under ``alloc``, ``outside`` bytes of it held outside PyTorch's allocator."""
+    return spare(trace_result, alloc, total, outside) is not None
+
+
+def spare(trace_result: Dict[str, Any], alloc: common.Allocator, total: int, outside: int = 0) -> Optional[int]:
+    """What a traced run leaves unreserved at its peak on the GPU under ``alloc`` (its room less
+    the peak reserved of the replay there), or None where it does not fit."""
     from ..lab.replay import replay
 
     pc = policy_and_config(alloc)
     if pc is None or trace_result.get("trace") is None:
-        return False
+        return None
     limit = room(trace_result, total, outside)
-    return not replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=limit)["oom"]
+    there = replay(trace_result["trace"], policy=pc[0], config=pc[1], capacity=limit)
+    return None if there["oom"] else max(0, limit - int(there["peak_reserved"]))
 
 
 def find_max(
@@ -395,11 +325,13 @@ def find_max(
     progress: Callable[[str], None],
     gpu: Any = None,
     rank_list: Sequence[int] = (),
+    seed: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Per allocator, the largest value of --find-max-batch whose trace fits (with ranks: on
     every rank of ``rank_list``, the one traced rank of each group of the first run, each with
     the memory it holds outside PyTorch's allocator); one trace (a fresh process per rank) per
-    value tried, shared by the allocators."""
+    value tried, shared by the allocators. ``seed``: the first run's traced result (its "trace"
+    loaded), standing for the value the script's arguments give (one GPU only)."""
     from ..lab.trace import load
 
     assert opts.find_max_batch is not None
@@ -407,6 +339,10 @@ def find_max(
     lo, hi = opts.max_batch_range
     traces: Dict[int, Dict[str, Any]] = {}
     per_rank: Dict[int, List[Tuple[Dict[str, Any], int]]] = {}
+    own = common.arg_value(opts.args, name)
+    if seed is not None and own is not None and lo <= own <= hi and opts.world is None:
+        traces[own] = seed
+        per_rank[own] = [(seed, outside_single(opts, gpu)["total"])]
 
     def traced(value: int) -> Dict[str, Any]:
         if value not in traces:
@@ -433,12 +369,44 @@ def find_max(
                 # the value's status is the first failing rank's, if one failed
                 t = min(done.values(), key=lambda r: r["status"] in ("finished", "stopped"))
             traces[value] = t
-            progress(f"max {name}: {name} {value}: {traces[value]['status']}")
+            status = t["status"]
+            said = {"stopped": "traced to --max-steps", "finished": "traced to its end", "exit": "traced to its exit"}
+            progress(f"max {name}: {name} {value}: {said.get(status, status + ': ' + str(t.get('message') or ''))}")
         return traces[value]
 
-    def fits_all(value: int, alloc: common.Allocator) -> bool:
+    def spare_all(value: int, alloc: common.Allocator) -> Optional[int]:
+        """The least any of the value's traces leaves unreserved at its peak; None: one does not fit."""
         traced(value)
-        return all(fits(t, alloc, capacity, outside) for t, outside in per_rank[value])
+        left = [spare(t, alloc, capacity, outside) for t, outside in per_rank[value]]
+        return None if None in left else min(x for x in left if x is not None)
+
+    needs: Dict[Tuple[int, str], Optional[int]] = {}
+
+    def need_all(value: int, alloc: common.Allocator) -> Optional[int]:
+        """The smallest GPU the value's traces fit on under ``alloc`` (outside memory counted)."""
+        from ..lab.capacity import min_capacity
+
+        key = (value, alloc.label)
+        if key not in needs:
+            traced(value)
+            policy, config = policy_and_config(alloc) or ("builtin", None)
+            sizes = []
+            for t, outside in per_rank[value]:
+                found = (
+                    min_capacity(t["trace"], policy=policy, config=config)["min_capacity"] if t.get("trace") else None
+                )
+                sizes.append(None if found is None else found + outside)
+            needs[key] = None if not sizes or None in sizes else max(s for s in sizes if s is not None)
+        return needs[key]
+
+    def prefetch(values: Sequence[int]) -> None:
+        """Trace the values not traced yet side by side (a process each, as many as cores)."""
+        missing = sorted({v for v in values if v not in traces and lo <= v <= hi})
+        if len(missing) > 1 and opts.world is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 1)) as pool:
+                list(pool.map(traced, missing))
 
     results: Dict[str, Dict[str, Any]] = {}
     for alloc in opts.allocators:
@@ -448,14 +416,26 @@ def find_max(
         tried: List[Dict[str, Any]] = []
 
         def ok(value: int, alloc: common.Allocator = alloc, tried: List[Dict[str, Any]] = tried) -> bool:
-            good = fits_all(value, alloc)
-            tried.append({"value": value, "fits": good, "trace": traced(value)["status"]})
-            return good
+            left = spare_all(value, alloc)
+            probe: Dict[str, Any] = {"value": value, "fits": left is not None, "trace": traced(value)["status"]}
+            if left is not None:
+                probe["spare"] = left
+                how = f"fits, {format_bytes(left)} to spare"
+            else:
+                need = need_all(value, alloc)  # by how much: the smallest GPU it runs on
+                probe["need"] = need
+                how = "does not fit" + ("" if need is None else f": needs {format_bytes(max(0, need - capacity))} more")
+            tried.append(probe)
+            progress(f"max {name}: {name} {value}: {alloc.label} {how}")
+            return left is not None
 
-        best = common.bisect_max(
-            ok, lo, hi, step=opts.max_batch_step, rel=0.0 if opts.max_batch_step else MAX_BATCH_REL
+        def need(value: int, alloc: common.Allocator = alloc) -> Optional[int]:
+            return need_all(value, alloc)
+
+        best, how = common.predict_max(
+            ok, need, capacity, lo, hi, step=opts.max_batch_step, second=own, prefetch=prefetch
         )
-        results[alloc.label] = {"max": best, "range": [lo, hi], "probes": tried, "simulated": True}
+        results[alloc.label] = {"max": best, "range": [lo, hi], "probes": tried, "simulated": True, "found_by": how}
     return {"arg": name, "results": results, "traces": {str(v): _brief(t) for v, t in sorted(traces.items())}}
 
 
@@ -488,6 +468,12 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
                 "nnodes": opts.world.nnodes if opts.world else None,
                 "ranks": opts.ranks,
                 "outside": opts.outside,
+                "max_batch_step": opts.max_batch_step,
+                "hide_output": opts.hide_output,
+                "timeout": opts.timeout,
+                "json": opts.json,
+                "trace": opts.trace,
+                "wide": opts.wide,
             },
         }
         if opts.world is not None:
@@ -511,12 +497,40 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
             progress(f"[{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
             rows.append(predict(trace, alloc, capacity, outside["total"]))
         result["rows"] = rows
+        _where_out_of_memory(opts, rows, traced, workdir, progress)
         result["capacity"] = capacity
         result["max_batch"] = (
-            find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu) if opts.find_max_batch else None
+            find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu, seed=dict(traced, trace=trace))
+            if opts.find_max_batch
+            else None
         )
     result["cells"] = table(rows, opts.gpu, result["max_batch"])
     return result
+
+
+def _where_out_of_memory(
+    opts: SimOptions, rows: List[Dict[str, Any]], traced: Dict[str, Any], workdir: str, progress: Callable[[str], None]
+) -> None:
+    """For each row that runs out of memory, where the script was: its line and step at the
+    allocation that failed (``oom_site``), from a second look at the script stopped there (the
+    native engine; the trace is the same up to that point)."""
+    events = sorted(
+        {r["oom_event"] for r in rows if r.get("simulated") and not r["fits"] and r.get("oom_event") is not None}
+    )
+    if not events or (traced.get("fake_gpu") or {}).get("engine") != "native":
+        return
+    sites: Dict[int, Dict[str, Any]] = {}
+    for event in events[:3]:
+        progress(f"out of memory at event {event:,}: finding the script's line ...")
+        where = os.path.join(workdir, f"where-{event}")
+        trace_once(opts._replace(hide_output=True), opts.args, where, extra=["--where-event", str(event)])
+        path = os.path.join(where, "where.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                sites[event] = json.load(f)
+    for r in rows:
+        if r.get("oom_event") in sites:
+            r["oom_site"] = sites[r["oom_event"]]
 
 
 def _run_ranks(
@@ -619,12 +633,15 @@ def main(argv: Sequence[str]) -> int:
         if t.get("rank") is not None:
             opts = opts._replace(script=f"{opts.script} (rank {t['rank']})")
         if t.get("status") == "script_error":
+            from ..fakegpu.failures import NOT_INSTALLED
+
             reads = (t.get("fake_gpu") or {}).get("value_reads") or 0
-            why = (
-                f" (it had read {reads:,} simulated tensor value(s) before: zeros, which may be why)"
-                if reads
-                else " (its own code raised it: it would on a GPU too)"
-            )
+            if NOT_INSTALLED in str(t.get("message")) or "torchrun sets" in str(t.get("message")):
+                why = ""  # the message says what to do
+            elif reads:
+                why = f" (it had read {reads:,} simulated tensor value(s) before: zeros, which may be why)"
+            else:
+                why = " (its own code raised it: it would on a GPU too)"
             print(f"cudapool ab --simulate: {opts.script} failed: {t.get('message')}{why}", file=sys.stderr)
         else:
             print(f"cudapool ab --simulate: {opts.script} could not be simulated: {t.get('message')}", file=sys.stderr)

@@ -556,5 +556,6 @@ class FakeGPU(ScriptIO):
             "sdpa": dict(self.sdpa),
             "rnn_calls": dict(self.rnn_calls),
             "cublas_workspace_bytes": self.tracer.workspace_bytes,
+            "cublas_workspaces": int(getattr(self.tracer, "workspaces_taken", 0)),
             "engine": self.engine.name,
         }

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LIBRARY_DIRS", "ValueRead", "explain_failure", "script_error"]
+__all__ = ["LIBRARY_DIRS", "NOT_INSTALLED", "ValueRead", "explain_failure", "script_error"]
 
 
 class ValueRead(RuntimeError):
@@ -21,6 +21,9 @@ class ValueRead(RuntimeError):
 _OP = re.compile(r"\b([A-Za-z_][\w]*::[\w.]+)")
 _OVERLOAD = re.compile(r"\b(aten|prims|[a-z_]+lib)\.(\w+)\.\w+\b")
 
+
+#: What a missing package's message ends with (the report adds nothing to it).
+NOT_INSTALLED = "not installed here (install it: a GPU machine without it fails the same way)"
 
 #: Where torch and cudapool live: a frame under them is not the script's own.
 LIBRARY_DIRS = tuple(
@@ -46,6 +49,16 @@ def script_error(exc: BaseException, script: str) -> Optional[str]:
         )
     # Python's own frozen modules (os.environ's lookup, say) are not where a script's error is.
     frames = [f for f in traceback.walk_tb(exc.__traceback__) if not f[0].f_code.co_filename.startswith("<frozen")]
+    if isinstance(exc, ModuleNotFoundError) and exc.name and frames:
+        # A package that is not installed here, whoever imports it (the script, a module of its
+        # own, a library): the machine's, as it would be on a GPU machine without it.
+        import linecache
+
+        frame, lineno = frames[-1]
+        name = os.path.abspath(frame.f_code.co_filename)
+        code = linecache.getline(name, lineno).strip()
+        where = os.path.relpath(name, here) if not name.startswith(LIBRARY_DIRS) else os.path.basename(name)
+        return f"{where}:{lineno}: `{code}`: ModuleNotFoundError: No module named {exc.name!r}: {NOT_INSTALLED}"
     if not frames or isinstance(exc, ValueRead) or "cudapool's fake GPU" in str(exc) or _cuda_error(exc):
         # the simulation's limit (the native engine raises from below the script's line), or the
         # CUDA runtime's error from a call the script made into torch's C code

@@ -176,6 +176,11 @@ class NativeTracer:
         return int(self._counts()["peak_bytes"])
 
     @property
+    def workspaces_taken(self) -> int:
+        """cuBLAS workspaces allocated: one per thread and stream that ran a BLAS operation."""
+        return int(self._counts().get("workspaces", 0))
+
+    @property
     def operations(self) -> int:
         """Operations that ran this module's kernel, and how many of them were answered from the
         cache (their shapes seen before)."""

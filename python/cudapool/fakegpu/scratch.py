@@ -90,7 +90,10 @@ class Scratch:
                 return False
             full = os.path.abspath(text)
             inside = (scratch.root, *scratch.passthrough)
-            return not any(full == d or full.startswith(d + os.sep) for d in inside)
+            if any(full == d or full.startswith(d + os.sep) for d in inside):
+                return False
+            # os.makedirs of a passthrough folder makes its parents through os.mkdir: real ones too
+            return not any(d.startswith(full + os.sep) for d in scratch.passthrough)
 
         def either(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
             return lambda p: test(p) or (paths(p) and test(scratch.mirror(p)))

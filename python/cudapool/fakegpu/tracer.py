@@ -291,6 +291,11 @@ class Tracer:
         return self._peak_bytes
 
     @property
+    def workspaces_taken(self) -> int:
+        """cuBLAS workspaces allocated: one per thread and stream that ran a BLAS operation."""
+        return len(self._workspace_streams)
+
+    @property
     def live_count(self) -> int:
         """Recorded allocations not freed yet."""
         return len(self._live)
