@@ -116,7 +116,7 @@ def speedrun(args: argparse.Namespace) -> int:
     if not peaks:
         raise SystemExit(f"ab_compiled_public: {logs[0]} prints no peak memory")
     alloc, reserved = int(peaks[-1][0]) * MIB, (int(peaks[-1][1]) * MIB if peaks[-1][1] else None)
-    version = re.search(r"Running pytorch (\S+)", output)
+    version = re.search(r"Running pytorch (\S+)", output, re.IGNORECASE)
     with tempfile.TemporaryDirectory(prefix="cudapool-speedrun-") as tmp:
         work = Path(tmp)
         (work / "train_gpt.py").write_text(code.rstrip("\n") + "\n")
