@@ -55,13 +55,15 @@ class _Counter:
             raise _Stop()
 
 
-def _progress(tracer: Any, counter: _Counter, start: float, stop: threading.Event, err: Any) -> None:
+def _progress(fake: Any, counter: _Counter, start: float, stop: threading.Event, err: Any) -> None:
     tty = err.isatty()
     last = ""
     while not stop.wait(0.5 if tty else 5.0):
+        compiled = fake.programs.compiled_so_far()
         last = (
-            f"cudapool ab --simulate: tracing: {counter.done():,} steps, {len(tracer.events):,} events, "
-            f"{time.monotonic() - start:.1f} s"
+            f"cudapool ab --simulate: tracing: {counter.done():,} steps, {len(fake.tracer.events):,} events"
+            + ("" if compiled is None else f", {compiled:,} graph(s) compiled by torch.compile")
+            + f", {time.monotonic() - start:.1f} s"
         )
         err.write(("\r\033[K" + last) if tty else last + "\n")
         err.flush()
@@ -150,7 +152,7 @@ def trace_script(
     os.dup2(1, 2)
     saved_stderr = sys.stderr
     sys.stderr = sys.stdout
-    shown = threading.Thread(target=_progress, args=(fake.tracer, counter, start, stop, err), daemon=True)
+    shown = threading.Thread(target=_progress, args=(fake, counter, start, stop, err), daemon=True)
     shown.start()
     status: str = "finished"
     exit_code: Optional[int] = 0

@@ -127,6 +127,15 @@ class CompiledPrograms:
             if "run" in cls.__dict__:
                 self.gpu._patch(cls, "run", run)
 
+    def compiled_so_far(self) -> Optional[int]:
+        """Graphs Inductor has compiled (or loaded) so far, for a progress line; None before the
+        script's first torch.compile."""
+        if not self.ready:
+            return None
+        from torch._dynamo.utils import counters
+
+        return int(counters["aot_autograd"]["total"])
+
     def summary(self) -> Dict[str, Any]:
         """What was compiled, from Dynamo's and Inductor's own counters: graphs, graph breaks,
         Triton kernels (not built), the FX graph cache's hits and the seconds compiling took."""
