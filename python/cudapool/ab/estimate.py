@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from .. import _C
 from . import common
 from .sim_report import report
-from .simulate import SimOptions, outside_single, predict, room, run
+from .simulate import SimOptions, predict_one_gpu, run
 
 __all__ = ["MemoryEstimate", "estimate_memory"]
 
@@ -222,11 +222,6 @@ def _trace_function(
     if status == "failed":
         return result
     trace = fake.tracer.trace(meta={"function": name, "gpu": model.name})
-    out = outside_single(_options(gpu, allocators, max_steps, name, [], engine, outside), model)
-    limit = room(trace_result, model.total_memory, out["total"])
-    rows = []
-    for i, alloc in enumerate(allocators, 1):
-        progress(f"[{i}/{len(allocators)}] replaying under {alloc.label} ...")
-        rows.append(predict(trace, alloc, limit, out["total"]))
-    result.update(rows=rows, outside=out, capacity=limit, devices=trace.devices(), max_batch=None)
+    opts = _options(gpu, allocators, max_steps, name, [], engine, outside)
+    result.update(predict_one_gpu(opts, model, trace_result, trace, progress), max_batch=None)
     return result

@@ -275,6 +275,34 @@ def predict(trace: Any, alloc: common.Allocator, limit: int, outside: int = 0) -
     }
 
 
+def predict_each(
+    trace: Any,
+    allocators: Sequence[common.Allocator],
+    limit: int,
+    outside: int,
+    progress: Callable[[str], None],
+    prefix: str = "",
+) -> List[Dict[str, Any]]:
+    """:func:`predict`'s row for each allocator, saying each replay as it starts."""
+    rows = []
+    for i, alloc in enumerate(allocators, 1):
+        progress(f"{prefix}[{i}/{len(allocators)}] replaying under {alloc.label} ...")
+        rows.append(predict(trace, alloc, limit, outside))
+    return rows
+
+
+def predict_one_gpu(
+    opts: SimOptions, gpu: Any, traced: Dict[str, Any], trace: Any, progress: Callable[[str], None]
+) -> Dict[str, Any]:
+    """A one-GPU run's rows (``traced``: the trace's result; ``trace``: the trace), with the
+    memory set aside outside the allocator and what the allocator may use: the parts of the
+    result ``rows``, ``outside``, ``capacity`` and ``devices``."""
+    outside = outside_single(opts, gpu)
+    capacity = room(traced, gpu.total_memory, outside["total"])
+    rows = predict_each(trace, opts.allocators, capacity, outside["total"], progress)
+    return {"rows": rows, "outside": outside, "capacity": capacity, "devices": trace.devices()}
+
+
 def outside_single(opts: SimOptions, gpu: Any) -> Dict[str, Any]:
     """What a one-GPU run's process holds outside PyTorch's allocator: --outside, or the CUDA
     context's estimate (:mod:`cudapool.ab.outside`)."""
@@ -485,20 +513,12 @@ def run(opts: SimOptions, progress: Callable[[str], None]) -> Dict[str, Any]:
         if traced["status"] not in ("finished", "stopped", "exit"):
             return result
         trace = load(traced["trace_path"])
-        outside = outside_single(opts, gpu)
-        result["outside"] = outside
-        capacity = room(traced, gpu.total_memory, outside["total"])
-        result["devices"] = trace.devices()
         if opts.trace:
             shutil.copyfile(traced["trace_path"], opts.trace)
             result["trace_file"] = opts.trace
-        rows = []
-        for i, alloc in enumerate(opts.allocators, 1):
-            progress(f"[{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
-            rows.append(predict(trace, alloc, capacity, outside["total"]))
-        result["rows"] = rows
+        result.update(predict_one_gpu(opts, gpu, traced, trace, progress))
+        rows = result["rows"]
         _where_out_of_memory(opts, rows, traced, workdir, progress)
-        result["capacity"] = capacity
         result["max_batch"] = (
             find_max(opts, gpu.total_memory, workdir, progress, gpu=gpu, seed=dict(traced, trace=trace))
             if opts.find_max_batch
@@ -575,10 +595,7 @@ def _run_ranks(
         t = done[rank]
         outside = sim_ranks.outside_of(t, world, gpu, opts.outside)
         capacity = room(t, gpu.total_memory, outside.total)
-        rows = []
-        for i, alloc in enumerate(opts.allocators, 1):
-            progress(f"rank {rank}: [{i}/{len(opts.allocators)}] replaying under {alloc.label} ...")
-            rows.append(predict(t["trace"], alloc, capacity, outside.total))
+        rows = predict_each(t["trace"], opts.allocators, capacity, outside.total, progress, f"rank {rank}: ")
         rank_rows.append(
             {
                 "rank": rank,
