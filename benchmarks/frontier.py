@@ -82,6 +82,7 @@ VARIANTS: Dict[str, Tuple[str, str, str]] = {
         "large_segment_mb:64",
         "handles follow growth (at most 64 MiB), in part use stitch",
     ),
+    "planned": ("planned", "", "the default, and the step plan (plan_steps): a repeating step served by position"),
 }
 
 #: The variant the targets are checked for.

@@ -7,7 +7,8 @@
 3. When valgrind is on PATH, counts instructions per alloc+free pair with callgrind for the
    `pair` and `pair_100k_live` cases: I(N pairs) - I(0 pairs), divided by N, so that setup
    and teardown cancel out. Adds "pair_instr" and "pair_100k_live_instr" to the JSON, and
-   "pair_instr_cudapool": the pair under cudapool's default policy (page-mapped, stitching).
+   "pair_instr_cudapool": the pair under cudapool's default policy (page-mapped, stitching), and
+   "pair_instr_planned": under the planned policy once its step plan serves the pair.
    Where torch is importable, also builds build/bench_bridge (benchmarks/bench_bridge.cpp) and
    counts the same way an allocation + free through the bridge's C++ entry (the DataPtr path
    torch's tensors take) and through the C entry points: "bridge_pair_instr",
@@ -55,6 +56,9 @@ DEFAULT_JSON = BUILD / "bench-micro.json"
 TARGET_PAIR_NS = 100.0
 TARGET_LIVE_RATIO = 1.5
 TARGET_POLICY_RATIO = 1.5
+# A pair the step plan serves (policy planned) < the plain pool's pair, in instructions; the
+# pairs before are left out of the count (the plan learns the one-allocation step in those).
+PLANNED_WARM_PAIRS = 1000
 # The bridge's allocation + free (benchmarks/bench_bridge.cpp) <= 1.2 x the core's pair.
 TARGET_BRIDGE_RATIO = 1.2
 BRIDGE_BINARY = BUILD / "bench_bridge"
@@ -251,6 +255,7 @@ def run_callgrind(data: dict, pairs: int) -> None:
         for case in CALLGRIND_CASES:
             data[f"{case}_instr"] = None
         data["pair_instr_cudapool"] = None
+        data["pair_instr_planned"] = None
         details["callgrind"] = {"skipped": "valgrind not found"}
         return
     counts = {}
@@ -281,12 +286,31 @@ def run_callgrind(data: dict, pairs: int) -> None:
         data["pair_instr_cudapool"] = round(per_pair, 1)
         counts["pair_cudapool"] = {"pairs": pairs, "config": config, "instr_per_pair": round(per_pair, 3)}
         log(f"callgrind pair ({config}): {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
+        # The same pair under the planned policy once its plan serves it: the first pairs learn
+        # the one-allocation step and are left out (I(warm + N) - I(warm)).
+        t0 = time.monotonic()
+        config = policies.config_for("planned")
+        base = callgrind_count(valgrind, "pair", PLANNED_WARM_PAIRS, Path(tmp), config)
+        total = callgrind_count(valgrind, "pair", PLANNED_WARM_PAIRS + pairs, Path(tmp), config)
+        per_pair = (total - base) / pairs
+        data["pair_instr_planned"] = round(per_pair, 1)
+        counts["pair_planned"] = {"pairs": pairs, "warm_pairs": PLANNED_WARM_PAIRS, "config": config,
+                                  "instr_per_pair": round(per_pair, 3)}
+        log(f"callgrind pair ({config}): {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
     details["callgrind"] = counts
 
 
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
+
+
+def _planned_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
+    v, plain = data.get("pair_instr_planned"), data.get("pair_instr")
+    if v is None or not plain:
+        return ("pair_instr_planned", "n/a (no valgrind)", "< pair_instr", "")
+    return ("pair_instr_planned", f"{v:.1f} ({v / plain:.2f} x pair_instr)", f"< pair_instr ({plain:.1f})",
+            mark(v < plain))
 
 
 def _policy_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
@@ -343,6 +367,7 @@ def report(data: dict) -> str:
         ("pair_instr", instr("pair_instr"), "-", ""),
         ("pair_100k_live_instr", instr("pair_100k_live_instr"), "-", ""),
         _policy_row(data, mark),
+        _planned_row(data, mark),
         _bridge_row(data, mark),
     ]
     lines = ["| figure | value | target | status |", "|---|---|---|---|"]

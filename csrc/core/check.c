@@ -135,6 +135,7 @@ static size_t cp_check_free_block(cp_pool_t *pool, const cp_segment_t *seg, cp_b
 /* A block in use: LIVE (in the live map) or PENDING (on other streams' events, not in it). */
 static size_t cp_check_used_block(cp_pool_t *pool, const cp_segment_t *seg, cp_block_t *b, cp_walk_t *w, FILE *out) {
   size_t v = 0;
+  if (b->plan == CP_PLAN_RANGE) return v; /* a step plan's range: its nodes count (cp_check_plan) */
   cp_tally_t *t = &w->t[seg->kind];
   t->active++;
   t->active_bytes += (int64_t)b->size;
@@ -331,7 +332,7 @@ static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
       w->pending_bytes += b->size;
       w->pending_events += b->pending_events;
     }
-    if (b->state == CP_BLOCK_LIVE && b->size >= pool->cfg.max_split_size) w->oversize_live++;
+    if (b->state == CP_BLOCK_LIVE && b->plan != CP_PLAN_RANGE && b->size >= pool->cfg.max_split_size) w->oversize_live++;
   }
   cp_tally_t *large = &w->t[CP_KIND_LARGE];
   large->live += (int64_t)s_live;
@@ -339,6 +340,67 @@ static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
   large->active += (int64_t)s_active;
   large->active_bytes += (int64_t)s_active_bytes;
   large->requested += (int64_t)s_requested;
+  return v;
+}
+
+/* The step plan (Note [Learning the step]): its nodes in use count as blocks in use; its bins
+ * are LIVE blocks of segments, out of the live map, held exactly while a plan serves. */
+static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
+  size_t v = 0;
+  const cp_plan_t *pl = &pool->plan;
+  const bool holds = pl->state == CP_PLAN_SERVING || pl->state == CP_PLAN_LOST || pl->state == CP_PLAN_DYING;
+  if ((pl->bins != NULL) != holds)
+    CP_VIOLATION("plan: state %s %s bins", cp_plan_state_name(pl->state), pl->bins != NULL ? "holds" : "lacks");
+  if (pl->state != CP_PLAN_OFF && (!pool->stitch || !pool->cfg.plan_steps))
+    CP_VIOLATION("plan: state %s in a pool that does not plan", cp_plan_state_name(pl->state));
+  if (pl->bins == NULL) return v;
+  size_t bytes = 0;
+  for (uint32_t i = 0; i < pl->bin_count; i++) {
+    const cp_block_t *r = pl->bins[i];
+    bytes += r->size;
+    if (r->plan != CP_PLAN_RANGE || r->state != CP_BLOCK_LIVE || cp_ptrmap_get(&pool->live, r->addr) == r)
+      CP_VIOLATION("plan: bin %#lx is not the plan's LIVE block, out of the live map",
+                   (unsigned long)r->addr);
+  }
+  if (bytes != pl->range_bytes) CP_VIOLATION("plan: bins hold %zu bytes, the count says %zu", bytes, pl->range_bytes);
+  size_t in_use = 0, nonwrap = 0;
+  cp_tally_t *t = &w->t[CP_KIND_LARGE];
+  for (uint32_t j = 0; j < pl->count; j++) {
+    const cp_plan_entry_t *e = &pl->entries[j];
+    const cp_block_t *b = &e->node;
+    if (!e->planned) {
+      if (b->state != CP_BLOCK_FREE || b->plan != 0) CP_VIOLATION("plan: entry %u is not planned but has a node", j);
+      continue;
+    }
+    const cp_block_t *r = e->bin < pl->bin_count ? pl->bins[e->bin] : NULL;
+    if (r == NULL || b->plan != CP_PLAN_NODE || b->segment != r->segment || b->addr != r->addr + e->offset ||
+        b->size != e->size || e->offset + e->size > r->size)
+      CP_VIOLATION("plan: entry %u's node is not at its offset %zu in its bin", j, e->offset);
+    if (b->state == CP_BLOCK_FREE) {
+      if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("plan: entry %u free but in the live map", j);
+      continue;
+    }
+    in_use++;
+    if (!e->wraps) nonwrap++;
+    t->active++;
+    t->active_bytes += (int64_t)b->size;
+    t->requested += (int64_t)b->requested;
+    if (b->state == CP_BLOCK_LIVE) {
+      t->live++;
+      t->live_bytes += (int64_t)b->size;
+      if (b->size >= pool->cfg.max_split_size) w->oversize_live++;
+      if (cp_ptrmap_get(&pool->live, b->addr) != b) CP_VIOLATION("plan: entry %u live but not in the live map", j);
+    } else if (b->state == CP_BLOCK_PENDING) {
+      w->pending_blocks++;
+      w->pending_bytes += b->size;
+      w->pending_events += b->pending_events;
+    } else {
+      CP_VIOLATION("plan: entry %u in state %d", j, b->state);
+    }
+  }
+  if (in_use != pl->live || nonwrap != pl->live_nonwrap)
+    CP_VIOLATION("plan: %zu nodes in use (%zu not across position 0), counts say %zu (%zu)", in_use, nonwrap, pl->live,
+                 pl->live_nonwrap);
   return v;
 }
 
@@ -435,6 +497,7 @@ size_t cp_check_locked(cp_pool_t *pool, FILE *out) {
   v += cp_check_free_segments(pool, &w, out);
   v += cp_check_free_index(pool, &w, out);
   v += cp_check_stitched(pool, &w, out);
+  v += cp_check_plan(pool, &w, out);
   v += cp_check_draining(pool, &w, out);
   v += cp_check_streams(pool, &w, out);
   v += cp_check_stats(pool, &w, out);

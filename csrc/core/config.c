@@ -637,6 +637,7 @@ int cp_config_format(const cp_config_t *cfg, char *buf, size_t buf_size) {
     if (k == KEY_EXPANDABLE_SEGMENTS && !cfg->expandable_segments) continue; /* written when True only */
     if (k == KEY_PAGE_STITCHING && !cfg->page_stitching) continue;
     if (k == KEY_STITCH_PARTIAL_HANDLES && cfg->stitch_partial) continue; /* written when False only */
+    if (k == KEY_PLAN_STEPS && !cfg->plan_steps) continue;
     if ((kind == KIND_FRACTION_OPEN || kind == KIND_FRACTION) && *KEY_FIELD_C(cfg, k, double) == 0.0) continue;
     out_printf(&o, "%s%s:", sep, keys[k].name);
     sep = ",";

@@ -43,6 +43,7 @@ typedef struct cp_config_s {
   int expandable_segments; /* 1: one growable segment per (stream, kind), where the device can */
   int page_stitching;      /* 1: page-mapped segments that stitch free pages (core/stitch.c) */
   int stitch_partial;      /* 1 (default): stitched ranges may open and close in handles in part use */
+  int plan_steps;          /* 1: learn a repeating step and serve it from a plan (core/plan.h) */
 } cp_config_t;
 
 /* The configuration keys, one row each, in the order cp_config_format writes them:
@@ -57,8 +58,8 @@ typedef struct cp_config_s {
  *   DIVISIONS         N or [SIZE_MB:N,...,>:N] (roundup_power2_divisions);
  *   FRACTION_OPEN     a number in (0, 1); 0 means off and is not written;
  *   FRACTION          a number in (0, 1]; 0 means unset and is not written;
- *   BOOL              True/False (also true/false, 1/0); expandable_segments and page_stitching
- *                     are written only when True, stitch_partial_handles only when False, so that
+ *   BOOL              True/False (also true/false, 1/0); expandable_segments, page_stitching and
+ *                     plan_steps are written only when True, stitch_partial_handles only when False, so that
  *                     default configurations read as they always have. */
 #define CP_CONFIG_KEYS(X)                                                                                              \
   X(GRANULE_BYTES, "granule_bytes", BYTES, granule, "512", "every block size is a multiple (a power of two ≥ 256)")    \
@@ -91,7 +92,10 @@ typedef struct cp_config_s {
     "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")   \
   X(STITCH_PARTIAL_HANDLES, "stitch_partial_handles", BOOL, stitch_partial, "True",                                    \
     "with `page_stitching`: True, a stitched range may begin in the free end of a handle partly in use and end in "    \
-    "the free start of another; False: wholly free handles only")
+    "the free start of another; False: wholly free handles only")                                                  \
+  X(PLAN_STEPS, "plan_steps", BOOL, plan_steps, "False",                                                               \
+    "True, on page-mapped memory: learn the loop's repeating step from its allocations and serve it from one range "   \
+    "planned for it, each allocation by its position in the step (the `planned` policy)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
 typedef struct cp_config_key_s {
@@ -358,6 +362,20 @@ typedef struct cp_pool_info_s {
    * of their backups. */
   size_t paused_bytes;
   size_t backup_bytes;
+  /* The step plan (plan_steps, Note [Learning the step] in core/plan.h): its state (0 off,
+   * 1 learning, 2 planning, 3 armed, 4 serving, 5 lost, 6 dropped), the bytes of the free memory
+   * it holds (its bins; 0 when none), the allocations of a step and how many of them it places,
+   * plans adopted and dropped, allocations the plans served and those the pool served while a
+   * plan was held, and the microseconds spent computing plans. */
+  size_t plan_state;
+  size_t plan_bytes;
+  size_t plan_step_allocs;
+  size_t plan_planned;
+  size_t plans;
+  size_t plan_drops;
+  size_t plan_served;
+  size_t plan_missed;
+  size_t plan_us;
 } cp_pool_info_t;
 void cp_pool_info(cp_pool_t *pool, cp_pool_info_t *out_info);
 

@@ -10,6 +10,7 @@
 #include "core/expand.h"
 #include "core/history.h"
 #include "core/oom.h"
+#include "core/plan.h"
 #include "core/pool.h"
 #include "core/segment.h"
 #include "core/stitch.h"
@@ -29,10 +30,19 @@
  * Blocks leaving use, and frees that complete later
  * ---------------------------------------------------------------------------------------- */
 
-/* Return a PENDING or LIVE block to its source: a stitched block's range is kept for reuse and
- * its pages go back to their segments (stitch.c); any other merges into the free index. */
-static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
+/* Return a PENDING or LIVE block to its source (its active figures leave the stats): a planned
+ * block's place in the plan is free again (plan.c); a stitched block's range is kept for reuse
+ * and its pages go back to their segments (stitch.c); any other merges into the free index. */
+void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_block_end_use_locked(pool, b);
+  if (CP_UNLIKELY(b->plan == CP_PLAN_NODE)) {
+    cp_plan_release_locked(pool, b); /* its place in the plan's range is free */
+    return;
+  }
+  cp_block_return_locked(pool, b);
+}
+
+void cp_block_return_locked(cp_pool_t *pool, cp_block_t *b) {
   if (b->segment->stitched) {
     cp_stitch_release_locked(pool, b);
     return;
@@ -83,6 +93,7 @@ int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who) {
                           who, (void *)b->addr, why);
     }
   }
+  if (CP_UNLIKELY(b->plan_seq != 0)) cp_plan_watch_free_locked(pool, b); /* the step's learning watched it */
   cp_ptrmap_remove(&pool->live, b->addr);
   int kind = b->segment->kind;
   cp_stats_dec(&pool->stats, CP_STAT_ALLOCATION, kind, 1);
@@ -130,8 +141,8 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
  * Best fit; memory of the stream waiting to go back; stitching (large requests); growth; on
  * OOM wait for pending frees, give back plain free segments and unmap free chunks, then all
  * of it once more (the plain pools' steps: Note [The OOM ladder]). */
-static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
-                                 void **out_ptr) {
+int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                          void **out_ptr) {
   /* While a capture is under way: no event polled, no memory given back (Note [Capture in
    * the pool]); growth and stitching make no event or stream call. */
   if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
@@ -198,6 +209,7 @@ int cp_pool_create(const cp_config_t *cfg, const cp_backend_t *backend, cp_pool_
   if (pool->backend.mem_info(pool->backend.ctx, &dev_free, &dev_total) == CP_OK) pool->device_total = dev_total;
   pool->cap_bytes = cp_effective_cap(&pool->cfg, pool->device_total);
   cp_expand_init(pool);
+  cp_plan_init(pool);
   pool->stats.max_split_size = cfg->max_split_size == SIZE_MAX ? -1 : (int64_t)cfg->max_split_size;
   cp_clear_error();
   *out_pool = pool;
@@ -208,6 +220,7 @@ void cp_pool_destroy(cp_pool_t *pool) {
   if (pool == NULL) return;
   cp_fork_unregister(&pool->fork_node); /* before the pool lock: the registry's is outer */
   pthread_mutex_lock(&pool->lock);
+  cp_plan_destroy(pool); /* its range is in a segment or a stitched range, unmapped below */
   for (cp_segment_t *seg = pool->segments, *next; seg != NULL; seg = next) {
     next = seg->next;
     for (cp_block_t *b = seg->head; b != NULL; b = b->next) free(b->uses);
@@ -265,6 +278,15 @@ static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream
   int kind = pool->stitch ? CP_KIND_LARGE : cp_size_kind(cfg, rounded);
 
   pthread_mutex_lock(&pool->lock);
+  uint64_t watch = 0;
+  if (CP_UNLIKELY(pool->plan.state != CP_PLAN_OFF) && tag == 0 && pool->capture.windows == 0 && rounded != 0 &&
+      cp_plan_alloc_locked(pool, rounded, size, stream, out_ptr, &watch) == CP_OK) {
+    CP_HISTORY(pool, CP_HIST_ALLOC, (uintptr_t)*out_ptr, rounded, stream);
+    cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
+    CP_DEBUG_CHECK(pool, "cp_alloc");
+    pthread_mutex_unlock(&pool->lock);
+    return CP_OK;
+  }
   int rc = CP_OK;
   cp_stream_state_t *st = NULL;
   if (rounded == 0) {
@@ -280,6 +302,11 @@ static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream
   if (rc == CP_OK && pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
   if (rc == CP_OK && pool->paged) {
     rc = cp_paged_alloc_locked(pool, st, kind, rounded, size, out_ptr);
+    /* A plan that no longer fits is given up before anyone sees out of memory. */
+    if (rc == CP_ERR_OOM && pool->plan.bins != NULL && cp_plan_give_up_locked(pool)) {
+      rc = cp_reserve_metadata_locked(pool, 1);
+      if (rc == CP_OK) rc = cp_paged_alloc_locked(pool, st, kind, rounded, size, out_ptr);
+    }
   } else if (rc == CP_OK) {
     /* 1. */
     if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, stream)) cp_reclaim_completed_locked(pool);
@@ -320,6 +347,7 @@ static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream
     cp_oom_fail_locked(pool, size, rounded, stream, &oom);
   } else if (rc == CP_OK) {
     cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
+    if (CP_UNLIKELY(watch != 0)) cp_plan_watch_block_locked(pool, *out_ptr, watch);
   }
   CP_DEBUG_CHECK(pool, "cp_alloc");
   pthread_mutex_unlock(&pool->lock);
@@ -401,6 +429,8 @@ int cp_empty_cache(cp_pool_t *pool) {
     return CP_OK;
   }
   if (pool->capture.deferred_count != 0) cp_capture_flush_locked(pool);
+  /* A plan none of whose blocks is in use gives its range back, and is learned again. */
+  if (pool->plan.bins != NULL && pool->plan.live == 0) cp_plan_give_up_locked(pool);
   int rc = CP_OK;
   if (pool->paged) {
     /* Waits for nothing (Note [Stream-ordered release]): completed frees come back, free

@@ -7,6 +7,7 @@
 
 #include "base/fork.h"
 #include "base/ptrmap.h"
+#include "core/plan.h"
 #include "core/snapshot.h"
 #include "core/stream.h"
 
@@ -145,6 +146,7 @@ struct cp_pool_s {
   /* Paused regions (pause.c): sum of the states' paused_bytes and backup_bytes. */
   size_t paused_bytes;
   size_t backup_bytes;
+  cp_plan_t plan; /* the step plan (plan.c), Note [Learning the step] */
 };
 
 /* Bytes held from the backend (the reserved_bytes stat). */

@@ -89,6 +89,16 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   info->stitch_reuses = pool->stitch_reuses;
   info->paused_bytes = pool->paused_bytes;
   info->backup_bytes = pool->backup_bytes;
+  const cp_plan_t *pl = &pool->plan;
+  info->plan_state = pl->state;
+  info->plan_bytes = pl->bins != NULL ? pl->range_bytes : 0;
+  info->plan_step_allocs = pl->count;
+  info->plan_planned = (size_t)pl->last_planned;
+  info->plans = (size_t)pl->plans;
+  info->plan_drops = (size_t)pl->drops;
+  info->plan_served = (size_t)pl->served;
+  info->plan_missed = (size_t)pl->missed;
+  info->plan_us = (size_t)(pl->plan_ns / 1000);
   /* Retired memory waiting for its stream (drain.c) is cached too, though not reusable. */
   info->cached_free += pool->draining_bytes;
   for (size_t i = 0; i < pool->streams.count; i++) {

@@ -68,10 +68,12 @@ struct cp_block_s {
   uint32_t priority;       /* treap heap key, derived from the address */
   uint8_t state;           /* cp_block_state_t */
   uint8_t shared;          /* LIVE: shared with another process (share.c); cleared when its use ends */
+  uint8_t plan;            /* 0, or a step plan's: CP_PLAN_NODE or CP_PLAN_RANGE (plan.h) */
   uint32_t pending_events; /* PENDING: events still to complete */
   uint32_t use_count;      /* streams other than the allocation stream (record_stream) */
   uint32_t use_cap;
   cp_stream_t *uses; /* heap array of those streams, NULL when none ever recorded */
+  uint64_t plan_seq; /* LIVE, made while the step plan learns: its allocation's number + 1; else 0 */
 };
 
 struct cp_segment_s {

@@ -241,7 +241,16 @@ fail:
   X(stitches)                  \
   X(stitch_reuses)             \
   X(paused_bytes)              \
-  X(backup_bytes)
+  X(backup_bytes)              \
+  X(plan_state)                \
+  X(plan_bytes)                \
+  X(plan_step_allocs)          \
+  X(plan_planned)              \
+  X(plans)                     \
+  X(plan_drops)                \
+  X(plan_served)               \
+  X(plan_missed)               \
+  X(plan_us)
 
 PyObject *cpy_info_to_dict(const cp_pool_info_t *info) {
   PyObject *d = PyDict_New();

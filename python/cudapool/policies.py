@@ -10,6 +10,9 @@
   empty_cache and when memory runs short. A second yardstick. On a device without page-mapped
   memory it falls back to plain segments (``info()["page_mapped"]`` is then 0).
 - ``cudapool``: cudapool's own default, chosen by measurement to waste less (see docs/lab.md).
+- ``planned``: ``cudapool`` plus ``plan_steps:True``: once the loop's step has repeated, its
+  allocations are served from one range planned for it, by their position in the step
+  (Note [Learning the step], csrc/core/plan.h; measured in docs/lab.md).
 """
 
 from typing import Dict
@@ -20,6 +23,7 @@ POLICIES: Dict[str, str] = {
     "builtin": "",
     "expandable": "expandable_segments:True",
     "cudapool": "expandable_segments:True,page_stitching:True,release_before_grow:True",
+    "planned": "expandable_segments:True,page_stitching:True,release_before_grow:True,plan_steps:True",
 }
 
 DEFAULT_POLICY = "cudapool"

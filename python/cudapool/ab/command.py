@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ALLOCATORS,
         metavar="LIST",
         help="comma-separated: builtin, expandable (expandable_segments:True), async (backend:cudaMallocAsync), "
-        "cudapool, cudapool:KEY=VAL[;KEY=VAL...] (a configuration variant, e.g. cudapool:policy=builtin or "
+        "cudapool, planned (cudapool with the step plan: plan_steps:True), "
+        "cudapool:KEY=VAL[;KEY=VAL...] (a configuration variant, e.g. cudapool:policy=builtin or "
         f"cudapool:max_split_size_mb=256;garbage_collection_threshold=0.8) (default: {DEFAULT_ALLOCATORS})",
     )
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per allocator (default: 1)")

@@ -129,9 +129,12 @@ def parse_allocators(text: str) -> List[Allocator]:
             alloc = Allocator(name, TORCH_CONF[kind], None)
         elif kind == "cudapool":
             alloc = Allocator(name, None, parse_variant(rest) if sep else "")
+        elif kind == "planned" and not sep:  # cudapool's planned policy (the step plan)
+            alloc = Allocator(name, None, "policy:planned")
         else:
             raise UsageError(
-                f"unknown allocator {name!r} (known: builtin, expandable, async, cudapool, cudapool:KEY=VAL[;KEY=VAL])"
+                f"unknown allocator {name!r} (known: builtin, expandable, async, cudapool, planned, "
+                "cudapool:KEY=VAL[;KEY=VAL])"
             )
         if any(a.label == alloc.label for a in out):
             raise UsageError(f"allocator {name!r} is listed twice")

@@ -140,6 +140,11 @@ class ReplayError(RuntimeError):
 # ------------------------------------------------------------------------------------------
 
 
+
+#: The step plan's figures (policy ``planned``; cudapool.Pool.info()), kept in a replay's result.
+PLAN_FIELDS = ("plan_state", "plan_bytes", "plan_step_allocs", "plan_planned", "plans", "plan_drops",
+               "plan_served", "plan_missed", "plan_us")
+
 def config_text(policy: str = policies.DEFAULT_POLICY, config: Optional[str] = None) -> str:
     """The checked configuration text of ``policy`` with ``config`` ("key:value,...") on top,
     key by key. ValueError for an unknown policy or an invalid entry (named)."""
@@ -369,6 +374,7 @@ def _replay_data(
         info = pool.info()  # after the counts: what it asks the device is not the trace's
         res["stitches"] = info["stitches"]
         res["stitch_reuses"] = info["stitch_reuses"]
+        res["plan"] = {k: info[k] for k in PLAN_FIELDS}
         res["device_faults"] = pool.device_fault_count()  # before the pool lets go of its memory
         res["device_call_bytes_after_warmup"] = {k: v - warm_bytes[k] for k, v in call_bytes.items()}
         violations = pool.check()

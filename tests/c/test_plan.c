@@ -1,0 +1,258 @@
+/* test_plan.c — the step plan (plan_steps:True, core/plan.c, Note [Learning the step]) on the
+ * simulated device: a loop's step is learned from its allocations, served from the plan with no
+ * device call, the planned blocks' bytes are distinct memory while they live, and every way off
+ * the plan (an extra tensor, a skipped one, a block held too long or used on another stream, a
+ * new shape, out of memory, empty_cache) falls back to the pool without harm. The ASan build runs
+ * the invariant checker after every operation. */
+#include <string.h>
+
+#include "check.h"
+#include "core/plan.h"
+#include "fixture.h"
+
+#define PLANNED "expandable_segments:True,page_stitching:True,release_before_grow:True,plan_steps:True"
+
+static uint64_t calls_of(fixture_t *fx) {
+  uint64_t n = 0;
+  for (int k = 0; k < CP_SIM_CALL_COUNT; k++) n += cp_sim_calls(fx->sim, (cp_sim_call_t)k);
+  return n;
+}
+
+/* One training-like step: a persistent-looking input, activations kept for a backward pass
+ * (freed in reverse), temporaries, and a gradient that lives into the next step (`carry`,
+ * freed at the start of the next one). `scale` changes every size (a new shape). Each block's
+ * bytes get a pattern, checked before its free: planned blocks that overlap while they live
+ * would overwrite each other. */
+static void step(fixture_t *fx, size_t scale, void **carry, unsigned seed) {
+  static const size_t act[6] = {3, 5, 2, 7, 1, 4};
+  void *a[6];
+  if (*carry != NULL) {
+    CHECK(cp_free(fx->pool, *carry) == CP_OK);
+    *carry = NULL;
+  }
+  for (int i = 0; i < 6; i++) {
+    a[i] = must_alloc(fx, act[i] * scale * MiB + 1000, 0);
+    memset(a[i], (int)(seed + (unsigned)i), 4096);
+    void *tmp = must_alloc(fx, scale * MiB / 2, 0);
+    memset(tmp, 0x5a, 4096);
+    CHECK(cp_free(fx->pool, tmp) == CP_OK);
+  }
+  *carry = must_alloc(fx, 2 * scale * MiB, 0);
+  for (int i = 5; i >= 0; i--) {
+    const unsigned char *p = a[i];
+    CHECK(p[0] == (unsigned char)(seed + (unsigned)i) && p[4095] == (unsigned char)(seed + (unsigned)i));
+    CHECK(cp_free(fx->pool, a[i]) == CP_OK);
+  }
+}
+
+TEST(config_key) {
+  cp_config_t cfg;
+  cp_config_default(&cfg);
+  char text[1024];
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(!contains(text, "plan_steps")); /* written only when True */
+  CHECK(cp_config_parse(&cfg, "plan_steps:True") == CP_OK);
+  cp_config_format(&cfg, text, sizeof text);
+  CHECK(contains(text, "plan_steps:True"));
+  /* Without page stitching the plan is off, and says so. */
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 256 * MiB, "plan_steps:True") == 0);
+  CHECK_EQ_U(info_of(&fx).plan_state, CP_PLAN_OFF);
+  fx_close(&fx);
+}
+
+TEST(a_repeating_step_is_learned_and_served_without_device_calls) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 4; s++) step(&fx, 1, &carry, s);
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.plans, 1);
+  CHECK_EQ_U(in.plan_state, CP_PLAN_SERVING);
+  CHECK_EQ_U(in.plan_step_allocs, 13);
+  CHECK_EQ_U(in.plan_planned, 13);
+  CHECK(in.plan_bytes > 0);
+  const uint64_t calls = calls_of(&fx);
+  const size_t served = in.plan_served;
+  for (unsigned s = 4; s < 20; s++) step(&fx, 1, &carry, s);
+  CHECK_EQ_U(calls_of(&fx), calls); /* nothing asked of the device once planned */
+  in = info_of(&fx);
+  CHECK_EQ_U(in.plan_served - served, 16 * 13);
+  CHECK_EQ_U(in.plan_missed, 0);
+  /* Planned blocks count as allocated, the plan's memory as reserved. */
+  cp_stats_t st;
+  cp_pool_stats(fx.pool, &st);
+  CHECK_EQ_U((size_t)st.family[CP_STAT_ALLOCATED_BYTES][CP_KIND_ALL].current, 2 * MiB);
+  CHECK_EQ_U((size_t)st.family[CP_STAT_ALLOCATION][CP_KIND_ALL].current, 1);
+  CHECK(in.reserved >= in.plan_bytes);
+  size_t size = 0;
+  CHECK(cp_pool_lookup(fx.pool, carry, &size) == 1 && size == 2 * MiB);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(extra_and_skipped_allocations_keep_the_plan) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  /* An extra tensor in the middle of a step: the pool's, and the plan goes on. */
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  carry = NULL;
+  void *x = must_alloc(&fx, 3 * MiB + 1000, 0); /* position 0 */
+  void *extra = must_alloc(&fx, 9 * MiB, 0);    /* off the plan */
+  void *y = must_alloc(&fx, MiB / 2, 0);        /* position 1 */
+  CHECK(cp_free(fx.pool, y) == CP_OK);
+  CHECK(cp_free(fx.pool, extra) == CP_OK);
+  CHECK(cp_free(fx.pool, x) == CP_OK);
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.plan_state, CP_PLAN_SERVING);
+  CHECK_EQ_U(in.plan_missed, 1);
+  fx_close(&fx);
+}
+
+TEST(a_block_held_past_its_time_loses_the_step_not_the_memory) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  /* The carried gradient is kept (a user holds it) over the next step: its bytes may be what
+   * a later planned block would take, so that step goes to the pool. */
+  void *held = carry;
+  carry = NULL;
+  memset(held, 0x77, 4096);
+  step(&fx, 1, &carry, 50);
+  const unsigned char *h = held;
+  CHECK(h[0] == 0x77 && h[4095] == 0x77);
+  CHECK(info_of(&fx).plan_missed > 0);
+  CHECK(cp_free(fx.pool, held) == CP_OK);
+  /* Back at the step's start with nothing out of place: served again. */
+  const size_t served = info_of(&fx).plan_served;
+  step(&fx, 1, &carry, 51);
+  step(&fx, 1, &carry, 52);
+  CHECK(info_of(&fx).plan_served > served);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(a_new_shape_drops_the_plan_and_learns_the_next) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plans == 1);
+  for (unsigned s = 0; s < 8; s++) step(&fx, 2, &carry, 100 + s); /* every size doubles */
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.plan_drops, 1);
+  CHECK_EQ_U(in.plans, 2); /* the new step, learned */
+  CHECK_EQ_U(in.plan_state, CP_PLAN_SERVING);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(a_block_used_on_another_stream_waits_for_its_event) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  /* The carried block is used on stream 7 and freed: PENDING until stream 7's work is done;
+   * its place in the plan stays taken, so the next step is the pool's where it would reuse it. */
+  CHECK(cp_record_stream(fx.pool, carry, 7) == CP_OK);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  carry = NULL;
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.pending_blocks, 1);
+  step(&fx, 1, &carry, 60);
+  cp_sim_complete_all(fx.sim);
+  step(&fx, 1, &carry, 61);
+  step(&fx, 1, &carry, 62);
+  CHECK_EQ_U(info_of(&fx).pending_blocks, 0);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(out_of_memory_gives_the_plan_up_first) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 64 * MiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  /* Nothing planned is in use: a request the rest of the device cannot hold takes the
+   * plan's memory back instead of failing. */
+  const size_t reserved = info_of(&fx).reserved;
+  void *big = NULL;
+  CHECK(cp_alloc(fx.pool, 64 * MiB - reserved + 20 * MiB, 0, &big) == CP_OK);
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.plan_drops, 1);
+  CHECK_EQ_U(in.plan_bytes, 0);
+  CHECK(cp_free(fx.pool, big) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(empty_cache_gives_an_idle_plan_back) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_bytes > 0);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK); /* a planned block (carry) is in use: kept */
+  CHECK(info_of(&fx).plan_bytes > 0);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  cp_sim_complete_all(fx.sim);
+  CHECK(cp_empty_cache(fx.pool) == CP_OK);
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(in.plan_bytes, 0);
+  CHECK_EQ_U(in.plan_state, CP_PLAN_LEARNING);
+  CHECK_EQ_U(in.allocated, 0);
+  fx_close(&fx);
+}
+
+TEST(regions_and_captures_are_never_planned) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  const size_t served = info_of(&fx).plan_served;
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  CHECK(cp_pool_capture_begin(fx.pool) == CP_OK);
+  void *in_capture = must_alloc(&fx, 3 * MiB + 1000, 0); /* position 0's key, but captured */
+  CHECK(cp_pool_capture_end(fx.pool) == CP_OK);
+  uint32_t tag = 0;
+  CHECK(cp_region_id("r", &tag) == CP_OK);
+  void *tagged = NULL;
+  CHECK(cp_alloc_in(fx.pool, 3 * MiB + 1000, 0, tag, &tagged) == CP_OK);
+  CHECK_EQ_U(info_of(&fx).plan_served, served);
+  CHECK(cp_free(fx.pool, tagged) == CP_OK);
+  CHECK(cp_free(fx.pool, in_capture) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(a_loop_that_never_repeats_is_never_planned) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 12; s++) step(&fx, 1 + s % 7 + s / 7, &carry, s); /* all different */
+  CHECK_EQ_U(info_of(&fx).plans, 0);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+int main(void) {
+  RUN(config_key);
+  RUN(a_repeating_step_is_learned_and_served_without_device_calls);
+  RUN(extra_and_skipped_allocations_keep_the_plan);
+  RUN(a_block_held_past_its_time_loses_the_step_not_the_memory);
+  RUN(a_new_shape_drops_the_plan_and_learns_the_next);
+  RUN(a_block_used_on_another_stream_waits_for_its_event);
+  RUN(out_of_memory_gives_the_plan_up_first);
+  RUN(empty_cache_gives_an_idle_plan_back);
+  RUN(regions_and_captures_are_never_planned);
+  RUN(a_loop_that_never_repeats_is_never_planned);
+  return check_summary("test_plan");
+}
