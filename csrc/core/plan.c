@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "core/block.h"
+#include "core/expand.h"
 #include "core/history.h"
 #include "core/plan.h"
 #include "core/pool.h"
@@ -218,8 +219,6 @@ typedef struct cp_plan_work_s {
   cp_plan_entry_t *entries;
   uint32_t *due;
   struct cp_plan_arc_s *arcs; /* one per planned entry, largest first */
-  size_t *single;             /* each entry's offset when the plan is one range of its own */
-  size_t single_bytes;        /* that range's bytes */
   uint32_t origin;            /* the record (in the first period) that is position 0 */
   uint32_t planned;
 } cp_plan_work_t;
@@ -247,70 +246,75 @@ static int cp_plan_by_size(const void *a, const void *b) {
   return x->entry < y->entry ? -1 : x->entry > y->entry;
 }
 
+/* A placed arc: where it lies. `placed` is kept in (bin, offset) order. */
 typedef struct cp_plan_span_s {
   uint32_t bin;
+  uint32_t arc;
   size_t offset, size;
 } cp_plan_span_t;
 
-static int cp_plan_by_place(const void *a, const void *b) {
-  const cp_plan_span_t *x = a, *y = b;
-  if (x->bin != y->bin) return x->bin < y->bin ? -1 : 1;
-  return x->offset < y->offset ? -1 : x->offset > y->offset;
+static bool cp_plan_span_before(const cp_plan_span_t *x, uint32_t bin, size_t offset) {
+  return x->bin < bin || (x->bin == bin && x->offset < offset);
 }
 
 /* Greedy by size into bins of the given sizes: each arc (largest first, as sorted) at the
- * smallest gap that holds it, in any bin, among the placed arcs whose time overlaps its own.
- * Sets each entry's bin and offset and each bin's top (its bytes in use at some time); false
- * when an arc fits nowhere (or no host memory). */
+ * smallest gap that holds it, in any bin, among the placed arcs whose time overlaps its own
+ * (the placed arcs are kept in place order, so one pass finds every gap). Sets each entry's
+ * bin and offset and each bin's top (its bytes in use at some time). The last bin may be
+ * unbounded (SIZE_MAX): then every arc is placed. False when one fits nowhere, or no host
+ * memory. */
 static bool cp_plan_place(const cp_plan_arc_t *arcs, uint32_t n, uint64_t period, cp_plan_entry_t *entries,
                           const size_t *bin_size, size_t *bin_top, uint32_t bins) {
-  cp_plan_span_t *spans = malloc((n > 0 ? n : 1) * sizeof *spans);
-  if (spans == NULL) return false;
+  cp_plan_span_t *placed = malloc((n > 0 ? n : 1) * sizeof *placed);
+  if (placed == NULL) return false;
   for (uint32_t b = 0; b < bins; b++) bin_top[b] = 0;
   bool ok = true;
-  for (uint32_t i = 0; i < n && ok; i++) {
-    uint32_t m = 0;
-    for (uint32_t j = 0; j < i; j++) {
-      if (cp_plan_overlap(&arcs[i], &arcs[j], period)) {
-        const cp_plan_entry_t *e = &entries[arcs[j].entry];
-        spans[m++] = (cp_plan_span_t){e->bin, e->offset, arcs[j].size};
-      }
-    }
-    qsort(spans, m, sizeof *spans, cp_plan_by_place);
-    size_t best_gap = SIZE_MAX, best_at = 0;
+  for (uint32_t i = 0, m = 0; i < n; i++) {
+    const size_t want = arcs[i].size;
+    size_t best_gap = 0, best_at = 0;
     uint32_t best_bin = UINT32_MAX;
-    for (uint32_t b = 0, k = 0; b < bins; b++) {
+    uint32_t k = 0;
+    for (uint32_t b = 0; b < bins; b++) {
       size_t at = 0;
-      for (; k < m && spans[k].bin == b; k++) {
-        if (spans[k].offset > at) {
-          const size_t gap = spans[k].offset - at;
-          if (gap >= arcs[i].size && (best_bin == UINT32_MAX || gap < best_gap)) {
+      for (; k < m && placed[k].bin == b; k++) {
+        if (!cp_plan_overlap(&arcs[i], &arcs[placed[k].arc], period)) continue;
+        if (placed[k].offset > at) {
+          const size_t gap = placed[k].offset - at;
+          if (gap >= want && (best_bin == UINT32_MAX || gap < best_gap)) {
             best_gap = gap;
             best_at = at;
             best_bin = b;
           }
         }
-        if (spans[k].offset + spans[k].size > at) at = spans[k].offset + spans[k].size;
+        if (placed[k].offset + placed[k].size > at) at = placed[k].offset + placed[k].size;
       }
-      if (bin_size[b] > at) { /* the bin's free top */
-        const size_t gap = bin_size[b] - at;
-        if (gap >= arcs[i].size && (best_bin == UINT32_MAX || gap < best_gap)) {
-          best_gap = gap;
-          best_at = at;
-          best_bin = b;
-        }
+      if (bin_size[b] > at && bin_size[b] - at >= want && (best_bin == UINT32_MAX || bin_size[b] - at < best_gap)) {
+        best_gap = bin_size[b] - at;
+        best_at = at;
+        best_bin = b;
       }
     }
-    if (best_bin == UINT32_MAX) { /* only without an unbounded last bin */
+    if (best_bin == UINT32_MAX) {
       ok = false;
       break;
     }
     cp_plan_entry_t *e = &entries[arcs[i].entry];
     e->bin = best_bin;
     e->offset = best_at;
-    if (best_at + arcs[i].size > bin_top[best_bin]) bin_top[best_bin] = best_at + arcs[i].size;
+    if (best_at + want > bin_top[best_bin]) bin_top[best_bin] = best_at + want;
+    uint32_t lo = 0, hi = m; /* insert in place order */
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (cp_plan_span_before(&placed[mid], best_bin, best_at))
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    memmove(&placed[lo + 1], &placed[lo], (size_t)(m - lo) * sizeof *placed);
+    placed[lo] = (cp_plan_span_t){best_bin, i, best_at, want};
+    m++;
   }
-  free(spans);
+  free(placed);
   return ok;
 }
 
@@ -433,15 +437,6 @@ static int cp_plan_compute(cp_plan_work_t *w) {
     w->due[e->due_first + e->due_count++] = arcs[k].entry;
   }
   qsort(arcs, n, sizeof *arcs, cp_plan_by_size);
-  /* The plan in one range of its own (the pool's free memory is placed in at adoption). */
-  {
-    const size_t unbounded = SIZE_MAX;
-    size_t top = 0;
-    w->single = malloc((size_t)p * sizeof *w->single);
-    if (w->single == NULL || !cp_plan_place(arcs, n, period, w->entries, &unbounded, &top, 1)) goto out;
-    for (uint32_t j = 0; j < p; j++) w->single[j] = w->entries[j].offset;
-    w->single_bytes = top;
-  }
   w->arcs = arcs;
   arcs = NULL;
   w->planned = n;
@@ -455,10 +450,8 @@ out:
   if (rc != CP_OK) {
     free(w->entries);
     free(w->due);
-    free(w->single);
     w->entries = NULL;
     w->due = NULL;
-    w->single = NULL;
   }
   return rc;
 }
@@ -485,7 +478,6 @@ static void cp_plan_make_locked(cp_pool_t *pool, uint32_t p) {
     free(w.entries);
     free(w.due);
     free(w.arcs);
-    free(w.single);
     if (pl->state == CP_PLAN_PLANNING) {
       pl->state = CP_PLAN_LEARNING;
       pl->min_period = p; /* nothing to plan at this period: look for a longer one */
@@ -496,8 +488,6 @@ static void cp_plan_make_locked(cp_pool_t *pool, uint32_t p) {
   pl->entries = w.entries;
   pl->due = w.due;
   pl->arcs = w.arcs;
-  pl->single = w.single;
-  pl->single_bytes = w.single_bytes;
   pl->arc_count = w.planned;
   pl->period = w.period;
   pl->count = p;
@@ -523,11 +513,9 @@ static void cp_plan_relearn_locked(cp_plan_t *pl) {
   free(pl->due);
   free(pl->arcs);
   free(pl->bins);
-  free(pl->single);
   pl->entries = NULL;
   pl->due = NULL;
   pl->arcs = NULL;
-  pl->single = NULL;
   pl->bins = NULL;
   pl->count = pl->arc_count = pl->bin_count = 0;
   pl->range_bytes = 0;
@@ -586,26 +574,8 @@ void cp_plan_release_locked(cp_pool_t *pool, cp_block_t *node) {
   if (pl->state == CP_PLAN_DYING && pl->live == 0) cp_plan_return_bins_locked(pool);
 }
 
-/* Bytes of the whole pages of `page` bytes in [lo, hi). */
-static size_t cp_plan_whole_pages(uintptr_t lo, uintptr_t hi, size_t page) {
-  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
-  return last > first ? (size_t)(last - first) : 0;
-}
-
-static size_t cp_plan_granule(const cp_pool_t *pool) { return pool->cfg.granule; }
-
-static void cp_plan_collect(cp_block_t *b, void *arg) {
-  cp_block_t ***at = arg;
-  *(*at)++ = b;
-}
-
-static int cp_plan_by_addr(const void *a, const void *b) {
-  const cp_block_t *x = *(cp_block_t *const *)a, *y = *(cp_block_t *const *)b;
-  return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
 /* The overflow bin: one block of `bytes` from the pool's ladder (stitched from free whole
- * pages where it can, grown where it must), the plan's: out of the live map and of the
+ * handles where it can, grown where it must), the plan's: out of the live map and of the
  * allocation stats, peaks included. NULL when the pool cannot (the lock may have dropped). */
 static cp_block_t *cp_plan_take_overflow_locked(cp_pool_t *pool, cp_stream_state_t *st, size_t bytes) {
   static const int fams[5] = {CP_STAT_ALLOCATION, CP_STAT_ALLOCATED_BYTES, CP_STAT_ACTIVE, CP_STAT_ACTIVE_BYTES,
@@ -635,10 +605,68 @@ static cp_block_t *cp_plan_take_overflow_locked(cp_pool_t *pool, cp_stream_state
   return r;
 }
 
-/* At position 0: place the planned entries in the free blocks of the step's stream as they are
- * now (best fit, largest first), the ones no free block holds in one overflow bin taken from
- * the pool's ladder; take the free blocks used (cut to what the plan uses) out of the pool.
- * False when the pool cannot give the overflow (nothing changed). */
+static void cp_plan_collect(cp_block_t *b, void *arg) {
+  cp_block_t ***at = arg;
+  *(*at)++ = b;
+}
+
+static int cp_plan_by_addr(const void *a, const void *b) {
+  const cp_block_t *x = *(cp_block_t *const *)a, *y = *(cp_block_t *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* A bin: [offset, offset + size) of the free block `block`; the last one of a plan's bins is
+ * the overflow (block NULL until the ladder gives it). */
+typedef struct cp_plan_bin_s {
+  cp_block_t *block;
+  size_t offset, size;
+} cp_plan_bin_t;
+
+/* The pieces of the free block `f` that stitching cannot take: a handle is mapped whole, so
+ * only the handles wholly inside `f` can be mapped again elsewhere; the free ends of handles
+ * in part use (before the first edge inside `f`, after the last) stay where they are. Those
+ * are the plan's bins; the whole handles between are left to the overflow's stitch. A block
+ * with no whole handle is one bin. */
+static uint32_t cp_plan_pieces(const cp_block_t *f, cp_plan_bin_t *out, size_t *whole_handles) {
+  const cp_segment_t *seg = f->segment;
+  const uintptr_t lo = f->addr, hi = f->addr + f->size;
+  uintptr_t first = hi, last = hi;
+  if (seg->paged && seg->chunk != 0) {
+    first = cp_expand_edge_up(seg, lo);
+    last = first < hi ? cp_expand_edge_down(seg, hi) : hi;
+  }
+  if (first >= last) { /* no whole handle inside */
+    out[0] = (cp_plan_bin_t){NULL, 0, f->size};
+    return 1;
+  }
+  *whole_handles += last - first;
+  uint32_t n = 0;
+  if (first > lo) out[n++] = (cp_plan_bin_t){NULL, 0, first - lo};
+  if (hi > last) out[n++] = (cp_plan_bin_t){NULL, last - lo, hi - last};
+  return n;
+}
+
+/* Take [offset, offset + bytes) of the FREE block `f` (out of the index; spare nodes reserved)
+ * as a bin: the block returned, LIVE and the plan's; the rest of `f` below and above stays
+ * FREE, indexed. */
+static cp_block_t *cp_plan_carve_locked(cp_pool_t *pool, cp_block_t *f, size_t offset, size_t bytes) {
+  cp_block_t *b = f;
+  if (offset > 0) b = cp_block_cut_locked(pool, f, offset); /* f keeps the part below */
+  if (bytes < b->size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, b, bytes));
+  if (b != f) cp_free_insert_locked(pool, f);
+  b->state = CP_BLOCK_LIVE;
+  b->requested = 0;
+  b->plan_seq = 0;
+  b->plan = CP_PLAN_RANGE;
+  return b;
+}
+
+/* At position 0: place the planned entries in the free memory of the step's stream as it is
+ * now. The free pieces stitching cannot use (cp_plan_pieces) are filled first (best fit,
+ * largest entries first); the rest go in one overflow range from the pool's ladder, which
+ * stitches it from the free whole handles where it can (no new memory) and grows only what
+ * they lack. The pieces used are carved out of the pool as the plan's bins. False when the
+ * pool cannot give the overflow (nothing changed). */
 static bool cp_plan_adopt_locked(cp_pool_t *pool) {
   cp_plan_t *pl = &pool->plan;
   cp_stream_t main_stream = 0;
@@ -651,85 +679,75 @@ static bool cp_plan_adopt_locked(cp_pool_t *pool) {
   cp_stream_state_t *st = cp_streams_get_locked(&pool->streams, main_stream);
   if (st == NULL || st->paused) return false;
   cp_index_t *ix = &st->index[CP_KIND_LARGE];
-  const uint32_t nfree = (uint32_t)ix->count, nb = nfree + 1; /* the last: the overflow */
-  cp_block_t **free_blocks = malloc(nb * sizeof *free_blocks);
-  size_t *sizes = malloc(nb * sizeof *sizes);
-  size_t *tops = malloc(nb * sizeof *tops);
-  uint32_t *bin_of = malloc(nb * sizeof *bin_of);
-  bool ok = free_blocks != NULL && sizes != NULL && tops != NULL && bin_of != NULL;
+  const uint32_t nfree = (uint32_t)ix->count, cap = 2 * nfree + 1;
+  cp_block_t **free_blocks = malloc((nfree > 0 ? nfree : 1) * sizeof *free_blocks);
+  cp_plan_bin_t *bins = malloc(cap * sizeof *bins);
+  uint32_t *bin_block = malloc(cap * sizeof *bin_block); /* the free block each piece is of */
+  size_t *sizes = malloc(cap * sizeof *sizes);
+  size_t *tops = malloc(cap * sizeof *tops);
+  uint32_t *taken = malloc(cap * sizeof *taken); /* piece -> bin number in pl->bins */
+  bool ok = free_blocks != NULL && bins != NULL && bin_block != NULL && sizes != NULL && tops != NULL && taken != NULL;
+  uint32_t nb = 0;
+  size_t whole_handles = 0; /* free bytes in wholly free handles: what the overflow may stitch */
   if (ok) {
     cp_block_t **at = free_blocks;
     cp_index_each(ix, cp_plan_collect, &at);
     qsort(free_blocks, nfree, sizeof *free_blocks, cp_plan_by_addr);
-    for (uint32_t b = 0; b < nfree; b++) sizes[b] = free_blocks[b]->size;
-    sizes[nfree] = SIZE_MAX;
+    for (uint32_t f = 0; f < nfree; f++) {
+      const uint32_t k = cp_plan_pieces(free_blocks[f], bins + nb, &whole_handles);
+      for (uint32_t i = 0; i < k; i++) bin_block[nb + i] = f;
+      nb += k;
+    }
+    for (uint32_t b = 0; b < nb; b++) sizes[b] = bins[b].size;
+    sizes[nb] = SIZE_MAX; /* the overflow */
+    bins[nb] = (cp_plan_bin_t){NULL, 0, 0};
     const uint64_t t0 = cp_plan_now_ns();
-    ok = cp_plan_place(pl->arcs, pl->arc_count, pl->period, pl->entries, sizes, tops, nb);
+    ok = cp_plan_place(pl->arcs, pl->arc_count, pl->period, pl->entries, sizes, tops, nb + 1);
     pl->plan_ns += cp_plan_now_ns() - t0;
-  }
-  if (ok && tops[nfree] != 0) {
-    /* Some entries need memory no free block has. Placed in the free blocks, the rest (the
-     * overflow) comes from the pages those leave; placed as one range of its own, all of it
-     * comes from every free page. The one that needs less new memory wins (whole pages
-     * counted); the free blocks win a tie (fewer device calls). */
-    const size_t page = pool->vmm_granularity > 0 ? pool->vmm_granularity : cp_plan_granule(pool);
-    size_t pages_all = 0, pages_left = 0;
-    for (uint32_t b = 0; b < nfree; b++) {
-      const cp_block_t *f = free_blocks[b];
-      pages_all += cp_plan_whole_pages(f->addr, f->addr + f->size, page);
-      pages_left += cp_plan_whole_pages(f->addr + tops[b], f->addr + f->size, page);
-    }
-    const size_t grow_bins = tops[nfree] > pages_left ? tops[nfree] - pages_left : 0;
-    const size_t grow_single = pl->single_bytes > pages_all ? pl->single_bytes - pages_all : 0;
-    if (grow_single < grow_bins) {
-      for (uint32_t b = 0; b < nfree; b++) tops[b] = 0;
-      tops[nfree] = pl->single_bytes;
-      for (uint32_t j = 0; j < pl->count; j++) {
-        pl->entries[j].bin = nfree;
-        pl->entries[j].offset = pl->single[j];
-      }
-    }
+    /* The plan never makes the pool grow: an overflow the free whole handles cannot hold waits
+     * for a later step's start (memory freed meanwhile may make room). */
+    if (ok && tops[nb] != 0 && cp_size_round(&pool->cfg, tops[nb]) > whole_handles) ok = false;
   }
   uint32_t used = 0;
   if (ok) {
-    for (uint32_t b = 0; b < nb; b++) used += tops[b] != 0;
+    for (uint32_t b = 0; b <= nb; b++) used += tops[b] != 0;
     pl->bins = malloc((used > 0 ? used : 1) * sizeof *pl->bins);
-    ok = pl->bins != NULL && cp_reserve_metadata_locked(pool, (int)used + 1) == CP_OK;
+    ok = pl->bins != NULL && cp_reserve_metadata_locked(pool, 2 * (int)used + 2) == CP_OK;
   }
   pl->bin_count = 0;
   pl->range_bytes = 0;
   const size_t granule = pool->cfg.granule;
-  for (uint32_t b = 0; ok && b < nfree; b++) {
+  /* Carve the pieces used, the higher piece of a block first (the lower one keeps `f`). */
+  for (uint32_t b = nb; ok && b-- > 0;) {
     if (tops[b] == 0) continue;
-    cp_block_t *blk = free_blocks[b];
-    cp_free_remove_locked(pool, blk);
-    const size_t top = (tops[b] + granule - 1) / granule * granule;
-    if (top < blk->size) cp_free_insert_locked(pool, cp_block_cut_locked(pool, blk, top));
-    blk->state = CP_BLOCK_LIVE;
-    blk->requested = 0;
-    blk->plan_seq = 0;
-    blk->plan = CP_PLAN_RANGE;
-    bin_of[b] = pl->bin_count;
+    cp_block_t *f = free_blocks[bin_block[b]];
+    if (b + 1 == nb || bin_block[b + 1] != bin_block[b] || tops[b + 1] == 0) cp_free_remove_locked(pool, f);
+    const size_t bytes = (tops[b] + granule - 1) / granule * granule;
+    cp_block_t *blk = cp_plan_carve_locked(pool, f, bins[b].offset, bytes);
+    /* A lower piece of the same block still to carve: `f` (below) went back to the index. */
+    if (b > 0 && bin_block[b - 1] == bin_block[b] && tops[b - 1] != 0 && blk != f) cp_free_remove_locked(pool, f);
+    bins[b].block = blk;
+    taken[b] = pl->bin_count;
     pl->bins[pl->bin_count++] = blk;
     pl->range_bytes += blk->size;
   }
-  if (ok && tops[nfree] != 0) {
+  if (ok && tops[nb] != 0) {
     /* The ladder may let go of the lock: the plan is not in service meanwhile. */
     pl->state = CP_PLAN_PLANNING;
-    cp_block_t *over = cp_plan_take_overflow_locked(pool, st, cp_size_round(&pool->cfg, tops[nfree]));
+    cp_block_t *over = cp_plan_take_overflow_locked(pool, st, cp_size_round(&pool->cfg, tops[nb]));
     pl->state = CP_PLAN_ARMED;
     if (over == NULL) {
       ok = false;
     } else {
       over->plan = CP_PLAN_RANGE;
       over->plan_seq = 0;
-      bin_of[nfree] = pl->bin_count;
-      free_blocks[nfree] = over;
+      bins[nb].block = over;
+      taken[nb] = pl->bin_count;
       pl->bins[pl->bin_count++] = over;
       pl->range_bytes += over->size;
     }
   }
-  if (!ok) { /* the free blocks taken go back as they were (merged again) */
+  if (!ok) { /* the pieces taken go back as they were (merged again) */
     for (uint32_t i = 0; pl->bins != NULL && i < pl->bin_count; i++) {
       pl->bins[i]->plan = 0;
       cp_block_return_locked(pool, pl->bins[i]);
@@ -744,8 +762,8 @@ static bool cp_plan_adopt_locked(cp_pool_t *pool) {
       free(e->node.uses);
       memset(&e->node, 0, sizeof e->node);
       if (!e->planned) continue;
-      const cp_block_t *bin = free_blocks[e->bin];
-      e->bin = bin_of[e->bin];
+      const cp_block_t *bin = bins[e->bin].block;
+      e->bin = taken[e->bin];
       e->node.addr = bin->addr + e->offset;
       e->node.size = e->size;
       e->node.segment = bin->segment;
@@ -760,9 +778,11 @@ static bool cp_plan_adopt_locked(cp_pool_t *pool) {
     pl->state = CP_PLAN_SERVING;
   }
   free(free_blocks);
+  free(bins);
+  free(bin_block);
   free(sizes);
   free(tops);
-  free(bin_of);
+  free(taken);
   return ok;
 }
 
@@ -886,6 +906,5 @@ void cp_plan_destroy(cp_pool_t *pool) {
   free(pl->due);
   free(pl->arcs);
   free(pl->bins);
-  free(pl->single);
   memset(pl, 0, sizeof *pl);
 }

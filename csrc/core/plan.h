@@ -91,8 +91,6 @@ typedef struct cp_plan_s {
   struct cp_plan_arc_s *arcs; /* the planned entries' lifetimes, placed at adoption */
   uint32_t arc_count;
   uint64_t period; /* the step's length in watched allocations and frees */
-  size_t *single;  /* each entry's offset were the plan one range of its own */
-  size_t single_bytes;
   uint32_t adopt_tries; /* positions 0 at which the plan found no room */
   /* Held while serving, lost or dying: the bins (blocks of the pool's free memory, each LIVE
    * with plan == CP_PLAN_RANGE) the planned nodes lie in, and their bytes. */
