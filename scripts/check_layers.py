@@ -91,6 +91,7 @@ CORE_RANKS: dict[str, int] = {
     "config": 2,
     # 1-4: the data: blocks and segments, the free index, streams, the pool's struct
     "types": 1,
+    "plan_types": 1,  # the step plan's state in the pool (the struct state.h holds)
     "index": 2,
     "stream": 3,
     "state": 4,
@@ -108,6 +109,8 @@ CORE_RANKS: dict[str, int] = {
     "stitch": 8,
     # 9: stream-ordered release of what the sources retire; the checker of all of it
     "drain": 9,
+    "plan_learn": 8,  # learning a loop's step, laying out its plan (Note [Learning the step])
+    "plan": 9,  # the step plan in service: adopted in the pool's free memory, served by position
     "stitch_alloc": 9,  # a request served by stitching: it makes the ranges stitch.c keeps
     "check": 9,
     # 10: the ladder, frees, empty_cache and the pool's life

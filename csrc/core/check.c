@@ -343,6 +343,11 @@ static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
   return v;
 }
 
+static int cp_check_by_addr(const void *a, const void *b) {
+  const cp_block_t *x = *(const cp_block_t *const *)a, *y = *(const cp_block_t *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
 /* The step plan (Note [Learning the step]): its nodes in use count as blocks in use; its bins
  * are LIVE blocks of segments, out of the live map, held exactly while a plan serves. */
 static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
@@ -363,7 +368,7 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
                    (unsigned long)r->addr);
   }
   if (bytes != pl->range_bytes) CP_VIOLATION("plan: bins hold %zu bytes, the count says %zu", bytes, pl->range_bytes);
-  size_t in_use = 0, nonwrap = 0;
+  size_t in_use = 0, nonwrap = 0, in_use_bytes = 0;
   cp_tally_t *t = &w->t[CP_KIND_LARGE];
   for (uint32_t j = 0; j < pl->count; j++) {
     const cp_plan_entry_t *e = &pl->entries[j];
@@ -381,6 +386,7 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
       continue;
     }
     in_use++;
+    in_use_bytes += b->size;
     if (!e->wraps) nonwrap++;
     t->active++;
     t->active_bytes += (int64_t)b->size;
@@ -398,6 +404,21 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
       CP_VIOLATION("plan: entry %u in state %d", j, b->state);
     }
   }
+  /* Planned blocks in use never share a byte: their offsets were planned apart. */
+  const cp_block_t **used = malloc((in_use > 0 ? in_use : 1) * sizeof *used);
+  if (used != NULL) {
+    size_t n = 0;
+    for (uint32_t j = 0; j < pl->count; j++)
+      if (pl->entries[j].planned && pl->entries[j].node.state != CP_BLOCK_FREE) used[n++] = &pl->entries[j].node;
+    qsort(used, n, sizeof *used, cp_check_by_addr);
+    for (size_t i = 1; i < n; i++)
+      if (used[i - 1]->addr + used[i - 1]->size > used[i]->addr)
+        CP_VIOLATION("plan: planned blocks %#lx and %#lx in use overlap", (unsigned long)used[i - 1]->addr,
+                     (unsigned long)used[i]->addr);
+    free(used);
+  }
+  if (in_use_bytes != pl->live_bytes)
+    CP_VIOLATION("plan: nodes in use hold %zu bytes, the count says %zu", in_use_bytes, pl->live_bytes);
   if (in_use != pl->live || nonwrap != pl->live_nonwrap)
     CP_VIOLATION("plan: %zu nodes in use (%zu not across position 0), counts say %zu (%zu)", in_use, nonwrap, pl->live,
                  pl->live_nonwrap);

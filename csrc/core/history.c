@@ -58,6 +58,34 @@ void cp_snapshot_free(cp_snapshot_t *snap) {
   memset(snap, 0, sizeof *snap);
 }
 
+static int cp_node_by_addr(const void *a, const void *b) {
+  const cp_block_t *x = *(const cp_block_t *const *)a, *y = *(const cp_block_t *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The records of the step plan's bin `bin` (a block of a segment) from blocks[bi] on: its
+ * planned blocks in use, in address order, and the free gaps between them. Returns the next
+ * record's index. */
+static size_t cp_snapshot_plan_bin(const cp_plan_t *pl, const cp_block_t *bin, const cp_block_t **nodes,
+                                   cp_snapshot_block_t *blocks, size_t bi) {
+  size_t n = 0;
+  for (uint32_t j = 0; j < pl->count; j++) {
+    const cp_block_t *node = &pl->entries[j].node;
+    if (node->state != CP_BLOCK_FREE && pl->entries[j].planned && pl->bins[pl->entries[j].bin] == bin) nodes[n++] = node;
+  }
+  qsort(nodes, n, sizeof *nodes, cp_node_by_addr);
+  uintptr_t at = bin->addr;
+  for (size_t i = 0; i <= n; i++) {
+    const uintptr_t next = i < n ? nodes[i]->addr : bin->addr + bin->size;
+    if (next > at) blocks[bi++] = (cp_snapshot_block_t){.addr = at, .size = next - at, .state = CP_BLOCK_FREE};
+    if (i == n) break;
+    blocks[bi++] = (cp_snapshot_block_t){
+        .addr = nodes[i]->addr, .size = nodes[i]->size, .requested = nodes[i]->requested, .state = nodes[i]->state};
+    at = nodes[i]->addr + nodes[i]->size;
+  }
+  return bi;
+}
+
 int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out) {
   if (out == NULL) return cp_set_error(CP_ERR_INVALID, "cp_pool_snapshot: NULL argument");
   memset(out, 0, sizeof *out);
@@ -66,13 +94,18 @@ int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out) {
   size_t nblocks = 0;
   for (const cp_segment_t *seg = pool->segments; seg != NULL; seg = seg->next)
     for (const cp_block_t *b = seg->head; b != NULL; b = b->next) nblocks++;
+  /* A step plan's bin shows as the planned blocks in use in it and the gaps between. */
+  const cp_plan_t *pl = &pool->plan;
+  if (pl->bins != NULL) nblocks += 2 * (size_t)pl->count + pl->bin_count;
+  const cp_block_t **nodes = pl->bins != NULL ? malloc(((size_t)pl->count + 1) * sizeof *nodes) : NULL;
   const size_t nsegs = pool->segment_count;
   cp_snapshot_segment_t *segs = calloc(nsegs > 0 ? nsegs : 1, sizeof *segs);
   cp_snapshot_block_t *blocks = calloc(nblocks > 0 ? nblocks : 1, sizeof *blocks);
-  if (segs == NULL || blocks == NULL) {
+  if (segs == NULL || blocks == NULL || (pl->bins != NULL && nodes == NULL)) {
     pthread_mutex_unlock(&pool->lock);
     free(segs);
     free(blocks);
+    free(nodes);
     return cp_set_error(CP_ERR_HOST_OOM, "cp_pool_snapshot: no host memory for %zu segments and %zu blocks", nsegs,
                         nblocks);
   }
@@ -88,15 +121,22 @@ int cp_pool_snapshot(cp_pool_t *pool, cp_snapshot_t *out) {
     s->tag = seg->stream->tag;
     s->paused = seg->paused;
     s->first_block = bi;
-    for (const cp_block_t *b = seg->head; b != NULL; b = b->next, bi++) {
+    for (const cp_block_t *b = seg->head; b != NULL; b = b->next) {
+      if (b->plan == CP_PLAN_RANGE) {
+        bi = cp_snapshot_plan_bin(pl, b, nodes, blocks, bi);
+        continue;
+      }
       blocks[bi].addr = b->addr;
       blocks[bi].size = b->size;
       blocks[bi].requested = b->state == CP_BLOCK_LIVE || b->state == CP_BLOCK_PENDING ? b->requested : 0;
       blocks[bi].state = b->state;
+      bi++;
     }
     s->block_count = bi - s->first_block;
   }
+  nblocks = bi;
   pthread_mutex_unlock(&pool->lock);
+  free(nodes);
   /* Each segment's blocks stay where they are: sorting moves only the segment records. */
   qsort(segs, nsegs, sizeof *segs, cp_segment_by_addr);
   out->segments = segs;

@@ -104,7 +104,7 @@ static void cp_oom_capture_locked(cp_pool_t *pool, size_t size, size_t rounded, 
   cp_oom_stream_t total = out->other;
   for (size_t i = 0; i < out->stream_count; i++) cp_oom_stream_add(&total, &out->streams[i]);
   /* Retired memory waiting for its stream (drain.c) is cached too, though not reusable. */
-  out->cached_free = total.cached_free + pool->draining_bytes;
+  out->cached_free = total.cached_free + pool->draining_bytes + cp_plan_idle_bytes(&pool->plan);
   out->free_blocks = total.free_blocks;
   out->largest_free_block = total.largest_free_block;
   out->pending_free = total.pending_free;

@@ -1,139 +1,30 @@
-/* plan.h — the step plan (plan.c), Note [Learning the step]: a training loop's repeating
- * allocations recognised online, placed once in one range, and served by their position. */
+/* plan.h — the step plan in service (plan.c), Note [Learning the step] in plan_types.h. */
 #ifndef CP_PLAN_H
 #define CP_PLAN_H
 
-#include <stdint.h>
-
-#include "core/types.h"
-
-/* Note [Learning the step]
- * With plan_steps (on a page-mapped pool), the pool watches the sequence of its allocations
- * (rounded size and stream, untagged and outside captures) and their frees, and looks for the
- * period of a training loop's step:
- *  - Learning. Each allocation's key is hashed with the K before it; the last allocation with
- *    the same K-gram gives a candidate period P (the distance). The candidate holds while every
- *    new key equals the key P before it; it is accepted once it has held over two whole
- *    periods after its first (three steps alike), and the bytes the watched allocations hold
- *    are the same at the three period boundaries (a step leaves memory as it found it: a
- *    layer of a forward pass, which repeats too, leaves its saved activations behind).
- *  - Planning (without the lock). The middle period of the three is the step. An allocation of
- *    it is planned when it was freed less than one period after it was made (in the order of
- *    allocations and frees): it lives from its allocation to its free on a circle of one
- *    period, possibly across the step's end. Allocations of other streams than the step's
- *    busiest, or that live longer, stay the pool's (their position still counts). Offsets:
- *    largest first, each at the best fitting gap among the planned allocations whose time
- *    overlaps its own (greedy by size); the range is the highest end. The step's position 0 is
- *    turned to the allocation where the planned bytes live across it are fewest: the loop's
- *    step boundary.
- *  - Adoption. At the next allocation at position 0 whose key matches, the range is taken
- *    from the pool as one block through its ladder (best fit, stitching the free pages the
- *    warm-up left, growth, the out-of-memory steps), so the warm-up's memory serves the plan
- *    without new handles where it can. The range block is the plan's: out of the live map and
- *    of the allocation stats; reserved as any block.
- *  - Serving. An allocation whose key is the one planned at the current position is the
- *    entry's own block node at range + offset: LIVE, in the live map, counted as allocated, no
- *    index touched (O(1)). Before it, the entries due free by this position are checked: one
- *    still in use (freed late, or waiting for another stream's events) means its bytes may
- *    overlap, and the plan is lost. A key off the plan: when it is the next position's, this
- *    one is skipped (nothing of it is in use); else it is an extra allocation, the pool's,
- *    and the position stays (a few per step; more lose the plan).
- *  - Lost. Every allocation is the pool's until one matches position 0 while no planned block
- *    that position 0 does not expect is in use; serving resumes there. A step that runs
- *    through without loss resets the count; three losses in a row drop the plan.
- *  - Dropped (misses, the out-of-memory ladder, empty_cache): nothing more is served; the
- *    range block goes back to the pool when its last planned block is freed, and learning
- *    starts again (after misses, only for periods longer than the dropped one's).
- * Stream order: planned addresses are reused only by the step's own stream (in stream
- * order); a planned block used on another stream (record_stream) waits for its events like
- * any block and keeps its place in use until then. Invariants (check.c):
- *   live == planned nodes LIVE or PENDING;  live_nonwrap <= live;
- *   range != NULL  <=>  state is SERVING, LOST or DYING;  range->plan == CP_PLAN_RANGE. */
-
-enum { CP_PLAN_NODE = 1, CP_PLAN_RANGE = 2 }; /* cp_block_t.plan */
-
-typedef enum cp_plan_state_e {
-  CP_PLAN_OFF = 0,      /* plan_steps off, or the pool is not page-mapped */
-  CP_PLAN_LEARNING = 1, /* watching for a period */
-  CP_PLAN_PLANNING = 2, /* a thread computes the plan without the lock */
-  CP_PLAN_ARMED = 3,    /* a plan waits for position 0 */
-  CP_PLAN_SERVING = 4,
-  CP_PLAN_LOST = 5,
-  CP_PLAN_DYING = 6 /* dropped: the bins go back when the last planned block is freed */
-} cp_plan_state_t;
-
-/* One allocation of the step. `node` is the block handed out for it (state FREE while the
- * entry is not in use). */
-typedef struct cp_plan_entry_s {
-  size_t size;        /* rounded bytes: the key, with the stream */
-  cp_stream_t stream; /* the allocation stream */
-  size_t offset;      /* in the range, when planned */
-  uint32_t due_first; /* due[due_first .. due_first + due_count): entries freed before it */
-  uint32_t due_count;
-  uint32_t bin;       /* planned: the bin its node lies in */
-  uint8_t planned;    /* 0: the pool serves it (another stream, or it lives longer than a step) */
-  uint8_t wraps;      /* planned and in use across position 0 */
-  cp_block_t node;
-} cp_plan_entry_t;
-
-struct cp_plan_learn_s; /* plan.c */
-struct cp_plan_arc_s;   /* plan.c */
-
-typedef struct cp_plan_s {
-  uint8_t state; /* cp_plan_state_t */
-  struct cp_plan_learn_s *learn;
-  /* The plan: entries in step order from position 0, the due lists, the range. */
-  cp_plan_entry_t *entries;
-  uint32_t count;
-  uint32_t *due;
-  uint32_t pos;   /* the position of the next allocation */
-  uint32_t extra; /* allocations off the plan at the current step */
-  struct cp_plan_arc_s *arcs; /* the planned entries' lifetimes, placed at adoption */
-  uint32_t arc_count;
-  uint64_t period; /* the step's length in watched allocations and frees */
-  uint32_t adopt_tries; /* positions 0 at which the plan found no room */
-  /* Held while serving, lost or dying: the bins (blocks of the pool's free memory, each LIVE
-   * with plan == CP_PLAN_RANGE) the planned nodes lie in, and their bytes. */
-  cp_block_t **bins;
-  uint32_t bin_count;
-  size_t range_bytes;
-  size_t live;       /* planned nodes in use (LIVE or PENDING) */
-  size_t live_nonwrap;
-  uint32_t losses;      /* losses since the last step served whole */
-  uint64_t whole_steps; /* steps served whole since the plan was adopted */
-  uint32_t min_period; /* learning looks for longer periods than this */
-  uint64_t seq;        /* allocations watched so far (learning and armed) */
-  uint64_t armed_at;   /* ARMED: the ordinal that is position 0, modulo count */
-  /* Figures (cp_pool_info). */
-  uint64_t plans;        /* plans adopted */
-  uint64_t served;       /* allocations served by a plan */
-  uint64_t missed;       /* allocations the pool served while a plan was held */
-  uint64_t drops;        /* plans dropped */
-  uint64_t plan_ns;      /* time spent computing plans */
-  uint64_t last_planned; /* entries planned in the last plan */
-} cp_plan_t;
+#include "core/state.h"
 
 /* All with the pool lock held. */
-/* At creation: learning starts when plan_steps is set and the pool is page-mapped. */
+/* At creation: learning starts when plan_steps is set and the pool stitches pages. */
 void cp_plan_init(cp_pool_t *pool);
-/* At destroy: the plan's host memory (the range went with the pool's segments). */
+/* At destroy: the plan's host memory (its bins went with the pool's segments). */
 void cp_plan_destroy(cp_pool_t *pool);
-/* cp_plan_alloc_locked's answer when the pool serves the allocation itself. */
-#define CP_PLAN_PASS 1
+/* cp_plan_alloc_locked's answers besides CP_OK: the pool serves the allocation itself; or the
+ * plan's adoption needs an overflow range of pl->overflow_bytes from the pool's ladder, handed
+ * (NULL when the ladder could not) to cp_plan_adopt_finish_locked, whose answer counts. */
+#define CP_PLAN_PASS     1
+#define CP_PLAN_OVERFLOW 2
 /* An allocation of `rounded` bytes (`size` asked) on `stream`, untagged, outside capture
- * windows: CP_OK with *out_ptr when the plan serves it, else CP_PLAN_PASS; then, when
- * *out_watch is not 0, cp_plan_watch_block_locked is told which block the pool gave. */
+ * windows: CP_OK with *out_ptr when the plan serves it; else, when *out_watch is not 0 once
+ * the pool served it, cp_plan_watch_block_locked is told which block it gave. */
 int cp_plan_alloc_locked(cp_pool_t *pool, size_t rounded, size_t size, cp_stream_t stream, void **out_ptr,
                          uint64_t *out_watch);
+int cp_plan_adopt_finish_locked(cp_pool_t *pool, cp_block_t *overflow, size_t size, void **out_ptr);
 void cp_plan_watch_block_locked(cp_pool_t *pool, void *ptr, uint64_t watch);
-/* A block the learning watched (b->plan_seq != 0) is freed by its user. */
-void cp_plan_watch_free_locked(cp_pool_t *pool, cp_block_t *b);
 /* A planned node's use ended (its free, or its last stream event): its place is free. */
 void cp_plan_release_locked(cp_pool_t *pool, cp_block_t *node);
-/* Give the plan up (the out-of-memory ladder, empty_cache): its range goes back to the pool now
+/* Give the plan up (the out-of-memory ladder, empty_cache): its bins go back to the pool now
  * when none of its blocks is in use (true), else when the last one is freed (false). */
 bool cp_plan_give_up_locked(cp_pool_t *pool);
-/* The state's name, for cp_pool_info and errors. */
-const char *cp_plan_state_name(int state);
 
 #endif /* CP_PLAN_H */

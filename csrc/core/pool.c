@@ -11,6 +11,7 @@
 #include "core/history.h"
 #include "core/oom.h"
 #include "core/plan.h"
+#include "core/plan_learn.h"
 #include "core/pool.h"
 #include "core/segment.h"
 #include "core/stitch.h"
@@ -33,16 +34,12 @@
 /* Return a PENDING or LIVE block to its source (its active figures leave the stats): a planned
  * block's place in the plan is free again (plan.c); a stitched block's range is kept for reuse
  * and its pages go back to their segments (stitch.c); any other merges into the free index. */
-void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
+static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
   cp_block_end_use_locked(pool, b);
   if (CP_UNLIKELY(b->plan == CP_PLAN_NODE)) {
-    cp_plan_release_locked(pool, b); /* its place in the plan's range is free */
+    cp_plan_release_locked(pool, b); /* its place in the plan is free */
     return;
   }
-  cp_block_return_locked(pool, b);
-}
-
-void cp_block_return_locked(cp_pool_t *pool, cp_block_t *b) {
   if (b->segment->stitched) {
     cp_stitch_release_locked(pool, b);
     return;
@@ -141,8 +138,8 @@ static size_t cp_effective_cap(const cp_config_t *cfg, size_t device_total) {
  * Best fit; memory of the stream waiting to go back; stitching (large requests); growth; on
  * OOM wait for pending frees, give back plain free segments and unmap free chunks, then all
  * of it once more (the plain pools' steps: Note [The OOM ladder]). */
-int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
-                          void **out_ptr) {
+static int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
+                                 void **out_ptr) {
   /* While a capture is under way: no event polled, no memory given back (Note [Capture in
    * the pool]); growth and stitching make no event or stream call. */
   if (pool->streams.pending_entries != 0 && !cp_capturing_locked(pool, st->handle)) cp_reclaim_completed_locked(pool);
@@ -259,6 +256,22 @@ static CP_COLD cp_stream_state_t *cp_region_state_locked(cp_pool_t *pool, cp_str
   return st;
 }
 
+/* The step plan's turn (Note [Learning the step]); when its adoption needs an overflow range,
+ * the ladder gives it (the plan never asks the ladder itself). */
+static int cp_plan_locked(cp_pool_t *pool, size_t rounded, size_t size, cp_stream_t stream, void **out_ptr,
+                          uint64_t *out_watch) {
+  int rc = cp_plan_alloc_locked(pool, rounded, size, stream, out_ptr, out_watch);
+  if (rc != CP_PLAN_OVERFLOW) return rc;
+  const size_t bytes = pool->plan.overflow_bytes;
+  cp_stream_state_t *st = cp_streams_get_locked(&pool->streams, pool->plan.overflow_stream);
+  void *ptr = NULL;
+  rc = st == NULL ? CP_ERR_HOST_OOM : cp_reserve_metadata_locked(pool, 1);
+  if (rc == CP_OK) rc = cp_paged_alloc_locked(pool, st, CP_KIND_LARGE, bytes, bytes, &ptr);
+  if (rc != CP_OK) cp_clear_error();
+  cp_block_t *over = rc == CP_OK ? cp_ptrmap_get(&pool->live, (uintptr_t)ptr) : NULL;
+  return cp_plan_adopt_finish_locked(pool, over, size, out_ptr);
+}
+
 /* Note [The OOM ladder]
  * 1. best fit in the (stream, kind) index, after reclaiming frees whose events completed;
  * 2. garbage collection (when configured): give back free segments above the threshold;
@@ -280,7 +293,7 @@ static inline int cp_alloc_impl(cp_pool_t *pool, size_t size, cp_stream_t stream
   pthread_mutex_lock(&pool->lock);
   uint64_t watch = 0;
   if (CP_UNLIKELY(pool->plan.state != CP_PLAN_OFF) && tag == 0 && pool->capture.windows == 0 && rounded != 0 &&
-      cp_plan_alloc_locked(pool, rounded, size, stream, out_ptr, &watch) == CP_OK) {
+      cp_plan_locked(pool, rounded, size, stream, out_ptr, &watch) == CP_OK) {
     CP_HISTORY(pool, CP_HIST_ALLOC, (uintptr_t)*out_ptr, rounded, stream);
     cp_evlog_put_locked(pool, CP_TRACE_ALLOC, (uintptr_t)*out_ptr, size, stream);
     CP_DEBUG_CHECK(pool, "cp_alloc");

@@ -11,15 +11,6 @@ int cp_synchronize_pending_locked(cp_pool_t *pool);
 /* Free the LIVE block `b` as cp_free does (`who` names the caller in errors); on failure it
  * stays allocated. */
 int cp_free_block_locked(cp_pool_t *pool, cp_block_t *b, const char *who);
-/* A LIVE or PENDING block leaves use and goes back to its source (a plan's node to the plan). */
-void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b);
-/* The second half of that, for a block whose figures are already out of the stats: to its
- * stitched range or its segment's free index. */
-void cp_block_return_locked(cp_pool_t *pool, cp_block_t *b);
-/* The page-mapped ladder (Note [The OOM ladder of page-mapped pools]): a LIVE block of
- * `rounded` bytes for (st, kind), counted as an allocation; CP_ERR_OOM when none can be had. */
-int cp_paged_alloc_locked(cp_pool_t *pool, cp_stream_state_t *st, int kind, size_t rounded, size_t size,
-                          void **out_ptr);
 /* Free the blocks whose free waited for the end of a capture, when none is under way. */
 void cp_capture_flush_locked(cp_pool_t *pool);
 

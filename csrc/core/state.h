@@ -7,7 +7,7 @@
 
 #include "base/fork.h"
 #include "base/ptrmap.h"
-#include "core/plan.h"
+#include "core/plan_types.h"
 #include "core/snapshot.h"
 #include "core/stream.h"
 

@@ -99,8 +99,9 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   info->plan_served = (size_t)pl->served;
   info->plan_missed = (size_t)pl->missed;
   info->plan_us = (size_t)(pl->plan_ns / 1000);
-  /* Retired memory waiting for its stream (drain.c) is cached too, though not reusable. */
-  info->cached_free += pool->draining_bytes;
+  /* Retired memory waiting for its stream (drain.c) is cached too, though not reusable; so is
+   * the step plan's memory no planned block uses now. */
+  info->cached_free += pool->draining_bytes + cp_plan_idle_bytes(pl);
   for (size_t i = 0; i < pool->streams.count; i++) {
     for (int k = CP_KIND_SMALL; k <= CP_KIND_LARGE; k++) {
       const cp_index_t *ix = &pool->streams.list[i]->index[k];

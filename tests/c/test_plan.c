@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "core/plan.h"
+#include "core/snapshot.h"
 #include "fixture.h"
 
 #define PLANNED "expandable_segments:True,page_stitching:True,release_before_grow:True,plan_steps:True"
@@ -87,6 +88,42 @@ TEST(a_repeating_step_is_learned_and_served_without_device_calls) {
   CHECK(in.reserved >= in.plan_bytes);
   size_t size = 0;
   CHECK(cp_pool_lookup(fx.pool, carry, &size) == 1 && size == 2 * MiB);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
+TEST(snapshots_and_figures_show_planned_blocks_as_blocks) {
+  fixture_t fx;
+  REQUIRE(fx_open(&fx, 1 * GiB, PLANNED) == 0);
+  void *carry = NULL;
+  for (unsigned s = 0; s < 5; s++) step(&fx, 1, &carry, s);
+  REQUIRE(info_of(&fx).plan_state == CP_PLAN_SERVING);
+  void *a = must_alloc(&fx, 3 * MiB + 1000, 0); /* position 0 and 1: two planned blocks in use */
+  void *t = must_alloc(&fx, MiB / 2, 0);
+  cp_snapshot_t snap;
+  REQUIRE(cp_pool_snapshot(fx.pool, &snap) == CP_OK);
+  size_t live = 0, total = 0, found = 0;
+  for (size_t i = 0; i < snap.segment_count; i++) {
+    const cp_snapshot_segment_t *seg = &snap.segments[i];
+    uintptr_t at = seg->addr;
+    for (size_t k = 0; k < seg->block_count; k++) {
+      const cp_snapshot_block_t *b = &snap.blocks[seg->first_block + k];
+      CHECK(b->addr == at); /* the records tile the segment */
+      at = b->addr + b->size;
+      total += b->size;
+      if (b->state == CP_SNAP_LIVE) live += b->size;
+      if (b->state == CP_SNAP_LIVE && (b->addr == (uintptr_t)a || b->addr == (uintptr_t)t)) found++;
+    }
+    CHECK(at == seg->addr + seg->size);
+  }
+  cp_snapshot_free(&snap);
+  cp_pool_info_t in = info_of(&fx);
+  CHECK_EQ_U(found, 2);
+  CHECK_EQ_U(live, in.allocated);
+  /* Reserved is what is allocated, cached (the plan's idle memory included) and pending. */
+  CHECK_EQ_U(in.reserved, in.allocated + in.cached_free + in.pending_free);
+  CHECK(cp_free(fx.pool, t) == CP_OK);
+  CHECK(cp_free(fx.pool, a) == CP_OK);
   CHECK(cp_free(fx.pool, carry) == CP_OK);
   fx_close(&fx);
 }
@@ -246,6 +283,7 @@ TEST(a_loop_that_never_repeats_is_never_planned) {
 int main(void) {
   RUN(config_key);
   RUN(a_repeating_step_is_learned_and_served_without_device_calls);
+  RUN(snapshots_and_figures_show_planned_blocks_as_blocks);
   RUN(extra_and_skipped_allocations_keep_the_plan);
   RUN(a_block_held_past_its_time_loses_the_step_not_the_memory);
   RUN(a_new_shape_drops_the_plan_and_learns_the_next);
