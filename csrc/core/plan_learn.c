@@ -13,10 +13,23 @@
 #define CP_PLAN_CHAIN      64u    /* earlier K-gram matches tried for a period long enough */
 /* Do not modify: the log holds two periods and the warm-up before them. */
 #define CP_PLAN_LOG_CAP  (3u * CP_PLAN_MAX_PERIOD + CP_PLAN_K)
-#define CP_PLAN_MAP_BITS 18u
+#define CP_PLAN_MAP_BITS 18u /* the K-gram map at most: it starts small and doubles with the log */
+#define CP_PLAN_MAP_FIRST_BITS 12u
 _Static_assert((1u << CP_PLAN_MAP_BITS) >= 2u * CP_PLAN_LOG_CAP, "the K-gram map must stay at most half full");
 
 #define CP_PLAN_NOT_FREED UINT64_MAX
+#define CP_PLAN_ROLL      0x9e3779b97f4a7c15ull /* the rolling hash's base (odd) */
+
+/* CP_PLAN_ROLL to the K-th power (mod 2^64): the weight of the key that leaves the window. */
+static const uint64_t cp_plan_roll_out = 0x9e3779b97f4a7c15ull * 0x9e3779b97f4a7c15ull * 0x9e3779b97f4a7c15ull *
+                                         0x9e3779b97f4a7c15ull * 0x9e3779b97f4a7c15ull * 0x9e3779b97f4a7c15ull *
+                                         0x9e3779b97f4a7c15ull * 0x9e3779b97f4a7c15ull;
+_Static_assert(CP_PLAN_K == 8, "cp_plan_roll_out is CP_PLAN_ROLL to the power CP_PLAN_K");
+
+typedef struct cp_plan_slot_s {
+  uint32_t tag; /* the hash's high half, never 0; 0: an empty slot */
+  uint32_t rec; /* the record + 1 */
+} cp_plan_slot_t;
 
 struct cp_plan_learn_s {
   cp_plan_rec_t *rec; /* rec[i] is allocation number base + i */
@@ -24,8 +37,9 @@ struct cp_plan_learn_s {
   uint64_t base;
   uint64_t clock; /* the next time */
   uint64_t live;  /* bytes of the watched allocations in use */
-  uint64_t *map_hash;
-  uint32_t *map_rec; /* + 1; 0: empty slot */
+  cp_plan_slot_t *map; /* K-gram hash -> record + 1, open addressing, at most half full */
+  uint32_t map_bits;   /* 1 << map_bits slots */
+  uint64_t roll;       /* the rolling hash of the last K keys */
   uint32_t cand;     /* the candidate period, or 0 */
   uint32_t run;      /* allocations since it was proposed whose key equals the one cand before */
 };
@@ -60,29 +74,56 @@ void cp_plan_learn_reset(cp_plan_t *pl) {
   lr->base = pl->seq;
   lr->live = 0;
   lr->cand = lr->run = 0;
-  if (lr->map_rec != NULL) memset(lr->map_rec, 0, sizeof(uint32_t) << CP_PLAN_MAP_BITS);
+  lr->roll = 0;
+  if (lr->map != NULL) memset(lr->map, 0, sizeof *lr->map << lr->map_bits);
 }
 
 void cp_plan_learn_free(cp_plan_t *pl) {
   if (pl->learn == NULL) return;
   free(pl->learn->rec);
-  free(pl->learn->map_hash);
-  free(pl->learn->map_rec);
+  free(pl->learn->map);
   free(pl->learn);
   pl->learn = NULL;
 }
 
 /* Room for one more record; false when there is no host memory (learning then waits). */
+/* Name record i (whose kgram is set) in the map: the record before it with the same K-gram,
+ * + 1 (0: none). One slot holds the hash's high half as a tag and the record. */
+static uint32_t cp_plan_map_put(struct cp_plan_learn_s *lr, uint64_t h, uint32_t i) {
+  const uint32_t mask = (1u << lr->map_bits) - 1, tag = (uint32_t)(h >> 32) | 1u;
+  for (uint32_t slot = (uint32_t)h & mask;; slot = (slot + 1) & mask) {
+    cp_plan_slot_t *e = &lr->map[slot];
+    if (e->tag == 0) {
+      *e = (cp_plan_slot_t){tag, i + 1};
+      return 0;
+    }
+    if (e->tag == tag) {
+      const uint32_t prev = e->rec;
+      e->rec = i + 1;
+      return prev;
+    }
+  }
+}
+
+/* The map twice as large, the log's K-grams named again (the latest of each wins). */
+static bool cp_plan_map_grow(struct cp_plan_learn_s *lr) {
+  cp_plan_slot_t *grown = calloc((size_t)1 << (lr->map_bits + 1), sizeof *grown);
+  if (grown == NULL) return false;
+  free(lr->map);
+  lr->map = grown;
+  lr->map_bits++;
+  for (uint32_t i = CP_PLAN_K - 1; i < lr->n; i++) cp_plan_map_put(lr, lr->rec[i].kgram, i);
+  return true;
+}
+
 bool cp_plan_learn_room(cp_plan_t *pl) {
   struct cp_plan_learn_s *lr = pl->learn;
   if (lr == NULL) {
     lr = calloc(1, sizeof *lr);
     if (lr == NULL) return false;
-    lr->map_hash = malloc(sizeof(uint64_t) << CP_PLAN_MAP_BITS);
-    lr->map_rec = calloc((size_t)1 << CP_PLAN_MAP_BITS, sizeof(uint32_t));
-    if (lr->map_hash == NULL || lr->map_rec == NULL) {
-      free(lr->map_hash);
-      free(lr->map_rec);
+    lr->map_bits = CP_PLAN_MAP_FIRST_BITS;
+    lr->map = calloc((size_t)1 << lr->map_bits, sizeof *lr->map);
+    if (lr->map == NULL) {
       free(lr);
       return false;
     }
@@ -91,33 +132,15 @@ bool cp_plan_learn_room(cp_plan_t *pl) {
   }
   if (lr->n == CP_PLAN_LOG_CAP) cp_plan_learn_reset(pl); /* no period of at most MAX_PERIOD so far */
   if (lr->n == lr->cap) {
-    uint32_t cap = lr->cap ? lr->cap * 2 : 4096;
+    uint32_t cap = lr->cap ? lr->cap * 2 : 1024;
     if (cap > CP_PLAN_LOG_CAP) cap = CP_PLAN_LOG_CAP;
     cp_plan_rec_t *grown = realloc(lr->rec, (size_t)cap * sizeof *grown);
     if (grown == NULL) return false;
     lr->rec = grown;
     lr->cap = cap;
   }
+  if (2u * (lr->n + 1) > (1u << lr->map_bits) && !cp_plan_map_grow(lr)) return false;
   return true;
-}
-
-/* Record i's K-gram: its hash, and the record before it with the same one (+ 1, or 0). */
-static uint32_t cp_plan_kgram(struct cp_plan_learn_s *lr, uint32_t i) {
-  uint64_t h = 0x243f6a8885a308d3ull;
-  for (uint32_t k = i + 1 - CP_PLAN_K; k <= i; k++) h = cp_plan_mix(h ^ cp_plan_key(lr->rec[k].size, lr->rec[k].stream));
-  const uint32_t mask = (1u << CP_PLAN_MAP_BITS) - 1;
-  for (uint32_t slot = (uint32_t)h & mask;; slot = (slot + 1) & mask) {
-    if (lr->map_rec[slot] == 0) {
-      lr->map_hash[slot] = h;
-      lr->map_rec[slot] = i + 1;
-      return 0;
-    }
-    if (lr->map_hash[slot] == h) {
-      const uint32_t prev = lr->map_rec[slot];
-      lr->map_rec[slot] = i + 1;
-      return prev;
-    }
-  }
 }
 
 static inline bool cp_plan_same_key(const cp_plan_rec_t *a, const cp_plan_rec_t *b) {
@@ -136,7 +159,11 @@ uint32_t cp_plan_learn_alloc(cp_plan_t *pl, size_t rounded, cp_stream_t stream) 
   r->t_free = CP_PLAN_NOT_FREED;
   lr->live += rounded;
   r->live = lr->live;
-  r->prev = i + 1 >= CP_PLAN_K ? cp_plan_kgram(lr, i) : 0;
+  /* The rolling hash of the last K keys: this one in, the one K back out. */
+  lr->roll = lr->roll * CP_PLAN_ROLL + cp_plan_key(rounded, stream);
+  if (i >= CP_PLAN_K) lr->roll -= cp_plan_roll_out * cp_plan_key(lr->rec[i - CP_PLAN_K].size, lr->rec[i - CP_PLAN_K].stream);
+  r->kgram = i + 1 >= CP_PLAN_K ? cp_plan_mix(lr->roll) : 0;
+  r->prev = i + 1 >= CP_PLAN_K ? cp_plan_map_put(lr, r->kgram, i) : 0;
   if (lr->cand != 0 && cp_plan_same_key(r, &lr->rec[i - lr->cand])) {
     lr->run++;
   } else {

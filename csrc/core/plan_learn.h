@@ -14,6 +14,7 @@ typedef struct cp_plan_rec_s {
   uint64_t t_alloc;
   uint64_t t_free; /* CP_PLAN_NOT_FREED while in use */
   uint64_t live;   /* watched bytes in use right after it was made */
+  uint64_t kgram;  /* the hash of its K-gram (its key and the K - 1 before), 0 before the K-th */
   uint32_t prev;   /* the record before it with the same K-gram, + 1 (0: none) */
 } cp_plan_rec_t;
 

@@ -309,7 +309,7 @@ TEST(errors_keys_and_syntax) {
   cp_config_t base = base_config();
   /* The known keys are listed in the order of CP_CONFIG_KEYS. */
   EXPECT_FAIL(&base, "max_splt_size_mb:64", "unknown key 'max_splt_size_mb' (known: granule_bytes, ",
-              "memory_fraction, expandable_segments, page_stitching, stitch_partial_handles)");
+              "memory_fraction, expandable_segments, page_stitching, stitch_partial_handles, plan_steps)");
   EXPECT_FAIL(&base, "Max_Split_Size_MB:64", "unknown key 'Max_Split_Size_MB'", NULL);
   EXPECT_FAIL(&base, "backend:cudaMallocAsync", "unknown key 'backend'", NULL);
   /* An error after valid keys: nothing of them is applied. */
