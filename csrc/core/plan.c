@@ -65,6 +65,7 @@ static void cp_plan_make_locked(cp_pool_t *pool, uint32_t p) {
   pl->count = p;
   pl->adopt_tries = 0;
   pl->last_planned = w.planned;
+  pl->last_count = p;
   pl->armed_at = first_number + w.origin; /* the first period's origin: a position 0 */
   pl->state = CP_PLAN_ARMED;
 }

@@ -118,6 +118,7 @@ typedef struct cp_plan_s {
   uint64_t drops;        /* plans dropped */
   uint64_t plan_ns;      /* time spent computing plans */
   uint64_t last_planned; /* entries planned in the last plan */
+  uint32_t last_count;   /* allocations of the last plan's step */
 } cp_plan_t;
 
 /* The plan's memory no planned block uses now (cached: cp_pool_info, out-of-memory reports). */

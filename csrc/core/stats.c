@@ -92,7 +92,7 @@ static void cp_pool_info_locked(cp_pool_t *pool, cp_pool_info_t *info) {
   const cp_plan_t *pl = &pool->plan;
   info->plan_state = pl->state;
   info->plan_bytes = pl->bins != NULL ? pl->range_bytes : 0;
-  info->plan_step_allocs = pl->count;
+  info->plan_step_allocs = pl->count != 0 ? pl->count : pl->last_count;
   info->plan_planned = (size_t)pl->last_planned;
   info->plans = (size_t)pl->plans;
   info->plan_drops = (size_t)pl->drops;

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from .._units import format_bytes
 from . import common
+from ..lab.replay_report import plan_line
 from .ranks import ranks_text
 
 __all__ = ["command_line", "compile_notes", "report", "table"]
@@ -226,6 +227,9 @@ def report(result: Dict[str, Any]) -> str:
             "allocator rounds requests to 512 bytes and hands out a whole block where the rest would be too small "
             "to split off), as torch.cuda.max_memory_allocated() would report under it"
         )
+    for r in result["rows"]:
+        if r.get("plan"):
+            notes.append(f"{r['allocator']}: the step plan, {plan_line(r['plan'])}")
     for label, why in dict((r["allocator"], r.get("why")) for r in result["rows"] if not r["simulated"]).items():
         notes.append(f"{label}: not simulated ({why})")
     ws, taken = fg.get("cublas_workspace_bytes"), fg.get("cublas_workspaces")

@@ -272,6 +272,8 @@ def predict(trace: Any, alloc: common.Allocator, limit: int, outside: int = 0) -
         "oom_size": there.get("oom_size"),
         # None: the trace allocates nothing
         "min_capacity": None if smallest["min_capacity"] is None else smallest["min_capacity"] + outside,
+        # the step plan's figures (policy planned): what it learned and served, unlimited
+        "plan": free.get("plan") if (free.get("plan") or {}).get("plan_state") else None,
     }
 
 

@@ -117,6 +117,9 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
         row("releases", f"{res['releases']:,} recorded releases replayed as empty_cache")
     elif res.get("releases_ignored"):
         row("releases", f"{res['releases_ignored']:,} recorded releases left out (--ignore-releases)")
+    plan = res.get("plan") or {}
+    if plan.get("plan_state"):  # the planned policy: what the step plan did
+        row("step plan", plan_line(plan))
     row("replay speed", f"{res['ns_per_op']:.0f} ns/op, {res['events_per_s'] / 1e6:.2f} M events/s")
     if res["oom"]:
         where = f" on device {res['oom_device']}" if res.get("oom_device") is not None else ""
@@ -128,6 +131,27 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
     else:
         row("out of memory", "no")
     return lines
+
+
+#: The step plan's states (pool.info()["plan_state"]; Note [Learning the step]).
+PLAN_STATES = ("off", "learning", "planning", "armed", "serving", "lost", "dropped")
+
+
+def plan_line(plan: Dict[str, Any]) -> str:
+    """The step plan's figures in one line (a replay's ``res["plan"]``)."""
+    state = PLAN_STATES[plan["plan_state"]] if plan["plan_state"] < len(PLAN_STATES) else "?"
+    if not plan["plans"]:
+        return (
+            f"{state}: no plan adopted (no step repeated, or the free memory could not hold it "
+            f"without growing); {plan['plan_us'] / 1000:.1f} ms spent learning and planning"
+        )
+    served, missed = plan["plan_served"], plan["plan_missed"]
+    return (
+        f"{state}: {plan['plans']} plan(s) adopted, {plan['plan_drops']} dropped; a step of "
+        f"{plan['plan_step_allocs']:,} allocations, {plan['plan_planned']:,} planned; {served:,} allocations "
+        f"served by position, {missed:,} by the pool while a plan was held; "
+        f"{plan['plan_us'] / 1000:.1f} ms spent learning and planning"
+    )
 
 
 def format_report(res: Dict[str, Any], title: Optional[str] = None) -> str:
