@@ -280,6 +280,80 @@ TEST(a_loop_that_never_repeats_is_never_planned) {
   fx_close(&fx);
 }
 
+/* A loop whose steps stray at random: extra tensors, skipped ones, blocks kept for a few steps,
+ * blocks used on another stream, frees out of order, empty_cache, a new shape for a while.
+ * Every block carries its own pattern, checked at its free: a planned block placed over one
+ * still in use would overwrite it. The checker runs after every operation (ASan build). */
+TEST(random_deviations_never_corrupt_a_block) {
+  fixture_t fx;
+  REQUIRE(fx_open_sim(&fx, 1 * GiB, CP_SIM_AUTO_COMPLETE, PLANNED) == 0);
+  uint64_t rng = 0x2545f4914f6cdd1dull;
+#define RND(n) ((unsigned)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n))
+  enum { SLOTS = 64 };
+  void *held[SLOTS] = {0};
+  unsigned char tag[SLOTS] = {0};
+  size_t bytes[SLOTS] = {0};
+  int ttl[SLOTS] = {0};
+  unsigned stamp = 1;
+  for (int s = 0; s < 240; s++) {
+    const size_t k = (s / 40) % 3 == 2 ? 2 : 1; /* a new shape for a while, then back */
+    static const size_t act[6] = {3, 5, 2, 7, 1, 4};
+    int mine[6];
+    for (int i = 0; i < 6; i++) {
+      if (RND(50) == 0) { /* skipped this step */
+        mine[i] = -1;
+        continue;
+      }
+      int slot = -1;
+      for (int j = 0; j < SLOTS && slot < 0; j++)
+        if (held[j] == NULL) slot = j;
+      REQUIRE(slot >= 0);
+      bytes[slot] = act[i] * k * MiB + 1000;
+      held[slot] = must_alloc(&fx, bytes[slot], 0);
+      tag[slot] = (unsigned char)stamp++;
+      memset(held[slot], tag[slot], 256);
+      memset((char *)held[slot] + bytes[slot] - 256, tag[slot], 256);
+      ttl[slot] = RND(40) == 0 ? 1 + (int)RND(3) : 0; /* kept a few steps */
+      mine[i] = slot;
+      if (RND(30) == 0) CHECK(cp_record_stream(fx.pool, held[slot], 3) == CP_OK);
+      if (RND(25) == 0) { /* an extra tensor */
+        void *x = must_alloc(&fx, (1 + RND(9)) * MiB, 0);
+        memset(x, 0xee, 4096);
+        CHECK(cp_free(fx.pool, x) == CP_OK);
+      }
+    }
+    if (RND(60) == 0) CHECK(cp_empty_cache(fx.pool) == CP_OK);
+    const int order = (int)RND(8) == 0; /* frees out of order, once in a while */
+    for (int n = 0; n < 6; n++) {
+      const int i = order ? (n * 5 + 3) % 6 : 5 - n;
+      const int slot = mine[i];
+      if (slot < 0 || ttl[slot] > 0) continue;
+      const unsigned char *p = held[slot];
+      CHECK(p[0] == tag[slot] && p[255] == tag[slot] && p[bytes[slot] - 1] == tag[slot]);
+      CHECK(cp_free(fx.pool, held[slot]) == CP_OK);
+      held[slot] = NULL;
+    }
+    for (int j = 0; j < SLOTS; j++) { /* the kept ones, when their time is up */
+      if (held[j] == NULL || ttl[j] == 0) continue;
+      if (--ttl[j] == 0) {
+        const unsigned char *p = held[j];
+        CHECK(p[0] == tag[j] && p[bytes[j] - 1] == tag[j]);
+        CHECK(cp_free(fx.pool, held[j]) == CP_OK);
+        held[j] = NULL;
+      }
+    }
+  }
+#undef RND
+  cp_pool_info_t in = info_of(&fx);
+  printf("test_plan: deviations: %zu plans, %zu dropped, %zu served, %zu missed\n", in.plans, in.plan_drops,
+         in.plan_served, in.plan_missed);
+  CHECK(in.plans >= 2); /* the first shape, the second, the first again */
+  CHECK(in.plan_served > in.plan_missed);
+  for (int j = 0; j < SLOTS; j++)
+    if (held[j] != NULL) CHECK(cp_free(fx.pool, held[j]) == CP_OK);
+  fx_close(&fx);
+}
+
 int main(void) {
   RUN(config_key);
   RUN(a_repeating_step_is_learned_and_served_without_device_calls);
@@ -292,5 +366,6 @@ int main(void) {
   RUN(empty_cache_gives_an_idle_plan_back);
   RUN(regions_and_captures_are_never_planned);
   RUN(a_loop_that_never_repeats_is_never_planned);
+  RUN(random_deviations_never_corrupt_a_block);
   return check_summary("test_plan");
 }
