@@ -110,7 +110,7 @@ def run_one(path: str, variant: str, tolerance: float) -> Dict[str, Any]:
     keys = (
         "events", "peak_allocated", "peak_reserved", "utilization", "device_ms_warmup", "device_ms_after_warmup",
         "device_calls_total", "device_calls_after_warmup_total", "sync_calls_after_warmup", "stitches",
-        "stitch_reuses", "device_faults",
+        "stitch_reuses", "device_faults", "plan",
     )  # fmt: skip
     row: Dict[str, Any] = {"trace": trace_name(path), "path": path, "variant": variant}
     row.update({k: unlimited.get(k) for k in keys})

@@ -294,8 +294,12 @@ def run_callgrind(data: dict, pairs: int) -> None:
         total = callgrind_count(valgrind, "pair", PLANNED_WARM_PAIRS + pairs, Path(tmp), config)
         per_pair = (total - base) / pairs
         data["pair_instr_planned"] = round(per_pair, 1)
-        counts["pair_planned"] = {"pairs": pairs, "warm_pairs": PLANNED_WARM_PAIRS, "config": config,
-                                  "instr_per_pair": round(per_pair, 3)}
+        counts["pair_planned"] = {
+            "pairs": pairs,
+            "warm_pairs": PLANNED_WARM_PAIRS,
+            "config": config,
+            "instr_per_pair": round(per_pair, 3),
+        }
         log(f"callgrind pair ({config}): {per_pair:.1f} instructions per pair ({time.monotonic() - t0:.1f} s)")
     details["callgrind"] = counts
 
@@ -309,8 +313,12 @@ def _planned_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:
     v, plain = data.get("pair_instr_planned"), data.get("pair_instr")
     if v is None or not plain:
         return ("pair_instr_planned", "n/a (no valgrind)", "< pair_instr", "")
-    return ("pair_instr_planned", f"{v:.1f} ({v / plain:.2f} x pair_instr)", f"< pair_instr ({plain:.1f})",
-            mark(v < plain))
+    return (
+        "pair_instr_planned",
+        f"{v:.1f} ({v / plain:.2f} x pair_instr)",
+        f"< pair_instr ({plain:.1f})",
+        mark(v < plain),
+    )
 
 
 def _policy_row(data: dict, mark: Any) -> Tuple[str, str, str, str]:

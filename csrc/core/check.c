@@ -332,7 +332,8 @@ static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
       w->pending_bytes += b->size;
       w->pending_events += b->pending_events;
     }
-    if (b->state == CP_BLOCK_LIVE && b->plan != CP_PLAN_RANGE && b->size >= pool->cfg.max_split_size) w->oversize_live++;
+    if (b->state == CP_BLOCK_LIVE && b->plan != CP_PLAN_RANGE && b->size >= pool->cfg.max_split_size)
+      w->oversize_live++;
   }
   cp_tally_t *large = &w->t[CP_KIND_LARGE];
   large->live += (int64_t)s_live;
@@ -364,8 +365,7 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
     const cp_block_t *r = pl->bins[i];
     bytes += r->size;
     if (r->plan != CP_PLAN_RANGE || r->state != CP_BLOCK_LIVE || cp_ptrmap_get(&pool->live, r->addr) == r)
-      CP_VIOLATION("plan: bin %#lx is not the plan's LIVE block, out of the live map",
-                   (unsigned long)r->addr);
+      CP_VIOLATION("plan: bin %#lx is not the plan's LIVE block, out of the live map", (unsigned long)r->addr);
   }
   if (bytes != pl->range_bytes) CP_VIOLATION("plan: bins hold %zu bytes, the count says %zu", bytes, pl->range_bytes);
   size_t in_use = 0, nonwrap = 0, in_use_bytes = 0;

@@ -92,7 +92,7 @@ typedef struct cp_config_s {
     "pages of its stream's segments, mapped side by side into a fresh range kept for reuse (the `cudapool` policy)")   \
   X(STITCH_PARTIAL_HANDLES, "stitch_partial_handles", BOOL, stitch_partial, "True",                                    \
     "with `page_stitching`: True, a stitched range may begin in the free end of a handle partly in use and end in "    \
-    "the free start of another; False: wholly free handles only")                                                  \
+    "the free start of another; False: wholly free handles only")                                                      \
   X(PLAN_STEPS, "plan_steps", BOOL, plan_steps, "False",                                                               \
     "True, on page-mapped memory: learn the loop's repeating step from its allocations and serve it from one range "   \
     "planned for it, each allocation by its position in the step (the `planned` policy)")

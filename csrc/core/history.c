@@ -71,7 +71,8 @@ static size_t cp_snapshot_plan_bin(const cp_plan_t *pl, const cp_block_t *bin, c
   size_t n = 0;
   for (uint32_t j = 0; j < pl->count; j++) {
     const cp_block_t *node = &pl->entries[j].node;
-    if (node->state != CP_BLOCK_FREE && pl->entries[j].planned && pl->bins[pl->entries[j].bin] == bin) nodes[n++] = node;
+    if (node->state != CP_BLOCK_FREE && pl->entries[j].planned && pl->bins[pl->entries[j].bin] == bin)
+      nodes[n++] = node;
   }
   qsort(nodes, n, sizeof *nodes, cp_node_by_addr);
   uintptr_t at = bin->addr;

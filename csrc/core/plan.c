@@ -12,8 +12,8 @@
 #include "core/stitch.h"
 
 /* Tuning, may be modified: */
-#define CP_PLAN_MAX_EXTRA  16u /* allocations off the plan per step before it is lost */
-#define CP_PLAN_MAX_LOSSES 3u  /* losses in a row that drop the plan */
+#define CP_PLAN_MAX_EXTRA    16u /* allocations off the plan per step before it is lost */
+#define CP_PLAN_MAX_LOSSES   3u  /* losses in a row that drop the plan */
 #define CP_PLAN_OVERFLOW_BIN UINT32_MAX
 
 /* A block leaving the plan back to its source, its figures already out of the stats: a
@@ -140,7 +140,8 @@ bool cp_plan_give_up_locked(cp_pool_t *pool) {
 
 void cp_plan_release_locked(cp_pool_t *pool, cp_block_t *node) {
   cp_plan_t *pl = &pool->plan;
-  const cp_plan_entry_t *e = (const cp_plan_entry_t *)(const void *)((const char *)node - offsetof(cp_plan_entry_t, node));
+  const cp_plan_entry_t *e =
+      (const cp_plan_entry_t *)(const void *)((const char *)node - offsetof(cp_plan_entry_t, node));
   node->state = CP_BLOCK_FREE;
   pl->live--;
   pl->live_bytes -= node->size;
@@ -324,12 +325,16 @@ static int cp_plan_adopt_locked(cp_pool_t *pool, size_t size, void **out_ptr) {
   cp_index_t *ix = &st->index[CP_KIND_LARGE];
   const uint32_t nfree = (uint32_t)ix->count, cap = 2 * nfree + 1;
   cp_block_t **free_blocks = malloc((nfree > 0 ? nfree : 1) * sizeof *free_blocks);
-  cp_plan_layout_t lay = {malloc(cap * sizeof *lay.bins), malloc(cap * sizeof *lay.bin_block),
-                          malloc(cap * sizeof *lay.sizes), malloc(cap * sizeof *lay.tops), 0, 0};
+  cp_plan_layout_t lay = {malloc(cap * sizeof *lay.bins),
+                          malloc(cap * sizeof *lay.bin_block),
+                          malloc(cap * sizeof *lay.sizes),
+                          malloc(cap * sizeof *lay.tops),
+                          0,
+                          0};
   uint32_t *taken = malloc(cap * sizeof *taken); /* bin -> its number in pl->bins */
   const size_t *tops = lay.tops;
-  bool ok = free_blocks != NULL && lay.bins != NULL && lay.bin_block != NULL && lay.sizes != NULL &&
-            lay.tops != NULL && taken != NULL;
+  bool ok = free_blocks != NULL && lay.bins != NULL && lay.bin_block != NULL && lay.sizes != NULL && lay.tops != NULL &&
+            taken != NULL;
   if (ok) {
     cp_block_t **at = free_blocks;
     cp_index_each(ix, cp_plan_collect, &at);
@@ -543,7 +548,7 @@ int cp_plan_alloc_locked(cp_pool_t *pool, size_t rounded, size_t size, cp_stream
       return cp_plan_adopt_locked(pool, size, out_ptr);
     }
     case CP_PLAN_PLANNING: pl->seq++; return CP_PLAN_PASS; /* still counted: the plan arms on numbers */
-    default: return CP_PLAN_PASS; /* dropped */
+    default: return CP_PLAN_PASS;                          /* dropped */
   }
 }
 

@@ -9,11 +9,11 @@
 #include "core/plan_learn.h"
 
 /* Tuning, may be modified: */
-#define CP_PLAN_K          8u     /* keys hashed into the K-gram that proposes a period */
-#define CP_PLAN_CHAIN      64u    /* earlier K-gram matches tried for a period long enough */
+#define CP_PLAN_K     8u  /* keys hashed into the K-gram that proposes a period */
+#define CP_PLAN_CHAIN 64u /* earlier K-gram matches tried for a period long enough */
 /* Do not modify: the log holds two periods and the warm-up before them. */
-#define CP_PLAN_LOG_CAP  (3u * CP_PLAN_MAX_PERIOD + CP_PLAN_K)
-#define CP_PLAN_MAP_BITS 18u /* the K-gram map at most: it starts small and doubles with the log */
+#define CP_PLAN_LOG_CAP        (3u * CP_PLAN_MAX_PERIOD + CP_PLAN_K)
+#define CP_PLAN_MAP_BITS       18u /* the K-gram map at most: it starts small and doubles with the log */
 #define CP_PLAN_MAP_FIRST_BITS 12u
 _Static_assert((1u << CP_PLAN_MAP_BITS) >= 2u * CP_PLAN_LOG_CAP, "the K-gram map must stay at most half full");
 
@@ -35,13 +35,13 @@ struct cp_plan_learn_s {
   cp_plan_rec_t *rec; /* rec[i] is allocation number base + i */
   uint32_t n, cap;
   uint64_t base;
-  uint64_t clock; /* the next time */
-  uint64_t live;  /* bytes of the watched allocations in use */
+  uint64_t clock;      /* the next time */
+  uint64_t live;       /* bytes of the watched allocations in use */
   cp_plan_slot_t *map; /* K-gram hash -> record + 1, open addressing, at most half full */
   uint32_t map_bits;   /* 1 << map_bits slots */
   uint64_t roll;       /* the rolling hash of the last K keys */
-  uint32_t cand;     /* the candidate period, or 0 */
-  uint32_t run;      /* allocations since it was proposed whose key equals the one cand before */
+  uint32_t cand;       /* the candidate period, or 0 */
+  uint32_t run;        /* allocations since it was proposed whose key equals the one cand before */
 };
 
 uint64_t cp_plan_now_ns(void) {
@@ -161,7 +161,8 @@ uint32_t cp_plan_learn_alloc(cp_plan_t *pl, size_t rounded, cp_stream_t stream) 
   r->live = lr->live;
   /* The rolling hash of the last K keys: this one in, the one K back out. */
   lr->roll = lr->roll * CP_PLAN_ROLL + cp_plan_key(rounded, stream);
-  if (i >= CP_PLAN_K) lr->roll -= cp_plan_roll_out * cp_plan_key(lr->rec[i - CP_PLAN_K].size, lr->rec[i - CP_PLAN_K].stream);
+  if (i >= CP_PLAN_K)
+    lr->roll -= cp_plan_roll_out * cp_plan_key(lr->rec[i - CP_PLAN_K].size, lr->rec[i - CP_PLAN_K].stream);
   r->kgram = i + 1 >= CP_PLAN_K ? cp_plan_mix(lr->roll) : 0;
   r->prev = i + 1 >= CP_PLAN_K ? cp_plan_map_put(lr, r->kgram, i) : 0;
   if (lr->cand != 0 && cp_plan_same_key(r, &lr->rec[i - lr->cand])) {
@@ -434,4 +435,3 @@ out:
   }
   return rc;
 }
-

@@ -70,9 +70,9 @@ typedef struct cp_plan_entry_s {
   size_t offset;      /* in the range, when planned */
   uint32_t due_first; /* due[due_first .. due_first + due_count): entries freed before it */
   uint32_t due_count;
-  uint32_t bin;       /* planned: the bin its node lies in */
-  uint8_t planned;    /* 0: the pool serves it (another stream, or it lives longer than a step) */
-  uint8_t wraps;      /* planned and in use across position 0 */
+  uint32_t bin;    /* planned: the bin its node lies in */
+  uint8_t planned; /* 0: the pool serves it (another stream, or it lives longer than a step) */
+  uint8_t wraps;   /* planned and in use across position 0 */
   cp_block_t node;
 } cp_plan_entry_t;
 
@@ -86,8 +86,8 @@ typedef struct cp_plan_s {
   cp_plan_entry_t *entries;
   uint32_t count;
   uint32_t *due;
-  uint32_t pos;   /* the position of the next allocation */
-  uint32_t extra; /* allocations off the plan at the current step */
+  uint32_t pos;               /* the position of the next allocation */
+  uint32_t extra;             /* allocations off the plan at the current step */
   struct cp_plan_arc_s *arcs; /* the planned entries' lifetimes, placed at adoption */
   uint32_t arc_count;
   uint64_t period; /* the step's length in watched allocations and frees */
@@ -108,9 +108,9 @@ typedef struct cp_plan_s {
   size_t live_nonwrap;
   uint32_t losses;      /* losses since the last step served whole */
   uint64_t whole_steps; /* steps served whole since the plan was adopted */
-  uint32_t min_period; /* learning looks for longer periods than this */
-  uint64_t seq;        /* allocations watched so far (learning and armed) */
-  uint64_t armed_at;   /* ARMED: the ordinal that is position 0, modulo count */
+  uint32_t min_period;  /* learning looks for longer periods than this */
+  uint64_t seq;         /* allocations watched so far (learning and armed) */
+  uint64_t armed_at;    /* ARMED: the ordinal that is position 0, modulo count */
   /* Figures (cp_pool_info). */
   uint64_t plans;        /* plans adopted */
   uint64_t served;       /* allocations served by a plan */

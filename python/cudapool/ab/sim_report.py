@@ -8,8 +8,8 @@ import shlex
 from typing import Any, Dict, List, Optional
 
 from .._units import format_bytes
-from . import common
 from ..lab.replay_report import plan_line
+from . import common
 from .ranks import ranks_text
 
 __all__ = ["command_line", "compile_notes", "report", "table"]

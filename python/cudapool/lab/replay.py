@@ -140,10 +140,19 @@ class ReplayError(RuntimeError):
 # ------------------------------------------------------------------------------------------
 
 
-
 #: The step plan's figures (policy ``planned``; cudapool.Pool.info()), kept in a replay's result.
-PLAN_FIELDS = ("plan_state", "plan_bytes", "plan_step_allocs", "plan_planned", "plans", "plan_drops",
-               "plan_served", "plan_missed", "plan_us")
+PLAN_FIELDS = (
+    "plan_state",
+    "plan_bytes",
+    "plan_step_allocs",
+    "plan_planned",
+    "plans",
+    "plan_drops",
+    "plan_served",
+    "plan_missed",
+    "plan_us",
+)
+
 
 def config_text(policy: str = policies.DEFAULT_POLICY, config: Optional[str] = None) -> str:
     """The checked configuration text of ``policy`` with ``config`` ("key:value,...") on top,

@@ -143,14 +143,14 @@ def plan_line(plan: Dict[str, Any]) -> str:
     if not plan["plans"]:
         return (
             f"{state}: no plan adopted (no step repeated, or the free memory could not hold it "
-            f"without growing); {plan['plan_us'] / 1000:.1f} ms spent learning and planning"
+            f"without growing); {plan['plan_us'] / 1000:.1f} ms spent planning"
         )
     served, missed = plan["plan_served"], plan["plan_missed"]
     return (
         f"{state}: {plan['plans']} plan(s) adopted, {plan['plan_drops']} dropped; a step of "
         f"{plan['plan_step_allocs']:,} allocations, {plan['plan_planned']:,} planned; {served:,} allocations "
         f"served by position, {missed:,} by the pool while a plan was held; "
-        f"{plan['plan_us'] / 1000:.1f} ms spent learning and planning"
+        f"{plan['plan_us'] / 1000:.1f} ms spent planning"
     )
 
 
