@@ -369,7 +369,6 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
   }
   if (bytes != pl->range_bytes) CP_VIOLATION("plan: bins hold %zu bytes, the count says %zu", bytes, pl->range_bytes);
   size_t in_use = 0, nonwrap = 0, in_use_bytes = 0;
-  cp_tally_t *t = &w->t[CP_KIND_LARGE];
   for (uint32_t j = 0; j < pl->count; j++) {
     const cp_plan_entry_t *e = &pl->entries[j];
     const cp_block_t *b = &e->node;
@@ -379,8 +378,10 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
     }
     const cp_block_t *r = e->bin < pl->bin_count ? pl->bins[e->bin] : NULL;
     if (r == NULL || b->plan != CP_PLAN_NODE || b->segment != r->segment || b->addr != r->addr + e->offset ||
-        b->size != e->size || e->offset + e->size > r->size)
+        b->size != e->size || e->offset + e->size > r->size) {
       CP_VIOLATION("plan: entry %u's node is not at its offset %zu in its bin", j, e->offset);
+      continue;
+    }
     if (b->state == CP_BLOCK_FREE) {
       if (cp_ptrmap_get(&pool->live, b->addr) == b) CP_VIOLATION("plan: entry %u free but in the live map", j);
       continue;
@@ -388,21 +389,11 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
     in_use++;
     in_use_bytes += b->size;
     if (!e->wraps) nonwrap++;
-    t->active++;
-    t->active_bytes += (int64_t)b->size;
-    t->requested += (int64_t)b->requested;
-    if (b->state == CP_BLOCK_LIVE) {
-      t->live++;
-      t->live_bytes += (int64_t)b->size;
-      if (b->size >= pool->cfg.max_split_size) w->oversize_live++;
-      if (cp_ptrmap_get(&pool->live, b->addr) != b) CP_VIOLATION("plan: entry %u live but not in the live map", j);
-    } else if (b->state == CP_BLOCK_PENDING) {
-      w->pending_blocks++;
-      w->pending_bytes += b->size;
-      w->pending_events += b->pending_events;
-    } else {
+    if (b->state != CP_BLOCK_LIVE && b->state != CP_BLOCK_PENDING) {
       CP_VIOLATION("plan: entry %u in state %d", j, b->state);
+      continue;
     }
+    v += cp_check_used_block(pool, r->segment, (cp_block_t *)b, w, out); /* counted as any block in use */
   }
   /* Planned blocks in use never share a byte: their offsets were planned apart. */
   const cp_block_t **used = malloc((in_use > 0 ? in_use : 1) * sizeof *used);
