@@ -113,3 +113,15 @@ def test_pool_info_names_the_plan_and_its_memory():
 def test_ab_names_the_planned_policy(name):
     (alloc,) = common.parse_allocators(name)
     assert alloc.cudapool_conf == "policy:planned"
+
+
+def test_the_replay_report_says_what_the_plan_did():
+    from cudapool.lab.replay_report import format_report, plan_line
+
+    planned = replay(training_loop(20), policy="planned")
+    text = format_report(planned)
+    assert "step plan       serving: 1 plan(s) adopted, 0 dropped; a step of 13 allocations, 13 planned;" in text
+    assert "cudapool" not in plan_line(planned["plan"])
+    never = replay(training_loop(12, shapes=lambda s: 1 + s), policy="planned")
+    assert plan_line(never["plan"]).startswith("learning: no plan adopted")
+    assert "step plan" not in format_report(replay(training_loop(20), policy="cudapool"))
