@@ -94,8 +94,8 @@ typedef struct cp_config_s {
     "with `page_stitching`: True, a stitched range may begin in the free end of a handle partly in use and end in "    \
     "the free start of another; False: wholly free handles only")                                                      \
   X(PLAN_STEPS, "plan_steps", BOOL, plan_steps, "False",                                                               \
-    "True, on page-mapped memory: learn the loop's repeating step from its allocations and serve it from one range "   \
-    "planned for it, each allocation by its position in the step (the `planned` policy)")
+    "True, with `page_stitching`: learn the loop's repeating step from its allocations and serve it from a plan laid " \
+    "out once in the pool's free memory, each allocation by its position in the step (the `planned` policy)")
 
 /* One row of CP_CONFIG_KEYS, for bindings and documentation. */
 typedef struct cp_config_key_s {

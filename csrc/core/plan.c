@@ -74,12 +74,12 @@ static void cp_plan_make_locked(cp_pool_t *pool, uint32_t p) {
  * Serving, losing, dropping
  * ---------------------------------------------------------------------------------------- */
 
-/* Back to learning from scratch (the plan's arrays are gone). */
-/* The plan's arrays (its nodes' stream lists with them). */
+/* The stream lists of the plan's nodes (record_stream), before its arrays go. */
 static void cp_plan_free_arrays(cp_plan_t *pl) {
   for (uint32_t j = 0; pl->entries != NULL && j < pl->count; j++) free(pl->entries[j].node.uses);
 }
 
+/* Back to learning from scratch: the plan's arrays are gone. */
 static void cp_plan_relearn_locked(cp_plan_t *pl) {
   cp_plan_free_arrays(pl);
   free(pl->entries);
@@ -101,16 +101,13 @@ static void cp_plan_relearn_locked(cp_plan_t *pl) {
 static void cp_plan_return_bins_locked(cp_pool_t *pool) {
   cp_plan_t *pl = &pool->plan;
   for (uint32_t i = 0; i < pl->bin_count; i++) {
-    cp_block_t *b = pl->bins[i];
-    b->plan = 0;
-    b->requested = 0;
-    b->use_count = 0;
-    cp_plan_return_block_locked(pool, b);
+    pl->bins[i]->plan = 0;
+    cp_plan_return_block_locked(pool, pl->bins[i]);
   }
   cp_plan_relearn_locked(pl);
 }
 
-/* Stop serving; the range goes back once nothing planned is in use. */
+/* Stop serving; the bins go back once nothing planned is in use. */
 static void cp_plan_drop_locked(cp_pool_t *pool, uint32_t min_period) {
   cp_plan_t *pl = &pool->plan;
   pl->drops++;

@@ -8,52 +8,57 @@
 #include "core/types.h"
 
 /* Note [Learning the step]
- * With plan_steps (on a page-mapped pool), the pool watches the sequence of its allocations
+ * With plan_steps (on a stitching pool), the pool watches the sequence of its allocations
  * (rounded size and stream, untagged and outside captures) and their frees, and looks for the
- * period of a training loop's step:
- *  - Learning. Each allocation's key is hashed with the K before it; the last allocation with
- *    the same K-gram gives a candidate period P (the distance). The candidate holds while every
- *    new key equals the key P before it; it is accepted once it has held over two whole
- *    periods after its first (three steps alike), and the bytes the watched allocations hold
- *    are the same at the three period boundaries (a step leaves memory as it found it: a
- *    layer of a forward pass, which repeats too, leaves its saved activations behind).
- *  - Planning (without the lock). The middle period of the three is the step. An allocation of
- *    it is planned when it was freed less than one period after it was made (in the order of
- *    allocations and frees): it lives from its allocation to its free on a circle of one
- *    period, possibly across the step's end. Allocations of other streams than the step's
- *    busiest, or that live longer, stay the pool's (their position still counts). Offsets:
- *    largest first, each at the best fitting gap among the planned allocations whose time
- *    overlaps its own (greedy by size); the range is the highest end. The step's position 0 is
- *    turned to the allocation where the planned bytes live across it are fewest: the loop's
- *    step boundary.
- *  - Adoption. At the next allocation at position 0 whose key matches, the range is taken
- *    from the pool as one block through its ladder (best fit, stitching the free pages the
- *    warm-up left, growth, the out-of-memory steps), so the warm-up's memory serves the plan
- *    without new handles where it can. The range block is the plan's: out of the live map and
- *    of the allocation stats; reserved as any block.
+ * period of a training loop's step (plan_learn.c):
+ *  - Learning. A rolling hash of each allocation's key and the K - 1 before it names the latest
+ *    earlier allocation with the same K keys; the distance P is a candidate period. It holds
+ *    while every new key equals the key P before it, and is accepted once two whole periods
+ *    agree and the watched bytes in use are the same at both ends (a step leaves memory as it
+ *    found it; a layer of a forward pass repeats too, but leaves its saved activations behind).
+ *    A candidate is only proposed where the bytes in use were the same a period back.
+ *  - Planning (without the lock). The earlier period is the step. An allocation of it is
+ *    planned when it was freed less than one period after it was made (in the order of
+ *    allocations and frees; the longer of the two periods' lifetimes), on the step's busiest
+ *    stream: it lives from its allocation to its free on a circle of one period, possibly across
+ *    the step's end. The others stay the pool's (their positions still count). Position 0 is
+ *    turned to the allocation where the planned bytes in use across it are fewest (the loop's
+ *    step boundary), and each planned entry gets the list of entries due free before it.
+ *  - Adoption (plan.c), at the next allocation at position 0 whose key matches. The planned
+ *    allocations are placed largest first, each at the best fitting gap among those whose time
+ *    overlaps its own (greedy by size), in bins of the step's stream's free memory as it lies:
+ *    first its free blocks (a plan they hold whole needs no device call), else the free ends of
+ *    handles in part use, which stitching cannot take, with the rest in one overflow range the
+ *    pool's ladder stitches from the wholly free handles. The layout that needs no new memory
+ *    and has the smaller overflow wins; the plan never makes the pool grow (when every layout
+ *    would, it waits for the next steps' starts, three times, then learns again). The pieces
+ *    used are carved out of the pool: LIVE blocks of the plan (plan == CP_PLAN_RANGE), out of
+ *    the live map and the allocation stats, reserved as any block.
  *  - Serving. An allocation whose key is the one planned at the current position is the
- *    entry's own block node at range + offset: LIVE, in the live map, counted as allocated, no
- *    index touched (O(1)). Before it, the entries due free by this position are checked: one
- *    still in use (freed late, or waiting for another stream's events) means its bytes may
+ *    entry's own block node at its bin + offset: LIVE, in the live map, counted as allocated,
+ *    no index touched (O(1)). Before it, the entries due free by this position are checked:
+ *    one still in use (freed late, or waiting for another stream's events) means its bytes may
  *    overlap, and the plan is lost. A key off the plan: when it is the next position's, this
  *    one is skipped (nothing of it is in use); else it is an extra allocation, the pool's,
  *    and the position stays (a few per step; more lose the plan).
  *  - Lost. Every allocation is the pool's until one matches position 0 while no planned block
- *    that position 0 does not expect is in use; serving resumes there. A step that runs
- *    through without loss resets the count; three losses in a row drop the plan.
- *  - Dropped (misses, the out-of-memory ladder, empty_cache): nothing more is served; the
- *    range block goes back to the pool when its last planned block is freed, and learning
- *    starts again (after misses, only for periods longer than the dropped one's).
+ *    that position 0 does not expect is in use; serving resumes there. A step served whole
+ *    resets the count; three losses (or a step's worth of allocations lost, three times) drop
+ *    the plan.
+ *  - Dropped (misses, the out-of-memory ladder, empty_cache): nothing more is served; the bins
+ *    go back to the pool when the last planned block is freed, and learning starts again
+ *    (after misses of a plan that never served a whole step, only for longer periods).
  * Stream order: planned addresses are reused only by the step's own stream (in stream
  * order); a planned block used on another stream (record_stream) waits for its events like
  * any block and keeps its place in use until then. Invariants (check.c):
  *   live, live_bytes == count and bytes of planned nodes LIVE or PENDING;  live_nonwrap <= live;
- *   range != NULL  <=>  state is SERVING, LOST or DYING;  range->plan == CP_PLAN_RANGE. */
+ *   planned nodes in use never overlap;  bins != NULL  <=>  state is SERVING, LOST or DYING;
+ *   each bin is LIVE, plan == CP_PLAN_RANGE, out of the live map; range_bytes == their bytes. */
 
 enum { CP_PLAN_NODE = 1, CP_PLAN_RANGE = 2 }; /* cp_block_t.plan */
 
 typedef enum cp_plan_state_e {
-  CP_PLAN_OFF = 0,      /* plan_steps off, or the pool is not page-mapped */
+  CP_PLAN_OFF = 0,      /* plan_steps off, or the pool does not stitch pages */
   CP_PLAN_LEARNING = 1, /* watching for a period */
   CP_PLAN_PLANNING = 2, /* a thread computes the plan without the lock */
   CP_PLAN_ARMED = 3,    /* a plan waits for position 0 */
@@ -67,7 +72,7 @@ typedef enum cp_plan_state_e {
 typedef struct cp_plan_entry_s {
   size_t size;        /* rounded bytes: the key, with the stream */
   cp_stream_t stream; /* the allocation stream */
-  size_t offset;      /* in the range, when planned */
+  size_t offset;      /* in its bin, when planned */
   uint32_t due_first; /* due[due_first .. due_first + due_count): entries freed before it */
   uint32_t due_count;
   uint32_t bin;    /* planned: the bin its node lies in */
@@ -82,7 +87,7 @@ struct cp_plan_arc_s;   /* plan.c */
 typedef struct cp_plan_s {
   uint8_t state; /* cp_plan_state_t */
   struct cp_plan_learn_s *learn;
-  /* The plan: entries in step order from position 0, the due lists, the range. */
+  /* The plan: entries in step order from position 0, the due lists. */
   cp_plan_entry_t *entries;
   uint32_t count;
   uint32_t *due;
