@@ -119,7 +119,7 @@ build/tsan/obj/%.o: %.c $(HEADERS) Makefile
 
 # The threaded tests: the stress test, fork() while other threads are inside the pool, the
 # device table with the entry points torch calls, and regions paused and resumed by threads.
-TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork build/tsan/test_devices build/tsan/test_pause
+TSAN_TESTS := build/tsan/test_stress build/tsan/test_fork build/tsan/test_devices build/tsan/test_pause build/tsan/test_plan
 
 $(TSAN_TESTS): build/tsan/%: build/tsan/obj/tests/c/%.o $(call lib_objs,tsan)
 	@mkdir -p $(@D)
@@ -139,6 +139,8 @@ test-tsan: $(TSAN_TESTS)
 	$(TSAN_ENV) ./build/tsan/test_devices
 	@echo "== build/tsan/test_pause"
 	$(TSAN_ENV) ./build/tsan/test_pause
+	@echo "== build/tsan/test_plan"
+	$(TSAN_ENV) ./build/tsan/test_plan
 	@$(MAKE) --no-print-directory test-tsan-standin
 
 # ---- The CUDA backend against a stand-in for libcuda ------------------------------------------

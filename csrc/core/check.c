@@ -354,7 +354,8 @@ static int cp_check_by_addr(const void *a, const void *b) {
 static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
   size_t v = 0;
   const cp_plan_t *pl = &pool->plan;
-  const bool holds = pl->state == CP_PLAN_SERVING || pl->state == CP_PLAN_LOST || pl->state == CP_PLAN_DYING;
+  const bool holds = pl->state == CP_PLAN_SERVING || pl->state == CP_PLAN_LOST || pl->state == CP_PLAN_DYING ||
+                     pl->state == CP_PLAN_ADOPTING;
   if ((pl->bins != NULL) != holds)
     CP_VIOLATION("plan: state %s %s bins", cp_plan_state_name(pl->state), pl->bins != NULL ? "holds" : "lacks");
   if (pl->state != CP_PLAN_OFF && (!pool->stitch || !pool->cfg.plan_steps))
@@ -374,6 +375,10 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
     const cp_block_t *b = &e->node;
     if (!e->planned) {
       if (b->state != CP_BLOCK_FREE || b->plan != 0) CP_VIOLATION("plan: entry %u is not planned but has a node", j);
+      continue;
+    }
+    if (pl->state == CP_PLAN_ADOPTING && e->bin >= pl->bin_count) { /* its bin, the overflow, is on its way */
+      if (b->state != CP_BLOCK_FREE || b->plan != 0) CP_VIOLATION("plan: entry %u in use before its bin", j);
       continue;
     }
     const cp_block_t *r = e->bin < pl->bin_count ? pl->bins[e->bin] : NULL;

@@ -363,7 +363,7 @@ typedef struct cp_pool_info_s {
   size_t paused_bytes;
   size_t backup_bytes;
   /* The step plan (plan_steps, Note [Learning the step] in core/plan.h): its state (0 off,
-   * 1 learning, 2 planning, 3 armed, 4 serving, 5 lost, 6 dropped), the bytes of the free memory
+   * 1 learning, 2 planning, 3 armed, 4 serving, 5 lost, 6 dropped, 7 adopting), the bytes of the free memory
    * it holds (its bins; 0 when none), the allocations of the (last) plan's step and how many of
    * them it places,
    * plans adopted and dropped, allocations the plans served and those the pool served while a

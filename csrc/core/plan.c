@@ -130,7 +130,7 @@ static void cp_plan_lose_locked(cp_pool_t *pool) {
 
 bool cp_plan_give_up_locked(cp_pool_t *pool) {
   cp_plan_t *pl = &pool->plan;
-  if (pl->bins == NULL) return false;
+  if (pl->bins == NULL || pl->state == CP_PLAN_ADOPTING) return false; /* its adoption ends first */
   if (pl->state != CP_PLAN_DYING) cp_plan_drop_locked(pool, pl->min_period);
   return pl->bins == NULL;
 }
@@ -407,7 +407,7 @@ static int cp_plan_adopt_locked(cp_pool_t *pool, size_t size, void **out_ptr) {
   pl->saved_oversize = pool->stats.oversize_allocations;
   pl->overflow_bytes = cp_size_round(&pool->cfg, overflow);
   pl->overflow_stream = main_stream;
-  pl->state = CP_PLAN_PLANNING;
+  pl->state = CP_PLAN_ADOPTING;
   return CP_PLAN_OVERFLOW;
 }
 
@@ -544,7 +544,8 @@ int cp_plan_alloc_locked(cp_pool_t *pool, size_t rounded, size_t size, cp_stream
       if (j != 0) return CP_PLAN_PASS;
       return cp_plan_adopt_locked(pool, size, out_ptr);
     }
-    case CP_PLAN_PLANNING: pl->seq++; return CP_PLAN_PASS; /* still counted: the plan arms on numbers */
+    case CP_PLAN_PLANNING:
+    case CP_PLAN_ADOPTING: pl->seq++; return CP_PLAN_PASS; /* still counted: the plan arms on numbers */
     default: return CP_PLAN_PASS;                          /* dropped */
   }
 }

@@ -52,7 +52,7 @@
  * order); a planned block used on another stream (record_stream) waits for its events like
  * any block and keeps its place in use until then. Invariants (check.c):
  *   live, live_bytes == count and bytes of planned nodes LIVE or PENDING;  live_nonwrap <= live;
- *   planned nodes in use never overlap;  bins != NULL  <=>  state is SERVING, LOST or DYING;
+ *   planned nodes in use never overlap;  bins != NULL  <=>  state is SERVING, LOST, DYING or ADOPTING;
  *   each bin is LIVE, plan == CP_PLAN_RANGE, out of the live map; range_bytes == their bytes. */
 
 enum { CP_PLAN_NODE = 1, CP_PLAN_RANGE = 2 }; /* cp_block_t.plan */
@@ -64,7 +64,8 @@ typedef enum cp_plan_state_e {
   CP_PLAN_ARMED = 3,    /* a plan waits for position 0 */
   CP_PLAN_SERVING = 4,
   CP_PLAN_LOST = 5,
-  CP_PLAN_DYING = 6 /* dropped: the bins go back when the last planned block is freed */
+  CP_PLAN_DYING = 6,   /* dropped: the bins go back when the last planned block is freed */
+  CP_PLAN_ADOPTING = 7 /* bins carved, the overflow being taken from the ladder (the lock may drop) */
 } cp_plan_state_t;
 
 /* One allocation of the step. `node` is the block handed out for it (state FREE while the
@@ -141,6 +142,7 @@ static inline const char *cp_plan_state_name(int state) {
     case CP_PLAN_SERVING: return "serving";
     case CP_PLAN_LOST: return "lost";
     case CP_PLAN_DYING: return "dropped";
+    case CP_PLAN_ADOPTING: return "adopting";
     default: return "?";
   }
 }

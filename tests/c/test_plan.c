@@ -4,6 +4,7 @@
  * the plan (an extra tensor, a skipped one, a block held too long or used on another stream, a
  * new shape, out of memory, empty_cache) falls back to the pool without harm. The ASan build runs
  * the invariant checker after every operation. */
+#include <pthread.h>
 #include <string.h>
 
 #include "check.h"
@@ -354,6 +355,61 @@ TEST(random_deviations_never_corrupt_a_block) {
   fx_close(&fx);
 }
 
+/* Threads beside a planned loop: one runs the loop on stream 0 (its blocks carry patterns,
+ * checked at their free), three allocate and free in regions on their own streams (never
+ * watched), give the cache back (which gives an idle plan up) and ask for more than the device
+ * has (which gives a plan up before failing). Built under TSan too. */
+typedef struct helper_s {
+  fixture_t *fx;
+  cp_stream_t stream;
+  unsigned seed;
+  int rounds;
+} helper_t;
+
+static void *helper_main(void *arg) {
+  helper_t *h = arg;
+  uint32_t tag = 0;
+  char name[16];
+  snprintf(name, sizeof name, "helper%u", h->seed);
+  CHECK(cp_region_id(name, &tag) == CP_OK);
+  uint64_t rng = h->seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int i = 0; i < h->rounds; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    const unsigned r = (unsigned)(rng >> 33);
+    void *p = NULL;
+    if (cp_alloc_in(h->fx->pool, (1 + r % 6) * MiB / 2, h->stream, tag, &p) == CP_OK) {
+      memset(p, 0x33, 512);
+      CHECK(cp_free(h->fx->pool, p) == CP_OK);
+    }
+    if (r % 97 == 0) CHECK(cp_empty_cache(h->fx->pool) == CP_OK);
+    if (r % 211 == 0) { /* more than the device has: fails, after giving any idle plan up */
+      void *big = NULL;
+      CHECK(cp_alloc(h->fx->pool, 2 * GiB, h->stream, &big) == CP_ERR_OOM);
+    }
+  }
+  return NULL;
+}
+
+TEST(threads_beside_a_planned_loop) {
+  fixture_t fx;
+  REQUIRE(fx_open_sim(&fx, 1 * GiB, CP_SIM_AUTO_COMPLETE, PLANNED) == 0);
+  pthread_t th[3];
+  helper_t hs[3];
+  for (int i = 0; i < 3; i++) {
+    hs[i] = (helper_t){&fx, (cp_stream_t)(11 + i), (unsigned)i + 1, 3000};
+    CHECK(pthread_create(&th[i], NULL, helper_main, &hs[i]) == 0);
+  }
+  void *carry = NULL;
+  for (unsigned s = 0; s < 200; s++) step(&fx, 1, &carry, s);
+  for (int i = 0; i < 3; i++) CHECK(pthread_join(th[i], NULL) == 0);
+  for (unsigned s = 200; s < 240; s++) step(&fx, 1, &carry, s); /* learned again if a helper made it go */
+  cp_pool_info_t in = info_of(&fx);
+  CHECK(in.plans >= 1);
+  CHECK_EQ_U(in.plan_state, CP_PLAN_SERVING);
+  CHECK(cp_free(fx.pool, carry) == CP_OK);
+  fx_close(&fx);
+}
+
 int main(void) {
   RUN(config_key);
   RUN(a_repeating_step_is_learned_and_served_without_device_calls);
@@ -367,5 +423,6 @@ int main(void) {
   RUN(regions_and_captures_are_never_planned);
   RUN(a_loop_that_never_repeats_is_never_planned);
   RUN(random_deviations_never_corrupt_a_block);
+  RUN(threads_beside_a_planned_loop);
   return check_summary("test_plan");
 }

@@ -134,7 +134,7 @@ def _report_lines(res: Dict[str, Any], indent: str = "") -> List[str]:
 
 
 #: The step plan's states (pool.info()["plan_state"]; Note [Learning the step]).
-PLAN_STATES = ("off", "learning", "planning", "armed", "serving", "lost", "dropped")
+PLAN_STATES = ("off", "learning", "planning", "armed", "serving", "lost", "dropped", "adopting")
 
 
 def plan_line(plan: Dict[str, Any]) -> str:
