@@ -9,8 +9,9 @@
 #include "core/plan_learn.h"
 
 /* Tuning, may be modified: */
-#define CP_PLAN_K     8u  /* keys hashed into the K-gram that proposes a period */
-#define CP_PLAN_CHAIN 64u /* earlier K-gram matches tried for a period long enough */
+#define CP_PLAN_K          8u    /* keys hashed into the K-gram that proposes a period */
+#define CP_PLAN_CHAIN      64u   /* earlier K-gram matches tried for a period long enough */
+#define CP_PLAN_MAX_PLACED 4096u /* allocations a plan places: the largest of its step */
 /* Do not modify: the log holds two periods and the warm-up before them. */
 #define CP_PLAN_LOG_CAP        (3u * CP_PLAN_MAX_PERIOD + CP_PLAN_K)
 #define CP_PLAN_MAP_BITS       18u /* the K-gram map at most: it starts small and doubles with the log */
@@ -417,6 +418,13 @@ int cp_plan_compute(cp_plan_work_t *w) {
     w->due[e->due_first + e->due_count++] = arcs[k].entry;
   }
   qsort(arcs, n, sizeof *arcs, cp_plan_by_size);
+  /* Placement is quadratic in the arcs: past CP_PLAN_MAX_PLACED, the smallest stay the pool's
+   * (their positions still count; their due lists are still checked). */
+  for (uint32_t k = CP_PLAN_MAX_PLACED; k < n; k++) {
+    w->entries[arcs[k].entry].planned = 0;
+    w->entries[arcs[k].entry].wraps = 0;
+  }
+  if (n > CP_PLAN_MAX_PLACED) n = CP_PLAN_MAX_PLACED;
   w->arcs = arcs;
   arcs = NULL;
   w->planned = n;
