@@ -23,7 +23,8 @@
  *    stream: it lives from its allocation to its free on a circle of one period, possibly across
  *    the step's end. The others stay the pool's (their positions still count). Position 0 is
  *    turned to the allocation where the planned bytes in use across it are fewest (the loop's
- *    step boundary), and each planned entry gets the list of entries due free before it.
+ *    step boundary), and each planned entry gets the list of entries due free before it. At
+ *    most the 4,096 largest are planned (placement is quadratic); the rest stay the pool's.
  *  - Adoption (plan.c), at the next allocation at position 0 whose key matches. The planned
  *    allocations are placed largest first, each at the best fitting gap among those whose time
  *    overlaps its own (greedy by size), in bins of the step's stream's free memory as it lies:
