@@ -1577,12 +1577,14 @@ static const size_t paged_granularity[] = {4096, 64 * 1024, 512 * 1024, 2 * MiB}
  * third byte is STITCH_MARK too (no committed input of the configurations above has it); the
  * operations then start at the fourth byte. The first byte picks one, the granularity and the
  * rare device without page-mapped memory as for paged_configs; the granularities are small,
- * so that a 64-96 MiB device holds many pages and large requests stitch often. */
+ * so that a 64-96 MiB device holds many pages and large requests stitch often. One learns the
+ * step plan (plan_steps:True): random operations rarely repeat a step, but learning runs beside
+ * every operation and fault. */
 static const char *const stitch_configs[] = {
     "expandable_segments:True,page_stitching:True",
     "expandable_segments:True,page_stitching:True,min_large_alloc_mb:2,large_segment_mb:4",
     "expandable_segments:True,page_stitching:True,memory_cap_mb:40,memory_fraction:0.7",
-    "expandable_segments:True,page_stitching:True,release_before_grow:True,min_large_alloc_mb:2",
+    "expandable_segments:True,page_stitching:True,release_before_grow:True,min_large_alloc_mb:2,plan_steps:True",
     "expandable_segments:True,page_stitching:True,roundup_power2_divisions:4,garbage_collection_threshold:0.5",
     "expandable_segments:True,page_stitching:True,min_large_alloc_mb:2,large_segment_mb:4,max_split_size_mb:8",
     "expandable_segments:True,page_stitching:True,granule_bytes:1024,small_size_mb:0.5,round_large_mb:1",
