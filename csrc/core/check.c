@@ -344,11 +344,6 @@ static size_t cp_check_stitched(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
   return v;
 }
 
-static int cp_check_by_addr(const void *a, const void *b) {
-  const cp_block_t *x = *(const cp_block_t *const *)a, *y = *(const cp_block_t *const *)b;
-  return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
 /* The step plan (Note [Learning the step]): its nodes in use count as blocks in use; its bins
  * are LIVE blocks of segments, out of the live map, held exactly while a plan serves. */
 static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
@@ -406,7 +401,7 @@ static size_t cp_check_plan(cp_pool_t *pool, cp_walk_t *w, FILE *out) {
     size_t n = 0;
     for (uint32_t j = 0; j < pl->count; j++)
       if (pl->entries[j].planned && pl->entries[j].node.state != CP_BLOCK_FREE) used[n++] = &pl->entries[j].node;
-    qsort(used, n, sizeof *used, cp_check_by_addr);
+    qsort(used, n, sizeof *used, cp_block_ptr_by_addr);
     for (size_t i = 1; i < n; i++)
       if (used[i - 1]->addr + used[i - 1]->size > used[i]->addr)
         CP_VIOLATION("plan: planned blocks %#lx and %#lx in use overlap", (unsigned long)used[i - 1]->addr,

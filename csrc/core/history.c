@@ -58,11 +58,6 @@ void cp_snapshot_free(cp_snapshot_t *snap) {
   memset(snap, 0, sizeof *snap);
 }
 
-static int cp_node_by_addr(const void *a, const void *b) {
-  const cp_block_t *x = *(const cp_block_t *const *)a, *y = *(const cp_block_t *const *)b;
-  return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
 /* The records of the step plan's bin `bin` (a block of a segment) from blocks[bi] on: its
  * planned blocks in use, in address order, and the free gaps between them. Returns the next
  * record's index. */
@@ -74,7 +69,7 @@ static size_t cp_snapshot_plan_bin(const cp_plan_t *pl, const cp_block_t *bin, c
     if (node->state != CP_BLOCK_FREE && pl->entries[j].planned && pl->bins[pl->entries[j].bin] == bin)
       nodes[n++] = node;
   }
-  qsort(nodes, n, sizeof *nodes, cp_node_by_addr);
+  qsort(nodes, n, sizeof *nodes, cp_block_ptr_by_addr);
   uintptr_t at = bin->addr;
   for (size_t i = 0; i <= n; i++) {
     const uintptr_t next = i < n ? nodes[i]->addr : bin->addr + bin->size;

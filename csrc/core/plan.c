@@ -151,11 +151,6 @@ static void cp_plan_collect(cp_block_t *b, void *arg) {
   *(*at)++ = b;
 }
 
-static int cp_plan_by_addr(const void *a, const void *b) {
-  const cp_block_t *x = *(cp_block_t *const *)a, *y = *(cp_block_t *const *)b;
-  return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
 /* A bin: [offset, offset + size) of the free block `block`; the last one of a plan's bins is
  * the overflow (block NULL until the ladder gives it). */
 typedef struct cp_plan_bin_s {
@@ -335,7 +330,7 @@ static int cp_plan_adopt_locked(cp_pool_t *pool, size_t size, void **out_ptr) {
   if (ok) {
     cp_block_t **at = free_blocks;
     cp_index_each(ix, cp_plan_collect, &at);
-    qsort(free_blocks, nfree, sizeof *free_blocks, cp_plan_by_addr);
+    qsort(free_blocks, nfree, sizeof *free_blocks, cp_block_ptr_by_addr);
     /* First the free blocks as they are: a plan they hold whole needs no device call. Else
      * also the layout that leaves the whole free handles to the overflow's stitch; the one
      * that needs no new memory wins (the smaller overflow, fewer handles to map, if both). The

@@ -135,6 +135,11 @@ typedef struct cp_stitch_run_s {
 } cp_stitch_run_t;
 
 static inline bool cp_block_is_split(const cp_block_t *b) { return b->prev != NULL || b->next != NULL; }
+/* qsort's order of an array of block pointers: by address. */
+static inline int cp_block_ptr_by_addr(const void *a, const void *b) {
+  const cp_block_t *x = *(const cp_block_t *const *)a, *y = *(const cp_block_t *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
 static inline bool cp_segment_is_free(const cp_segment_t *s) {
   return s->head->state == CP_BLOCK_FREE && s->head->next == NULL;
 }
