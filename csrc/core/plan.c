@@ -16,6 +16,11 @@
 #define CP_PLAN_MAX_LOSSES   3u  /* losses in a row that drop the plan */
 #define CP_PLAN_OVERFLOW_BIN UINT32_MAX
 
+/* The statistics an allocation counts in: the overflow range taken from the ladder is the
+ * plan's, not an allocation, so it leaves them (CP_PLAN_FAMILIES of them, in pl->saved). */
+static const int cp_plan_alloc_families[CP_PLAN_FAMILIES] = {
+    CP_STAT_ALLOCATION, CP_STAT_ALLOCATED_BYTES, CP_STAT_ACTIVE, CP_STAT_ACTIVE_BYTES, CP_STAT_REQUESTED_BYTES};
+
 /* A block leaving the plan back to its source, its figures already out of the stats: a
  * stitched range's block to its range, any other merged into its segment's free index. */
 static void cp_plan_return_block_locked(cp_pool_t *pool, cp_block_t *b) {
@@ -331,10 +336,7 @@ static int cp_plan_adopt_locked(cp_pool_t *pool, size_t size, void **out_ptr) {
     cp_block_t **at = free_blocks;
     cp_index_each(ix, cp_plan_collect, &at);
     qsort(free_blocks, nfree, sizeof *free_blocks, cp_block_ptr_by_addr);
-    /* First the free blocks as they are: a plan they hold whole needs no device call. Else
-     * also the layout that leaves the whole free handles to the overflow's stitch; the one
-     * that needs no new memory wins (the smaller overflow, fewer handles to map, if both). The
-     * plan never makes the pool grow: when both would, it waits for a later step's start. */
+    /* The layouts in the order of the function's comment. */
     ok = cp_plan_lay_out(pool, free_blocks, nfree, false, &lay);
     if (ok && tops[lay.nb] != 0) {
       const bool whole_fits = lay.growth == 0;
@@ -396,9 +398,8 @@ static int cp_plan_adopt_locked(cp_pool_t *pool, size_t size, void **out_ptr) {
   if (overflow == 0) return cp_plan_serve_from_locked(pool, size, out_ptr);
   /* The overflow comes from the ladder, which may let go of the lock: the plan is out of
    * service meanwhile, and the allocation figures are kept to take the block out of them. */
-  static const int fams[5] = {CP_STAT_ALLOCATION, CP_STAT_ALLOCATED_BYTES, CP_STAT_ACTIVE, CP_STAT_ACTIVE_BYTES,
-                              CP_STAT_REQUESTED_BYTES};
-  for (int f = 0; f < 5; f++) memcpy(pl->saved[f], pool->stats.family[fams[f]], sizeof pl->saved[f]);
+  for (int f = 0; f < CP_PLAN_FAMILIES; f++)
+    memcpy(pl->saved[f], pool->stats.family[cp_plan_alloc_families[f]], sizeof pl->saved[f]);
   pl->saved_oversize = pool->stats.oversize_allocations;
   pl->overflow_bytes = cp_size_round(&pool->cfg, overflow);
   pl->overflow_stream = main_stream;
@@ -414,14 +415,12 @@ int cp_plan_adopt_finish_locked(cp_pool_t *pool, cp_block_t *over, size_t size, 
   }
   /* The block is the plan's, not an allocation: none of its figures may stay in the
    * allocation stats, their peaks included. */
-  static const int fams[5] = {CP_STAT_ALLOCATION, CP_STAT_ALLOCATED_BYTES, CP_STAT_ACTIVE, CP_STAT_ACTIVE_BYTES,
-                              CP_STAT_REQUESTED_BYTES};
   cp_ptrmap_remove(&pool->live, over->addr);
-  const int64_t amount[5] = {1, (int64_t)over->size, 1, (int64_t)over->size, (int64_t)over->requested};
-  for (int f = 0; f < 5; f++) {
+  const int64_t amount[CP_PLAN_FAMILIES] = {1, (int64_t)over->size, 1, (int64_t)over->size, (int64_t)over->requested};
+  for (int f = 0; f < CP_PLAN_FAMILIES; f++) {
     for (int kind = 0; kind < CP_KIND_COUNT; kind++) {
       if (kind != CP_KIND_ALL && kind != over->segment->kind) continue;
-      cp_stat_t *x = &pool->stats.family[fams[f]][kind];
+      cp_stat_t *x = &pool->stats.family[cp_plan_alloc_families[f]][kind];
       x->current -= amount[f];
       x->allocated -= amount[f];
       x->peak = pl->saved[f][kind].peak > x->current ? pl->saved[f][kind].peak : x->current;
@@ -444,19 +443,27 @@ int cp_plan_adopt_finish_locked(cp_pool_t *pool, cp_block_t *over, size_t size, 
   return cp_plan_serve_from_locked(pool, size, out_ptr);
 }
 
+/* Whether the entries due free by position j are: one still in use (freed late, or waiting
+ * for another stream's events) may share bytes with what comes next, and loses the plan. */
+static bool cp_plan_due_done_locked(cp_pool_t *pool, uint32_t j) {
+  cp_plan_t *pl = &pool->plan;
+  const cp_plan_entry_t *e = &pl->entries[j];
+  for (uint32_t k = 0; k < e->due_count; k++) {
+    if (pl->entries[pl->due[e->due_first + k]].node.state != CP_BLOCK_FREE) {
+      pl->missed++;
+      cp_plan_lose_locked(pool);
+      return false;
+    }
+  }
+  return true;
+}
+
 /* Serve position j: the due entries first (one still in use loses the plan). CP_OK, or
  * CP_PLAN_PASS for the pool. */
 static int cp_plan_take_locked(cp_pool_t *pool, uint32_t j, size_t size, void **out_ptr) {
   cp_plan_t *pl = &pool->plan;
   cp_plan_entry_t *e = &pl->entries[j];
-  const uint32_t *due = pl->due + e->due_first;
-  for (uint32_t k = 0; k < e->due_count; k++) {
-    if (pl->entries[due[k]].node.state != CP_BLOCK_FREE) {
-      pl->missed++;
-      cp_plan_lose_locked(pool);
-      return CP_PLAN_PASS;
-    }
-  }
+  if (!cp_plan_due_done_locked(pool, j)) return CP_PLAN_PASS;
   pl->pos = j + 1 == pl->count ? 0 : j + 1;
   if (pl->pos == 0) { /* a step served whole */
     pl->losses = 0;
@@ -495,14 +502,7 @@ int cp_plan_alloc_locked(cp_pool_t *pool, size_t rounded, size_t size, cp_stream
       if (next != j && cp_plan_matches(&pl->entries[next], rounded, stream)) {
         /* Position j did not come this step: nothing of it is in use; its due entries are
          * checked with the next one's. */
-        const cp_plan_entry_t *e = &pl->entries[j];
-        for (uint32_t k = 0; k < e->due_count; k++) {
-          if (pl->entries[pl->due[e->due_first + k]].node.state != CP_BLOCK_FREE) {
-            pl->missed++;
-            cp_plan_lose_locked(pool);
-            return CP_PLAN_PASS;
-          }
-        }
+        if (!cp_plan_due_done_locked(pool, j)) return CP_PLAN_PASS;
         return cp_plan_take_locked(pool, next, size, out_ptr);
       }
       pl->missed++;

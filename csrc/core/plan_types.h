@@ -57,6 +57,7 @@
  *   each bin is LIVE, plan == CP_PLAN_RANGE, out of the live map; range_bytes == their bytes. */
 
 enum { CP_PLAN_NODE = 1, CP_PLAN_RANGE = 2 }; /* cp_block_t.plan */
+enum { CP_PLAN_FAMILIES = 5 };                /* the allocation statistics (plan.c) */
 
 typedef enum cp_plan_state_e {
   CP_PLAN_OFF = 0,      /* plan_steps off, or the pool does not stitch pages */
@@ -102,7 +103,7 @@ typedef struct cp_plan_s {
    * stream, and the allocation figures before it was taken. */
   size_t overflow_bytes;
   cp_stream_t overflow_stream;
-  cp_stat_t saved[5][CP_KIND_COUNT];
+  cp_stat_t saved[CP_PLAN_FAMILIES][CP_KIND_COUNT];
   cp_stat_t saved_oversize;
   uint32_t adopt_tries; /* positions 0 at which the plan found no room */
   /* Held while serving, lost or dying: the bins (blocks of the pool's free memory, each LIVE
