@@ -445,7 +445,7 @@ int cp_plan_adopt_finish_locked(cp_pool_t *pool, cp_block_t *over, size_t size, 
 
 /* Whether the entries due free by position j are: one still in use (freed late, or waiting
  * for another stream's events) may share bytes with what comes next, and loses the plan. */
-static bool cp_plan_due_done_locked(cp_pool_t *pool, uint32_t j) {
+static inline bool cp_plan_due_done_locked(cp_pool_t *pool, uint32_t j) {
   cp_plan_t *pl = &pool->plan;
   const cp_plan_entry_t *e = &pl->entries[j];
   for (uint32_t k = 0; k < e->due_count; k++) {
