@@ -26,10 +26,7 @@ static const int cp_plan_alloc_families[CP_PLAN_FAMILIES] = {
 static void cp_plan_return_block_locked(cp_pool_t *pool, cp_block_t *b) {
   b->requested = 0;
   b->use_count = 0;
-  if (b->segment->stitched)
-    cp_stitch_release_locked(pool, b);
-  else
-    cp_block_merge_free_locked(pool, b);
+  cp_stitch_give_back_locked(pool, b);
 }
 
 void cp_plan_watch_block_locked(cp_pool_t *pool, void *ptr, uint64_t watch) {

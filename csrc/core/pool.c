@@ -40,11 +40,7 @@ static void cp_block_release_locked(cp_pool_t *pool, cp_block_t *b) {
     cp_plan_release_locked(pool, b); /* its place in the plan is free */
     return;
   }
-  if (b->segment->stitched) {
-    cp_stitch_release_locked(pool, b);
-    return;
-  }
-  cp_block_merge_free_locked(pool, b);
+  cp_stitch_give_back_locked(pool, b);
 }
 
 /* Blocks stream.c handed back: each returns to its free index, in completion order. */

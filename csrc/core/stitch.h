@@ -110,6 +110,14 @@ cp_stream_state_t *cp_stitch_retire_lru_locked(cp_pool_t *pool, cp_stream_state_
 /* The stitched block `b` leaves use (its stats already updated): it is kept, FREE, for reuse,
  * and its pages go back to their segments' free blocks. */
 void cp_stitch_release_locked(cp_pool_t *pool, cp_block_t *b);
+/* A block that left use (its stats already updated) back to its source: a stitched block to
+ * its range, any other merged into its segment's free index. Inline: on every free's path. */
+static inline void cp_stitch_give_back_locked(cp_pool_t *pool, cp_block_t *b) {
+  if (b->segment->stitched)
+    cp_stitch_release_locked(pool, b);
+  else
+    cp_block_merge_free_locked(pool, b);
+}
 /* Retire every idle range of `st` (retired and broken: it never serves again and waits for
  * the stream's drain event); returns how many. No device call. */
 size_t cp_stitch_retire_idle_locked(cp_pool_t *pool, cp_stream_state_t *st);
